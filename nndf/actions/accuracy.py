@@ -1,0 +1,58 @@
+"""`accuracy`: LAMBADA top-N accuracy and perplexity on each backend, NVIDIA-demo and lm-eval definitions side by side."""
+
+from __future__ import annotations
+
+from nndf.actions.common import describe, open_models, say
+from nndf.results import Column, Result
+
+
+def add_arguments(parser) -> None:
+    a = parser.add_argument_group("accuracy")
+    a.add_argument("--dataset-file", metavar="PATH",
+                   help="LAMBADA as jsonl with a \"text\" field per line (default: EleutherAI/lambada_openai from the hub)")
+    a.add_argument("--num-samples", type=int, help="score a seeded random sample of this many passages (default: all)")
+    a.add_argument("--tokens-to-generate", type=int, default=1,
+                   help="target tokens at the end of each passage for the NVIDIA-demo metrics (default 1)")
+    a.add_argument("--topN", type=int, default=5, help="N of the top-N accuracy besides top-1 and top-10 (default 5)")
+
+
+def run(args) -> list[Result]:
+    from nndf.evaluation import evaluate_lambada, load_lambada, sample_texts
+
+    if args.num_samples is not None and args.num_samples < 0:
+        from nndf.errors import UsageError
+
+        raise UsageError(f"--num-samples must be 0 (all) or more, got {args.num_samples}")
+    texts = load_lambada(args.dataset_file)
+    chosen = [text for _, text in sample_texts(texts, args.num_samples, seed=args.seed)]
+    models = open_models(args)
+    rows = []
+    for model in models:
+        say(f"scoring {len(chosen)} LAMBADA passages on {model.backend}")
+        metrics = evaluate_lambada(
+            chosen, model.tokenizer, model.logits, tokens_to_generate=args.tokens_to_generate,
+            top_n=args.topN, max_positions=model.max_positions,
+        )
+        rows.append(dict(backend=model.backend, **metrics.as_dict()))
+    n = args.topN
+    columns = [
+        Column("backend", "backend"),
+        Column("samples", "passages"),
+        Column("top1", "top-1", "{:.2%}"),
+        Column("topN", f"top-{n}", "{:.2%}"),
+        Column("top10", "top-10", "{:.2%}"),
+        Column("token_perplexity", "token ppl", "{:.2f}"),
+        Column("sequence_perplexity", "seq ppl", "{:.2f}"),
+        Column("lm_eval_accuracy", "lm-eval acc", "{:.2%}"),
+        Column("lm_eval_perplexity", "lm-eval ppl", "{:.2f}"),
+    ]
+    notes = [
+        f"top-N, token and sequence perplexity as NVIDIA's demo defines them over the last "
+        f"{args.tokens_to_generate} token(s); lm-eval columns as lm-evaluation-harness lambada_openai "
+        "computes them (target = last word; acc = every target token greedy; ppl per passage)."
+    ]
+    first = models[0]
+    title = f"accuracy {first.spec.family} {first.variant.name}: LAMBADA, {len(chosen)} passages"
+    context = dict(describe(first), dataset=args.dataset_file or "EleutherAI/lambada_openai",
+                   num_samples=len(chosen), tokens_to_generate=args.tokens_to_generate, topN=n)
+    return [Result("accuracy", title, columns, rows, context, notes)]

@@ -1,0 +1,67 @@
+"""`benchmark`: fixed input and output lengths, seeded random prompts, early stopping off.
+
+EOS is suppressed until the last token (min new tokens = max new tokens, as NVIDIA's demo does), so every
+backend generates exactly `--output-seq-len` tokens and the figures compare like with like.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from nndf.actions.common import describe, open_models, random_input_ids, say, timing_settings
+from nndf.actions.runners import runners_for, time_generation
+from nndf.measure import format_bytes
+from nndf.results import Column, Result
+
+TIMED = True
+DEFAULT_INPUT_LEN = 64
+DEFAULT_OUTPUT_LEN = 64
+
+
+def add_arguments(parser) -> None:
+    parser.set_defaults(input_seq_len=DEFAULT_INPUT_LEN, output_seq_len=DEFAULT_OUTPUT_LEN)
+
+
+def run(args) -> list[Result]:
+    timing = timing_settings(args)
+    models = open_models(args)
+    first = models[0]
+    batch, prompt_len, new_tokens = args.batch_size, args.input_seq_len, args.output_seq_len
+    input_ids = random_input_ids(batch, prompt_len, first.shapes.vocab_size, args.seed)
+    mask = input_ids.new_ones(input_ids.shape) if args.use_mask else None
+    pct = timing.percentile
+    rows = []
+    for runner in runners_for(models):
+        say(f"benchmarking {runner.label}: batch {batch}, {prompt_len} + {new_tokens} tokens, beams {args.num_beams}")
+        t = time_generation(runner, input_ids, mask, new_tokens, new_tokens, args.num_beams, timing)
+        latency = t.latency.percentile(pct)
+        rows.append({
+            "backend": runner.label,
+            "latency_ms": latency * 1e3,
+            "first_token_ms": t.first_token_median * 1e3,
+            "decode_ms": None if t.decode_step_median is None else t.decode_step_median * 1e3,
+            "tokens_per_s": batch * new_tokens / latency,
+            "spread_pct": 100 * t.latency.stdev / t.latency.mean,
+            "peak_memory": format_bytes(t.peak_bytes),
+            "peak_bytes": t.peak_bytes,
+        })
+    columns = [
+        Column("backend", "backend"),
+        Column("latency_ms", f"p{pct:g} latency", "{:.1f}", "ms"),
+        Column("first_token_ms", "first token", "{:.1f}", "ms"),
+        Column("decode_ms", "decode step", "{:.2f}", "ms"),
+        Column("tokens_per_s", "throughput", "{:.1f}", "tok/s"),
+        Column("spread_pct", "stdev", "{:.1f}", "%"),
+        Column("peak_memory", "peak memory"),
+    ]
+    context = dict(describe(first), timing=dataclasses.asdict(timing),
+                   input_seq_len=prompt_len, output_seq_len=new_tokens)
+    notes = [
+        f"{len(t.latency.samples)} timed runs per backend after {timing.warmup} warm-up runs; "
+        "first token and decode step are medians over the same runs; peak memory is the process's "
+        "(resident set on the CPU, allocated on CUDA) while that backend ran.",
+    ]
+    title = (f"benchmark {first.spec.family} {first.variant.name}: batch {batch}, {prompt_len} prompt + "
+             f"{new_tokens} new tokens, beams {args.num_beams}, {'fp16' if args.fp16 else 'fp32'}, "
+             f"cache {'on' if args.use_cache else 'off'}")
+    return [Result("benchmark", title, columns, rows, context, notes)]

@@ -1,0 +1,128 @@
+"""What every action does first: validate flags, load the PyTorch model once, open one Model per backend."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+
+from nndf.backends import backend_module
+from nndf.measure import TimingSettings
+from nndf.model import Model, default_device
+from nndf.loading import load_model
+from nndf.registry import get_spec
+from nndf.results import Column, Result
+from nndf.spec import BuildSettings
+
+
+def say(message: str) -> None:
+    """Progress for people, on stderr so that stdout stays the results."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def build_settings(args) -> BuildSettings:
+    return BuildSettings(
+        batch_size=args.batch_size,
+        num_beams=args.num_beams,
+        input_seq_len=args.input_seq_len,
+        output_seq_len=args.output_seq_len,
+        use_cache=args.use_cache,
+        use_mask=args.use_mask,
+        fp16=args.fp16,
+        dynamic_batch=args.dynamic_batch,
+        min_dynamic_batch=args.min_dynamic_batch,
+        max_dynamic_batch=args.max_dynamic_batch,
+        preview_dynamic_shapes=not args.disable_preview_dynamic_shapes,
+        engine_postfix=args.engine_postfix,
+    )
+
+
+def timing_settings(args) -> TimingSettings:
+    return TimingSettings(
+        iterations=args.iterations, number=args.number, warmup=args.warmup, duration=args.duration,
+        percentile=args.percentile,
+    )
+
+
+def open_models(args) -> list[Model]:
+    """One Model per backend named on the command line, sharing one loaded PyTorch model.
+
+    Names, flags and the family are all checked before the (possibly slow) load.
+    """
+    spec = get_spec(args.model)
+    variant = spec.variant(args.variant)
+    backends = list(dict.fromkeys(args.backends))
+    for name in backends:
+        backend_module(name)
+    settings = build_settings(args)
+    for name in backends:
+        if name not in spec.backends:
+            from nndf.errors import UsageError
+
+            raise UsageError(
+                f"backend '{name}' does not support the {spec.family} family; allowed: {', '.join(spec.backends)}"
+            )
+    started = time.perf_counter()
+    source = args.torch_dir or ("random weights" if args.random_weights else variant.hub_id)
+    say(f"loading {spec.family} {variant.name} from {source} ...")
+    loaded = load_model(
+        spec, variant, torch_dir=args.torch_dir, random_weights=args.random_weights,
+        tokenizer_dir=args.tokenizer_dir, dtype=torch.float16 if settings.fp16 else torch.float32,
+        device=default_device(), seed=args.seed,
+    )
+    say(f"loaded in {time.perf_counter() - started:.1f} s ({loaded.source})")
+    models = [Model(loaded, name, settings, args.working_dir) for name in backends]
+    if getattr(args, "info", False):
+        print(info_result(models[0]).render(verbose=True))
+        print()
+    return models
+
+
+def describe(model: Model) -> dict:
+    """The context of a result: what ran, so that a JSON file is self-explanatory."""
+    return {
+        "model": model.spec.family,
+        "variant": model.variant.name,
+        "weights": model.loaded.source,
+        "device": str(model.decoder.device),
+        "settings": model.settings.as_dict(),
+    }
+
+
+def info_result(model: Model) -> Result:
+    """`--info`: the settings and every decoder tensor shape, derived from the one ShapeSpec."""
+    rows = [{"tensor": name, "shape": shape} for name, shape in model.shapes.describe()]
+    return Result(
+        action="info",
+        title=f"{model.spec.family} {model.variant.name}: decoder tensors",
+        columns=[Column("tensor", "tensor"), Column("shape", "shape")],
+        rows=rows,
+        context=describe(model),
+    )
+
+
+def random_input_ids(batch: int, length: int, vocab_size: int, seed: int) -> torch.Tensor:
+    """Seeded random prompts, as benchmarks use (their content does not affect the cost)."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab_size, (batch, length), generator=generator)
+
+
+def encode_prompts(tokenizer, prompts: list[str], use_mask: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Token ids of a batch of prompts, left-padded with a mask; prompts of different lengths need --use-mask."""
+    from nndf.errors import UsageError
+
+    encoded = [tokenizer(p)["input_ids"] for p in prompts]
+    lengths = {len(e) for e in encoded}
+    if min(lengths) == 0:
+        raise UsageError("an empty prompt cannot be generated from; type some text")
+    if len(lengths) > 1 and not use_mask:
+        raise UsageError("the prompts of this batch differ in length; add --use-mask to pad them with a mask")
+    width = max(lengths)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id or 0
+    ids = torch.full((len(encoded), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(encoded), width), dtype=torch.long)
+    for row, tokens in enumerate(encoded):
+        ids[row, width - len(tokens):] = torch.tensor(tokens)
+        mask[row, width - len(tokens):] = 1
+    return ids, (mask if use_mask else None)

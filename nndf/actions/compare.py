@@ -1,0 +1,26 @@
+"""`compare`: the checkpoint samples on every backend given, in one table with speed relative to the first."""
+
+from __future__ import annotations
+
+from nndf.actions.common import describe, open_models
+from nndf.actions.run import COLUMNS, checkpoint_rows
+from nndf.results import Column, Result
+
+TIMED = True
+
+
+def add_arguments(parser) -> None:
+    parser.set_defaults(warmup=1, iterations=3)
+
+
+def run(args) -> list[Result]:
+    models = open_models(args)
+    first = models[0]
+    rows = checkpoint_rows(args, models)
+    base = rows[0]["generation_ms"]
+    for row in rows:
+        row["speedup"] = base / row["generation_ms"]
+    columns = COLUMNS + [Column("speedup", f"speed vs {rows[0]['backend']}", "{:.2f}", "x")]
+    title = f"compare {first.spec.family} {first.variant.name}: {', '.join(r['backend'] for r in rows)}"
+    notes = ["speed: full-generation time of the first row divided by each row's (higher is faster)."]
+    return [Result("compare", title, columns, rows, describe(first), notes)]

@@ -1,0 +1,121 @@
+"""Command line: `python run.py ACTION MODEL BACKEND... --variant NAME [flags]`.
+
+Parsing and validation live here; each action is a small function in `nndf.actions` that returns `Result`s,
+which this module prints as tables and, with `--json FILE`, writes as JSON. Usage errors are one sentence on
+stderr and exit code 2; known runtime failures are one sentence and exit code 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from nndf.errors import HarnessError, UsageError
+
+# Action name -> (module in nndf.actions, one-line help). Each module has `add_arguments(parser)` and `run(args)`.
+ACTIONS: dict[str, tuple[str, str]] = {
+    "benchmark": ("benchmark", "time generation at fixed input/output lengths on random inputs (no early stop)"),
+    "accuracy": ("accuracy", "LAMBADA top-N accuracy and perplexity (NVIDIA demo and lm-evaluation-harness)"),
+    "chat": ("chat", "type prompts and see each backend's reply and time; 'exit' or Ctrl-D ends"),
+    "run": ("run", "the family's sample inputs from checkpoint.toml: accuracy against labels and runtimes"),
+    "compare": ("compare", "one table of checkpoint accuracy and runtimes across the backends given"),
+    "list": ("listing", "families, variants and the backends each supports"),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one sentence and exit 2 without the usage dump."""
+
+    def error(self, message: str):
+        raise UsageError(message)
+
+
+def _model_arguments(p: argparse.ArgumentParser) -> None:
+    from nndf.backends import BACKENDS
+
+    p.add_argument("model", metavar="MODEL", help="model family, e.g. GPT2 (see `run.py list`)")
+    p.add_argument(
+        "backends", metavar="BACKEND", nargs="+", help=f"one or more of: {', '.join(BACKENDS)}"
+    )
+    g = p.add_argument_group("model")
+    g.add_argument("--variant", help="variant of the family, e.g. gpt2-medium (default: the family's first)")
+    g.add_argument("--torch-dir", help="load the PyTorch model from this local Hugging Face folder")
+    g.add_argument("--random-weights", action="store_true",
+                   help="build the variant from its known config with random weights (works offline)")
+    g.add_argument("--tokenizer-dir", help="load the tokenizer from this folder (needed offline with --random-weights)")
+    g.add_argument("--seed", type=int, default=0, help="seed for random weights and random inputs (default 0)")
+    g.add_argument("--working-dir", default="temp", help="where exported and built artifacts go (default: temp)")
+    b = p.add_argument_group("build and generation")
+    b.add_argument("--batch-size", type=int, default=1, help="sequences per batch (default 1)")
+    b.add_argument("--num-beams", type=int, default=1, help="beam search width; 1 is greedy (default 1)")
+    b.add_argument("--fp16", action="store_true", help="run in half precision")
+    b.add_argument("--use-cache", action=argparse.BooleanOptionalAction, default=True,
+                   help="reuse past keys and values between steps (default on)")
+    b.add_argument("--use-mask", action=argparse.BooleanOptionalAction, default=False,
+                   help="feed an attention mask; needed for batches of prompts of different lengths (default off)")
+    b.add_argument("--input-seq-len", type=int, help="prompt length in tokens")
+    b.add_argument("--output-seq-len", type=int, help="tokens to generate")
+    b.add_argument("--dynamic-batch", action="store_true", help="build for a range of batch sizes")
+    b.add_argument("--min-dynamic-batch", type=int, help="smallest batch of the range (default 1)")
+    b.add_argument("--max-dynamic-batch", type=int, help="largest batch of the range (default --batch-size)")
+    b.add_argument("--engine-postfix", default="", help="text appended to built engine names")
+    b.add_argument("--disable-preview-dynamic-shapes", action="store_true",
+                   help="turn off TensorRT's faster-dynamic-shapes preview feature")
+    o = p.add_argument_group("output")
+    o.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
+    o.add_argument("--info", action="store_true", help="print the settings and tensor shapes before running")
+
+
+def _timing_arguments(p: argparse.ArgumentParser) -> None:
+    t = p.add_argument_group("timing")
+    t.add_argument("--iterations", type=int, default=10, help="timed samples (default 10)")
+    t.add_argument("--number", type=int, default=1, help="calls averaged into one sample (default 1)")
+    t.add_argument("--warmup", type=int, default=3, help="untimed calls first (default 3)")
+    t.add_argument("--duration", type=float, default=0.0, help="keep sampling for at least this many seconds")
+    t.add_argument("--percentile", type=float, default=50.0, help="percentile reported as latency (default 50)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="run.py",
+        description="Run Hugging Face generative models on PyTorch (frameworks), ONNX Runtime (onnxrt) and "
+        "TensorRT (trt) with one decoding loop, and measure their speed and accuracy.",
+        epilog="Example: python run.py benchmark GPT2 frameworks --variant gpt2 --random-weights",
+    )
+    sub = parser.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser, required=True)
+    for name, (module, help_text) in ACTIONS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        action = importlib.import_module(f"nndf.actions.{module}")
+        if getattr(action, "NEEDS_MODEL", True):
+            _model_arguments(p)
+        if getattr(action, "TIMED", False):
+            _timing_arguments(p)
+        action.add_arguments(p)
+        p.set_defaults(run_action=action.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        parser = build_parser()
+        if argv and argv[0] not in ACTIONS and not argv[0].startswith("-"):
+            raise UsageError(f"unknown action '{argv[0]}'; allowed: {', '.join(ACTIONS)}")
+        args = parser.parse_args(argv)
+        results = args.run_action(args)
+        from nndf.results import write_json
+
+        for result in results:
+            print(result.render(verbose=getattr(args, "info", False)))
+            print()
+        if getattr(args, "json", None):
+            write_json(results, args.json)
+            print(f"results written to {args.json}")
+        return 0
+    except (UsageError, HarnessError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

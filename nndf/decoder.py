@@ -1,0 +1,85 @@
+"""A backend's session plus what the generation loop needs to drive it: cache creation and one step.
+
+Every backend looks the same from here: `step` feeds `input_ids`, `attention_mask`, `position_ids` and the
+cache's past tensors by name, and reads `logits` and the presents back. Inputs a session does not declare
+(for example position ids of a model with ALiBi) are simply not fed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from nndf.backends import Session
+from nndf.kvcache import KVCache
+from nndf.spec import FamilyHooks, ShapeSpec
+
+
+@dataclass
+class TokenState:
+    """The sequences being generated (one row per sequence in flight) and their attention mask."""
+
+    tokens: torch.Tensor  # (rows, length) int64
+    mask: torch.Tensor  # (rows, length) int64, 0 on left padding
+
+    def append(self, next_tokens: torch.Tensor) -> None:
+        self.tokens = torch.cat([self.tokens, next_tokens[:, None]], dim=1)
+        self.mask = torch.cat([self.mask, self.mask.new_ones((self.mask.shape[0], 1))], dim=1)
+
+    def replace_tokens(self, tokens: torch.Tensor) -> None:
+        """Beam search rewrites whole rows; the mask keeps its padding (all beams of a prompt share it)."""
+        self.tokens = tokens
+        extra = tokens.shape[1] - self.mask.shape[1]
+        if extra > 0:
+            self.mask = torch.cat([self.mask, self.mask.new_ones((self.mask.shape[0], extra))], dim=1)
+
+
+class Decoder:
+    """Drives a decoder `Session`: `step` runs the tokens the cache has not seen yet (or all, without cache)."""
+
+    def __init__(self, session: Session, shapes: ShapeSpec, hooks: FamilyHooks) -> None:
+        self.session = session
+        self.shapes = shapes
+        self.hooks = hooks
+        self.use_cache = shapes.use_cache
+
+    @property
+    def device(self) -> torch.device:
+        return self.session.device
+
+    def new_cache(self, rows: int, max_len: int) -> KVCache | None:
+        if not self.use_cache:
+            return None
+        return KVCache(
+            self.shapes.num_layers,
+            rows,
+            self.shapes.kv_heads,
+            self.shapes.head_dim,
+            max_len,
+            dtype=self.session.dtype,
+            device=self.session.device,
+        )
+
+    def step(self, state: TokenState, cache: KVCache | None) -> torch.Tensor:
+        """Logits (rows, new tokens, vocab) for the tokens after `cache.length` (all tokens without a cache)."""
+        seen = cache.length if cache is not None else 0
+        positions = self.hooks.position_ids(state.mask)
+        feeds = {
+            "input_ids": state.tokens[:, seen:],
+            "attention_mask": state.mask,
+            "position_ids": positions[:, seen:],
+        }
+        if cache is not None:
+            feeds.update(cache.past_feeds())
+        outputs = self.session.run({name: feeds[name] for name in self.session.input_names})
+        if cache is not None:
+            cache.store(outputs)
+        return outputs["logits"]
+
+    def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Logits for every position of unpadded sequences in one pass (used to score data sets)."""
+        input_ids = input_ids.to(self.device)
+        state = TokenState(input_ids, torch.ones_like(input_ids))
+        cache = self.new_cache(input_ids.shape[0], input_ids.shape[1])
+        return self.step(state, cache).float()

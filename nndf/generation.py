@@ -1,0 +1,204 @@
+"""One decoding loop for every backend: greedy and beam search over a `Decoder`.
+
+The algorithms follow Hugging Face `generate()` (transformers 5.x) step for step, so that any backend that
+computes the same logits produces the same tokens: greedy search pads finished rows with the pad token, and beam
+search is the vectorised version with 2 x beams candidates per step, length penalty and the same early-stopping
+heuristic. Backends differ only in how `Decoder.step` executes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from nndf.decoder import Decoder, TokenState
+from nndf.errors import UsageError
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    """What to generate; the defaults are those of Hugging Face `generate()`."""
+
+    max_new_tokens: int = 32
+    min_new_tokens: int = 0
+    num_beams: int = 1
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
+    eos_token_id: int | None = None
+    pad_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise UsageError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise UsageError(f"min_new_tokens must lie in 0..max_new_tokens, got {self.min_new_tokens}")
+        if self.num_beams < 1:
+            raise UsageError(f"--num-beams must be at least 1, got {self.num_beams}")
+
+    @property
+    def pad(self) -> int | None:
+        return self.pad_token_id if self.pad_token_id is not None else self.eos_token_id
+
+
+def generate(
+    decoder: Decoder,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    options: GenerationOptions = GenerationOptions(),
+    on_token: Callable[[], None] | None = None,
+) -> torch.Tensor:
+    """Whole sequences (prompt + new tokens), as Hugging Face `generate()` returns them.
+
+    `on_token` is called once per generated position (after the token is chosen), for time-to-first-token and
+    per-step timing.
+    """
+    input_ids = input_ids.to(decoder.device)
+    mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(decoder.device).long()
+    if mask.shape != input_ids.shape:
+        raise UsageError(f"attention_mask shape {tuple(mask.shape)} differs from input_ids {tuple(input_ids.shape)}")
+    with torch.inference_mode():
+        if options.num_beams == 1:
+            return greedy_search(decoder, input_ids, mask, options, on_token)
+        return beam_search(decoder, input_ids, mask, options, on_token)
+
+
+def _suppress_eos(scores: torch.Tensor, generated: int, options: GenerationOptions) -> torch.Tensor:
+    """Forbid EOS until `min_new_tokens` have been generated (MinNewTokensLengthLogitsProcessor)."""
+    if options.eos_token_id is not None and generated < options.min_new_tokens:
+        scores = scores.clone()
+        scores[:, options.eos_token_id] = -float("inf")
+    return scores
+
+
+def greedy_search(decoder, input_ids, mask, options, on_token=None) -> torch.Tensor:
+    rows, prompt_len = input_ids.shape
+    state = TokenState(input_ids, mask)
+    cache = decoder.new_cache(rows, prompt_len + options.max_new_tokens)
+    eos = options.eos_token_id
+    unfinished = torch.ones(rows, dtype=torch.bool, device=input_ids.device)
+    logits = decoder.step(state, cache)
+    for generated in range(options.max_new_tokens):
+        scores = _suppress_eos(logits[:, -1, :].float(), generated, options)
+        next_tokens = scores.argmax(dim=-1)
+        if eos is not None:
+            next_tokens = torch.where(unfinished, next_tokens, torch.full_like(next_tokens, options.pad))
+            unfinished &= next_tokens != eos
+        state.append(next_tokens)
+        if on_token is not None:
+            on_token()
+        if generated + 1 == options.max_new_tokens or not bool(unfinished.any()):
+            break
+        logits = decoder.step(state, cache)
+    return state.tokens
+
+
+def _gather_beams(tensor: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """tensor[b, indices[b, k], ...] for every batch item b (beam dimension 1)."""
+    while indices.dim() < tensor.dim():
+        indices = indices.unsqueeze(-1)
+    return torch.take_along_dim(tensor, indices, dim=1)
+
+
+def beam_search(decoder, input_ids, mask, options, on_token=None) -> torch.Tensor:
+    """Hugging Face's vectorised beam search (transformers 5.x `_beam_search`), one hypothesis per prompt."""
+    batch, prompt_len = input_ids.shape
+    beams = options.num_beams
+    rows = batch * beams
+    device = input_ids.device
+    max_length = prompt_len + options.max_new_tokens
+    eos = options.eos_token_id
+    penalty = options.length_penalty
+    early_stopping = options.early_stopping
+
+    # Keep 2 x beams candidates, so that beams that end with EOS still leave `beams` running ones.
+    keep = max(2, 1 + (eos is not None)) * beams
+    top_beam_mask = torch.cat([torch.ones(beams, dtype=torch.bool), torch.zeros(keep - beams, dtype=torch.bool)])
+    top_beam_mask = top_beam_mask.to(device)
+
+    # The same fill value as transformers (`pad or eos if eos is set else -1`): it shows in shorter hypotheses.
+    fill = (options.pad_token_id or eos) if eos is not None else -1
+    running = torch.full((batch, beams, max_length), fill, dtype=torch.int64, device=device)
+    running[:, :, :prompt_len] = input_ids[:, None, :]
+    finished = running.clone()
+    running_scores = torch.zeros((batch, beams), dtype=torch.float, device=device)
+    running_scores[:, 1:] = -1e9
+    finished_scores = torch.full((batch, beams), -1e9, dtype=torch.float, device=device)
+    is_finished = torch.zeros((batch, beams), dtype=torch.bool, device=device)
+    may_improve = torch.ones((batch, 1), dtype=torch.bool, device=device)
+    running_origin = torch.full((batch, beams, max_length - prompt_len), -1, dtype=torch.int32, device=device)
+    finished_origin = running_origin.clone()
+
+    state = TokenState(input_ids.repeat_interleave(beams, dim=0), mask.repeat_interleave(beams, dim=0))
+    cache = decoder.new_cache(rows, max_length)
+    cur_len = prompt_len
+    logits = decoder.step(state, cache)
+    while True:
+        log_probs = torch.log_softmax(logits[:, -1, :].float(), dim=-1)
+        log_probs = _suppress_eos(log_probs, cur_len - prompt_len, options)
+        vocab = log_probs.shape[-1]
+        log_probs = log_probs.view(batch, beams, vocab) + running_scores[:, :, None]
+        topk_scores, topk_indices = torch.topk(log_probs.view(batch, beams * vocab), k=keep)
+        topk_beam = topk_indices // vocab
+        topk_tokens = topk_indices % vocab
+        topk_sequences = _gather_beams(running, topk_beam)
+        topk_sequences[:, :, cur_len] = topk_tokens
+        topk_origin = _gather_beams(running_origin, topk_beam)
+        batch_offset = torch.arange(batch, device=device).view(-1, 1) * beams
+        topk_origin[:, :, cur_len - prompt_len] = (topk_beam + batch_offset).to(torch.int32)
+
+        hits_stop = torch.full_like(topk_tokens, cur_len + 1 >= max_length, dtype=torch.bool)
+        if eos is not None:
+            hits_stop |= topk_tokens == eos
+
+        # The best `beams` candidates that did not stop go on running.
+        running_candidates = topk_scores + hits_stop.float() * -1e9
+        next_index = torch.topk(running_candidates, k=beams)[1]
+        running = _gather_beams(topk_sequences, next_index)
+        running_scores = _gather_beams(running_candidates, next_index)
+        running_origin = _gather_beams(topk_origin, next_index)
+
+        # Candidates among the top `beams` that stopped join the finished hypotheses if they score higher.
+        just_finished = hits_stop & top_beam_mask[None, :]
+        scored = topk_scores / ((cur_len + 1 - prompt_len) ** penalty)
+        all_full = torch.all(is_finished, dim=-1, keepdim=True) & (early_stopping is True)
+        scored = scored + all_full.float() * -1e9 + (~may_improve).float() * -1e9 + (~just_finished).float() * -1e9
+        merged_index = torch.topk(torch.cat([finished_scores, scored], dim=1), k=beams)[1]
+        finished = _gather_beams(torch.cat([finished, topk_sequences], dim=1), merged_index)
+        finished_scores = _gather_beams(torch.cat([finished_scores, scored], dim=1), merged_index)
+        finished_origin = _gather_beams(torch.cat([finished_origin, topk_origin], dim=1), merged_index)
+        is_finished = _gather_beams(torch.cat([is_finished, just_finished], dim=1), merged_index)
+
+        if cache is not None:
+            cache.reorder(running_origin[..., cur_len - prompt_len].reshape(rows).long())
+        cur_len += 1
+        if on_token is not None:
+            on_token()
+        may_improve = _may_still_improve(
+            may_improve, running_scores, finished_scores, is_finished, cur_len, max_length, prompt_len, options
+        )
+        keep_going = bool(may_improve.any()) and not bool(torch.all(hits_stop))
+        if early_stopping is True and bool(torch.all(is_finished)):
+            keep_going = False
+        if not keep_going:
+            break
+        state.replace_tokens(running[:, :, :cur_len].reshape(rows, cur_len))
+        logits = decoder.step(state, cache)
+
+    best = finished[:, 0, :]
+    generated = int(((finished_origin[:, 0, :] + 1) != 0).sum(dim=1).max())
+    return best[:, : prompt_len + generated]
+
+
+def _may_still_improve(may_improve, running_scores, finished_scores, is_finished, cur_len, max_length, prompt_len,
+                       options) -> torch.Tensor:
+    """transformers' early-stop heuristic: can the best running beam still beat the worst finished one?"""
+    penalty = options.length_penalty
+    if options.early_stopping == "never" and penalty > 0.0:
+        best_length = max_length - prompt_len
+    else:
+        best_length = cur_len - prompt_len
+    best_running = running_scores[:, :1] / (best_length**penalty)
+    worst_finished = torch.where(is_finished, torch.min(finished_scores, dim=1, keepdim=True)[0], -1.0e9)
+    return may_improve & torch.any(best_running > worst_finished, dim=-1, keepdim=True)

@@ -1,0 +1,84 @@
+"""Preallocated key/value cache buffers, filled in place and reordered in place for beam search.
+
+As in gpt-fast, the buffers are allocated once at the largest length a generation can reach, so a decode step
+allocates no cache memory of its own; sessions read views of the filled part (`past_key_values.{i}.key|value`)
+and return the new positions in their `present.{i}.key|value` outputs, which `store` copies into place.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+
+KINDS = ("key", "value")
+
+
+def past_name(layer: int, kind: str) -> str:
+    return f"past_key_values.{layer}.{kind}"
+
+
+def present_name(layer: int, kind: str) -> str:
+    return f"present.{layer}.{kind}"
+
+
+def past_names(num_layers: int) -> list[str]:
+    return [past_name(i, k) for i in range(num_layers) for k in KINDS]
+
+
+def present_names(num_layers: int) -> list[str]:
+    return [present_name(i, k) for i in range(num_layers) for k in KINDS]
+
+
+class KVCache:
+    """Per-layer key and value buffers of shape (rows, kv_heads, max_len, head_dim); `length` positions are valid."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        rows: int,
+        kv_heads: int,
+        head_dim: int,
+        max_len: int,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        shape = (rows, kv_heads, max_len, head_dim)
+        self.buffers = {
+            name: torch.zeros(shape, dtype=dtype, device=device) for name in past_names(num_layers)
+        }
+        self.num_layers = num_layers
+        self.max_len = max_len
+        self.length = 0
+
+    @property
+    def rows(self) -> int:
+        return next(iter(self.buffers.values())).shape[0]
+
+    def past_feeds(self) -> dict[str, torch.Tensor]:
+        """Views of the filled positions, keyed by the sessions' past input names (length 0 before prefill)."""
+        return {name: buf[:, :, : self.length] for name, buf in self.buffers.items()}
+
+    def store(self, outputs: Mapping[str, torch.Tensor]) -> None:
+        """Copy the positions a step added from its `present.*` outputs into the buffers and advance `length`.
+
+        A present holds past and new positions together (as attention concatenates them); only the new tail is
+        copied, so the cost of a step is independent of how long the sequence already is.
+        """
+        new_length = None
+        for layer in range(self.num_layers):
+            for kind in KINDS:
+                present = outputs[present_name(layer, kind)]
+                new_length = present.shape[2]
+                if new_length > self.max_len:
+                    raise ValueError(f"KV cache holds {self.max_len} positions, a step produced {new_length}")
+                self.buffers[past_name(layer, kind)][:, :, self.length : new_length].copy_(
+                    present[:, :, self.length : new_length]
+                )
+        self.length = new_length
+
+    def reorder(self, row_index: torch.Tensor) -> None:
+        """Make row r hold what row `row_index[r]` held (beam search keeps the cache of the beams it continues)."""
+        for buf in self.buffers.values():
+            filled = buf[:, :, : self.length]
+            filled.copy_(filled.index_select(0, row_index.to(buf.device)))

@@ -1,0 +1,121 @@
+"""Model and tokenizer from one of three sources: a hub id, a local folder (--torch-dir), or random weights.
+
+Random weights are built from the variant's known config, so every variant runs offline (benchmarks do not care
+what the weights are). The hub path is the ordinary transformers one; its failures (offline, unknown id) become
+one sentence that says which flag to use instead.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from nndf.errors import HarnessError, UsageError
+from nndf.spec import ModelSpec, Variant
+
+
+@dataclass
+class LoadedModel:
+    """A PyTorch model in eval mode with where it came from; the tokenizer is loaded on first use."""
+
+    spec: ModelSpec
+    variant: Variant
+    model: torch.nn.Module
+    source: str
+    tokenizer_source: str | None
+
+    @property
+    def config(self):
+        return self.model.config
+
+    _tokenizer: object = None
+
+    @property
+    def tokenizer(self):
+        """The tokenizer; a HarnessError names --tokenizer-dir when none can be found (offline random weights)."""
+        if self._tokenizer is None:
+            self._tokenizer = load_tokenizer(self.tokenizer_source, self.spec)
+        return self._tokenizer
+
+
+def _transformers_class(name: str):
+    import transformers
+
+    return getattr(transformers, name)
+
+
+def load_model(
+    spec: ModelSpec,
+    variant: Variant,
+    *,
+    torch_dir: str | None = None,
+    random_weights: bool = False,
+    tokenizer_dir: str | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+) -> LoadedModel:
+    """Load `variant` of `spec` from the chosen source, in eval mode, on `device` in `dtype`."""
+    auto = _transformers_class(spec.auto_class)
+    if torch_dir is not None and random_weights:
+        raise UsageError("--torch-dir and --random-weights exclude each other; give one of them")
+    if torch_dir is not None:
+        folder = Path(torch_dir)
+        if not (folder / "config.json").is_file():
+            raise UsageError(f"--torch-dir {torch_dir} is not a Hugging Face model folder (no config.json in it)")
+        model = auto.from_pretrained(folder, dtype=dtype)
+        source = f"local folder {folder}"
+        tokenizer_source = tokenizer_dir or (str(folder) if _has_tokenizer(folder) else spec.default_tokenizer)
+    elif random_weights:
+        from transformers import AutoConfig
+
+        config_args = dict(variant.config)
+        config = AutoConfig.for_model(config_args.pop("model_type"), **config_args)
+        torch.manual_seed(seed)
+        model = auto.from_config(config, dtype=dtype)
+        source = f"random weights (seed {seed}) from the known {variant.name} config"
+        tokenizer_source = tokenizer_dir or variant.hub_id
+    else:
+        model = _from_hub(auto, variant.hub_id, dtype)
+        source = f"hub {variant.hub_id}"
+        tokenizer_source = tokenizer_dir or variant.hub_id
+    if tokenizer_dir is not None and not Path(tokenizer_dir).is_dir():
+        raise UsageError(f"--tokenizer-dir {tokenizer_dir} does not exist")
+    model.eval()
+    model.to(device)
+    return LoadedModel(spec, variant, model, source, tokenizer_source)
+
+
+def _has_tokenizer(folder: Path) -> bool:
+    return any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json"))
+
+
+def _from_hub(auto, hub_id: str, dtype: torch.dtype):
+    try:
+        return auto.from_pretrained(hub_id, dtype=dtype)
+    except OSError as exc:
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+        why = "HF_HUB_OFFLINE=1 is set and it is not in the local cache" if offline else f"{exc}".splitlines()[0]
+        raise HarnessError(
+            f"could not load '{hub_id}' from the Hugging Face hub ({why}); "
+            "pass --torch-dir DIR for a local copy or --random-weights to build it from its known config"
+        ) from None
+
+
+def load_tokenizer(source: str | None, spec: ModelSpec):
+    """A tokenizer from a folder or hub id; offline without a cached copy, a HarnessError naming --tokenizer-dir."""
+    from transformers import AutoTokenizer
+
+    candidates = [s for s in (source, spec.default_tokenizer) if s]
+    for candidate in candidates:
+        try:
+            return AutoTokenizer.from_pretrained(candidate)
+        except (OSError, ValueError):
+            continue
+    tried = ", ".join(candidates) or "nothing"
+    raise HarnessError(
+        f"no tokenizer could be loaded (tried {tried}); pass --tokenizer-dir DIR with a Hugging Face tokenizer folder"
+    )

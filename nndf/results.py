@@ -1,0 +1,133 @@
+"""One result type for every action, so that every report looks the same on screen and in JSON.
+
+An action (benchmark, accuracy check, export, ...) builds a `Result` of raw values: numbers stay numbers
+so that the JSON can be compared and plotted later, and formatting (digits, units, "-" for a missing
+value) happens only when the table is rendered for a person.
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from nndf.workspace import atomic_write_json
+
+_GAP = "  "
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a table: which row key it shows, its header, how to format a value, and its unit."""
+
+    key: str
+    header: str
+    fmt: str = "{}"
+    unit: str = ""
+
+    @property
+    def label(self) -> str:
+        """The header as shown: `header (unit)` when the column has a unit."""
+        return f"{self.header} ({self.unit})" if self.unit else self.header
+
+    def format(self, value: object) -> str:
+        """The cell text for a raw value; None (not measured, not applicable) is "-".
+
+        A value the format does not fit (say an "error" string in a "{:.2f}" column) is shown as plain text
+        rather than losing the whole report.
+        """
+        if value is None:
+            return "-"
+        try:
+            return self.fmt.format(value)
+        except (ValueError, TypeError, IndexError, KeyError):
+            return str(value)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _context_text(value: object) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(v) for v in value)
+    return str(value)
+
+
+def _jsonable(value: object) -> object:
+    """Raw values as plain JSON types: numpy scalars and arrays become numbers and lists, paths strings.
+
+    Anything else is left as is, so that a value that cannot be serialised fails loudly in `write_json`.
+    """
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if type(value).__module__ == "numpy" and hasattr(value, "tolist"):
+        return value.tolist()
+    return value
+
+
+@dataclass
+class Result:
+    """The outcome of one action: a titled table of raw rows, the context that produced it, and notes.
+
+    `context` (model, variant, settings, ...) always goes into the JSON and is printed above the table only
+    when verbose, so the default screen output stays one table per action.
+    """
+
+    action: str
+    title: str
+    columns: list[Column]
+    rows: list[dict]
+    context: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def render(self, verbose: bool = False) -> str:
+        """The table as text: title, (context when verbose), header, dashes, rows, then the notes.
+
+        A column whose values are all numbers is right-aligned, header included; any other column is
+        left-aligned. Every column is padded to its widest cell.
+        """
+        lines = [self.title]
+        if verbose:
+            lines += [f"{key}: {_context_text(value)}" for key, value in self.context.items()]
+        cells = [[col.format(row.get(col.key)) for col in self.columns] for row in self.rows]
+        widths = [max([len(col.label)] + [len(r[i]) for r in cells]) for i, col in enumerate(self.columns)]
+        numeric = [
+            any(_is_number(row.get(col.key)) for row in self.rows)
+            and all(row.get(col.key) is None or _is_number(row.get(col.key)) for row in self.rows)
+            for col in self.columns
+        ]
+
+        def line(texts: list[str]) -> str:
+            padded = [t.rjust(w) if num else t.ljust(w) for t, w, num in zip(texts, widths, numeric)]
+            return _GAP.join(padded).rstrip()
+
+        lines.append(line([col.label for col in self.columns]))
+        lines.append(_GAP.join("-" * w for w in widths))
+        lines += [line(r) for r in cells]
+        lines += list(self.notes)
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        """The result as JSON-able data, with rows of raw values (not the formatted strings of `render`)."""
+        return {
+            "action": self.action,
+            "title": self.title,
+            "context": _jsonable(self.context),
+            "columns": [{"key": c.key, "header": c.header, "unit": c.unit} for c in self.columns],
+            "rows": [_jsonable(row) for row in self.rows],
+            "notes": list(self.notes),
+        }
+
+
+def write_json(results: Sequence[Result], path: str | os.PathLike) -> Path:
+    """Write `{"results": [...]}` atomically: an interrupted or failed write leaves no partial file."""
+    return atomic_write_json(path, {"results": [r.to_dict() for r in results]})

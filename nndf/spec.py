@@ -1,0 +1,203 @@
+"""The data that describes a model family, a build, and the tensor shapes that follow from both.
+
+Generic code reads these dataclasses and never a family's name: every difference between families is a field
+here or a method of `FamilyHooks` that the family's package overrides. Shapes live in one `ShapeSpec`, from
+which flag validation, `--info`, TensorRT optimization profiles and the trtexec command are all derived.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import torch
+
+from nndf.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One checkpoint of a family: its short name, its hub id, and its known config for `--random-weights`."""
+
+    name: str
+    hub_id: str
+    config: Mapping[str, object]
+    params: str = ""  # human-readable size for `list`, e.g. "124M"
+
+
+class FamilyHooks:
+    """Per-family behaviour with sensible defaults; a family subclasses this only for its real quirks."""
+
+    def position_ids(self, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Position ids as Hugging Face `generate()` derives them: count real tokens, padding gets 0."""
+        positions = attention_mask.long().cumsum(-1) - 1
+        return positions.masked_fill(attention_mask == 0, 0)
+
+    def max_positions(self, config) -> int:
+        """The longest sequence the model can attend over."""
+        return int(config.max_position_embeddings)
+
+    def num_layers(self, config) -> int:
+        return int(config.num_hidden_layers)
+
+    def kv_heads(self, config) -> int:
+        return int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+
+    def head_dim(self, config) -> int:
+        return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Everything the harness knows about a family, as data; `registry` maps a family name to one of these."""
+
+    family: str
+    description: str
+    variants: tuple[Variant, ...]
+    backends: tuple[str, ...]
+    auto_class: str = "AutoModelForCausalLM"
+    hooks: FamilyHooks = field(default_factory=FamilyHooks)
+    checkpoint_file: str = ""  # path of the family's checkpoint.toml for the `run` action
+    default_tokenizer: str = ""  # hub id of a tokenizer to try when the weights come from elsewhere
+
+    @property
+    def default_variant(self) -> Variant:
+        return self.variants[0]
+
+    def variant(self, name: str | None) -> Variant:
+        """The variant called `name` (its short name or hub id, any case), or a UsageError listing the allowed."""
+        if name is None:
+            return self.default_variant
+        wanted = name.lower()
+        for v in self.variants:
+            if wanted in (v.name.lower(), v.hub_id.lower()):
+                return v
+        allowed = ", ".join(v.name for v in self.variants)
+        raise UsageError(f"unknown --variant '{name}' for {self.family}; allowed: {allowed}")
+
+
+@dataclass(frozen=True)
+class BuildSettings:
+    """Every user setting that shapes a session or an artifact (and so goes into an artifact's hash)."""
+
+    batch_size: int = 1
+    num_beams: int = 1
+    input_seq_len: int | None = None
+    output_seq_len: int | None = None
+    use_cache: bool = True
+    use_mask: bool = False
+    fp16: bool = False
+    dynamic_batch: bool = False
+    min_dynamic_batch: int | None = None
+    max_dynamic_batch: int | None = None
+    preview_dynamic_shapes: bool = True
+    engine_postfix: str = ""
+
+    def __post_init__(self) -> None:
+        for flag, value in (("--batch-size", self.batch_size), ("--num-beams", self.num_beams)):
+            if value < 1:
+                raise UsageError(f"{flag} must be at least 1, got {value}")
+        for flag, value in (("--input-seq-len", self.input_seq_len), ("--output-seq-len", self.output_seq_len)):
+            if value is not None and value < 1:
+                raise UsageError(f"{flag} must be at least 1, got {value}")
+        lo, hi = self.batch_range
+        if lo < 1:
+            raise UsageError(f"--min-dynamic-batch must be at least 1, got {lo}")
+        if lo > hi:
+            raise UsageError(f"--min-dynamic-batch ({lo}) must not exceed --max-dynamic-batch ({hi})")
+        if self.dynamic_batch and not lo <= self.batch_size <= hi:
+            raise UsageError(
+                f"--batch-size {self.batch_size} must lie within --min-dynamic-batch {lo} and --max-dynamic-batch {hi}"
+            )
+
+    @property
+    def batch_range(self) -> tuple[int, int]:
+        """(min, max) batch the build must accept: the batch size itself unless --dynamic-batch is on."""
+        if not self.dynamic_batch:
+            return self.batch_size, self.batch_size
+        lo = self.min_dynamic_batch if self.min_dynamic_batch is not None else 1
+        hi = self.max_dynamic_batch if self.max_dynamic_batch is not None else max(self.batch_size, lo)
+        return lo, hi
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Dim:
+    """A (min, opt, max) range for one tensor dimension, as TensorRT profiles want it."""
+
+    min: int
+    opt: int
+    max: int
+
+
+@dataclass(frozen=True)
+class ShapeSpec:
+    """The tensor shapes of one decoder build, derived once from the model's config and the user's settings.
+
+    Rows are sequences in flight: batch x beams. `prompt` is the context length the build accepts and `total`
+    the context plus generated tokens, bounded by the model's positions.
+    """
+
+    rows: Dim
+    prompt: Dim
+    total: Dim
+    num_layers: int
+    kv_heads: int
+    head_dim: int
+    vocab_size: int
+    max_positions: int
+    use_cache: bool
+
+    @classmethod
+    def derive(cls, settings: BuildSettings, spec: ModelSpec, config) -> "ShapeSpec":
+        """Validate the settings against the model and derive every shape; a UsageError names the bad flag."""
+        hooks = spec.hooks
+        max_positions = hooks.max_positions(config)
+        prompt_len = settings.input_seq_len
+        new_len = settings.output_seq_len
+        if prompt_len is not None and new_len is not None and prompt_len + new_len > max_positions:
+            raise UsageError(
+                f"--input-seq-len {prompt_len} plus --output-seq-len {new_len} is {prompt_len + new_len} tokens, "
+                f"more than the {max_positions} positions of this model"
+            )
+        if prompt_len is not None and prompt_len > max_positions:
+            raise UsageError(f"--input-seq-len {prompt_len} exceeds the {max_positions} positions of this model")
+        lo, hi = settings.batch_range
+        beams = settings.num_beams
+        opt_prompt = prompt_len or max(1, max_positions // 2)
+        max_prompt = prompt_len or max_positions
+        max_total = min(max_positions, (prompt_len + new_len) if prompt_len and new_len else max_positions)
+        return cls(
+            rows=Dim(lo * beams, settings.batch_size * beams, hi * beams),
+            prompt=Dim(1, opt_prompt, max_prompt),
+            total=Dim(1, min(max_total, opt_prompt + (new_len or 1)), max_total),
+            num_layers=hooks.num_layers(config),
+            kv_heads=hooks.kv_heads(config),
+            head_dim=hooks.head_dim(config),
+            vocab_size=int(config.vocab_size),
+            max_positions=max_positions,
+            use_cache=settings.use_cache,
+        )
+
+    def kv_shape(self, rows: int, length: int) -> tuple[int, int, int, int]:
+        """Shape of one layer's key or value cache: (rows, kv heads, length, head dim)."""
+        return rows, self.kv_heads, length, self.head_dim
+
+    def describe(self) -> list[tuple[str, str]]:
+        """(name, shape) lines for `--info`: inputs and outputs of the decoder with their ranges."""
+        rows = f"{self.rows.min}..{self.rows.max}" if self.rows.min != self.rows.max else str(self.rows.max)
+        seq = f"1..{self.total.max}"
+        lines = [
+            ("input_ids", f"[{rows}, {seq}] int64"),
+            ("attention_mask", f"[{rows}, {seq}] int64"),
+            ("position_ids", f"[{rows}, {seq}] int64"),
+            ("logits", f"[{rows}, {seq}, {self.vocab_size}] float"),
+        ]
+        if self.use_cache:
+            past = f"[{rows}, {self.kv_heads}, 0..{self.total.max - 1}, {self.head_dim}]"
+            lines.append((f"past_key_values.{{0..{self.num_layers - 1}}}.key|value", past))
+            lines.append((f"present.{{0..{self.num_layers - 1}}}.key|value", f"[{rows}, {self.kv_heads}, 1..{self.total.max}, {self.head_dim}]"))
+        return lines

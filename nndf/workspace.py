@@ -1,0 +1,86 @@
+"""Where artifacts live and how they are written.
+
+Every file the harness produces (results JSON, ONNX graphs, engines, timing caches) is written to a temporary
+file in the same folder and renamed into place, so that an interrupted run never leaves a half-written file
+under the final name. Artifacts carry a metadata JSON beside them that says what built them; `artifact_name`
+hashes every setting that shaped an artifact into its name, so that changing a setting never reuses a stale file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable, Iterator, Mapping
+
+
+@contextlib.contextmanager
+def atomic_path(final_path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside `final_path`; rename it into place only if the body finishes.
+
+    The body writes to the yielded path by any means (a library's `save`, `open`, ...). On an exception the
+    temporary file is removed and nothing appears under the final name.
+    """
+    final = Path(final_path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        os.replace(tmp, final)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def atomic_write_text(final_path: str | os.PathLike, text: str) -> Path:
+    """Write `text` to `final_path` atomically and return the path."""
+    with atomic_path(final_path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(final_path)
+
+
+def atomic_write_json(final_path: str | os.PathLike, data: object) -> Path:
+    """Write `data` as indented JSON atomically."""
+    return atomic_write_text(final_path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def settings_hash(settings: Mapping[str, object], length: int = 12) -> str:
+    """A short stable hash of a flat mapping of settings (keys sorted, values by their repr)."""
+    canonical = json.dumps({k: settings[k] for k in sorted(settings)}, sort_keys=True, default=repr)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:length]
+
+
+def artifact_name(stem: str, settings: Mapping[str, object], suffix: str) -> str:
+    """`stem-<hash of settings><suffix>`: the name changes whenever any setting that shaped the artifact does."""
+    return f"{stem}-{settings_hash(settings)}{suffix}"
+
+
+def metadata_path(artifact: str | os.PathLike) -> Path:
+    """The metadata JSON that sits beside an artifact."""
+    p = Path(artifact)
+    return p.with_name(p.name + ".meta.json")
+
+
+def read_metadata(artifact: str | os.PathLike) -> dict | None:
+    """The artifact's metadata, or None when it is missing or unreadable (either way: rebuild)."""
+    try:
+        return json.loads(metadata_path(artifact).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def write_artifact(artifact: str | os.PathLike, build: Callable[[Path], None], metadata: Mapping[str, object]) -> Path:
+    """Build an artifact through `build(tmp_path)` and publish it with its metadata, both atomically.
+
+    The metadata is written after the artifact, so an artifact without matching metadata is never trusted.
+    """
+    with atomic_path(artifact) as tmp:
+        build(tmp)
+        meta = dict(metadata, size=tmp.stat().st_size)
+    atomic_write_json(metadata_path(artifact), meta)
+    return Path(artifact)

@@ -1,0 +1,63 @@
+"""Shared fixtures: tiny GPT-2 models with random weights built from configs, and the shared test data.
+
+Models are built once per session (seeded), saved as Hugging Face folders so the CLI can load them with
+--torch-dir, and given the real GPT-2 tokenizer from ../shared/data when it is present.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+TOKENIZER_DIR = SHARED_DATA / "gpt2-tokenizer"
+LAMBADA_FILE = SHARED_DATA / "lambada" / "lambada_test.jsonl"
+TRAINED_TINY_GPT2 = SHARED_DATA / "lambada-tiny-gpt2"
+
+
+def needs_shared(path: Path):
+    """Skip (with the reason) when ../shared/data is not beside the checkout, as in a user's clone."""
+    return pytest.mark.skipif(not path.exists(), reason=f"{path} is absent (../shared/data is not beside this checkout)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """GPU tests run only where CUDA is present; elsewhere they are skipped with the reason."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+TINY_GPT2 = dict(n_layer=2, n_head=2, n_embd=32, n_positions=128, vocab_size=50257, bos_token_id=50256,
+                 eos_token_id=50256)
+
+
+def build_tiny(tmp_root: Path, name: str, config_kwargs: dict, seed: int = 0) -> Path:
+    """Save a seeded random model of `config_kwargs` (with the real tokenizer when present) and return its folder."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    kwargs = dict(config_kwargs)
+    config = AutoConfig.for_model(kwargs.pop("model_type", "gpt2"), **kwargs)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    folder = tmp_root / name
+    model.save_pretrained(folder)
+    if TOKENIZER_DIR.exists():
+        for f in TOKENIZER_DIR.iterdir():
+            shutil.copy(f, folder / f.name)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2_dir(tmp_path_factory) -> Path:
+    return build_tiny(tmp_path_factory.mktemp("models"), "tiny-gpt2", TINY_GPT2)

@@ -1,0 +1,116 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nndf.results import Column, Result, write_json
+
+
+def make_result() -> Result:
+    return Result(
+        action="benchmark",
+        title="Benchmark: gpt2",
+        columns=[
+            Column("backend", "Backend"),
+            Column("latency", "Latency", "{:.2f}", "ms"),
+            Column("tokens", "Tokens"),
+            Column("peak", "Peak", "{:.1f}", "MiB"),
+        ],
+        rows=[
+            {"backend": "pytorch", "latency": 12.3456, "tokens": 32, "peak": 512.0},
+            {"backend": "onnxruntime", "latency": 3.2, "tokens": 128, "peak": None},
+            {"backend": "tensorrt", "latency": None, "tokens": 7},
+        ],
+        context={"model": "gpt2", "variant": "fp32", "settings": {"iterations": 10, "warmup": 3}},
+        notes=["TensorRT latency was not measured."],
+    )
+
+
+def test_render_exact() -> None:
+    assert make_result().render() == (
+        "Benchmark: gpt2\n"
+        "Backend      Latency (ms)  Tokens  Peak (MiB)\n"
+        "-----------  ------------  ------  ----------\n"
+        "pytorch             12.35      32       512.0\n"
+        "onnxruntime          3.20     128           -\n"
+        "tensorrt                -       7           -\n"
+        "TensorRT latency was not measured."
+    )
+
+
+def test_render_verbose_shows_context_above_table() -> None:
+    lines = make_result().render(verbose=True).splitlines()
+    assert lines[:4] == [
+        "Benchmark: gpt2",
+        "model: gpt2",
+        "variant: fp32",
+        "settings: iterations=10, warmup=3",
+    ]
+    assert lines[4].startswith("Backend")
+
+
+def test_render_text_column_left_and_wide_header() -> None:
+    result = Result(
+        action="check",
+        title="T",
+        columns=[Column("n", "A long header"), Column("s", "S"), Column("ok", "OK")],
+        rows=[{"n": 1, "s": "abc", "ok": True}, {"n": np.float32(2.5), "s": None, "ok": False}],
+    )
+    assert result.render() == (
+        "T\n"
+        "A long header  S    OK\n"
+        "-------------  ---  -----\n"
+        "            1  abc  True\n"
+        "          2.5  -    False"
+    )
+
+
+def test_format_that_does_not_fit_falls_back_to_text() -> None:
+    assert Column("x", "X", "{:.2f}").format("error") == "error"
+    assert Column("x", "X", "{:.2f}").format(None) == "-"
+
+
+def test_to_dict_keeps_raw_values() -> None:
+    d = make_result().to_dict()
+    assert d["action"] == "benchmark"
+    assert d["columns"][1] == {"key": "latency", "header": "Latency", "unit": "ms"}
+    assert d["rows"][0]["latency"] == 12.3456
+    assert d["rows"][1]["peak"] is None
+    assert d["context"]["settings"] == {"iterations": 10, "warmup": 3}
+    assert d["notes"] == ["TensorRT latency was not measured."]
+
+
+def test_write_json_round_trip_and_no_temp_file(tmp_path: Path) -> None:
+    first = make_result()
+    second = Result("export", "Export", [Column("path", "Path")], [{"path": tmp_path / "m.onnx", "n": np.int64(3)}])
+    out = write_json([first, second], tmp_path / "out" / "results.json")
+    assert out == tmp_path / "out" / "results.json"
+    loaded = json.loads(out.read_text(encoding="utf-8"))
+    assert loaded == {"results": [first.to_dict(), second.to_dict()]}
+    assert loaded["results"][1]["rows"][0] == {"path": str(tmp_path / "m.onnx"), "n": 3}
+    assert [p.name for p in out.parent.iterdir()] == ["results.json"]
+
+
+class Unprintable:
+    def __str__(self) -> str:
+        raise RuntimeError("cannot serialise")
+
+
+def test_failing_serialisation_leaves_no_file(tmp_path: Path) -> None:
+    bad = Result("x", "X", [Column("v", "V")], [{"v": Unprintable()}])
+    target = tmp_path / "results.json"
+    with pytest.raises(RuntimeError):
+        write_json([bad], target)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_failing_serialisation_keeps_previous_file(tmp_path: Path) -> None:
+    target = write_json([make_result()], tmp_path / "results.json")
+    before = target.read_text(encoding="utf-8")
+    with pytest.raises(RuntimeError):
+        write_json([Result("x", "X", [Column("v", "V")], [{"v": Unprintable()}])], target)
+    assert target.read_text(encoding="utf-8") == before
+    assert [p.name for p in tmp_path.iterdir()] == ["results.json"]
