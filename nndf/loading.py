@@ -47,6 +47,34 @@ def _transformers_class(name: str):
     return getattr(transformers, name)
 
 
+def known_config(variant: Variant):
+    """The variant's config from the registry's data, without touching the hub."""
+    from transformers import AutoConfig
+
+    config_args = dict(variant.config)
+    return AutoConfig.for_model(config_args.pop("model_type"), **config_args)
+
+
+def load_config(spec: ModelSpec, variant: Variant, *, torch_dir: str | None = None, random_weights: bool = False):
+    """The config the model will have, cheaply, so that flags can be checked before a slow weight load.
+
+    For a hub model that cannot be reached, the variant's known config stands in (the load will then fail
+    with its own message).
+    """
+    from transformers import AutoConfig
+
+    if torch_dir is not None:
+        if not (Path(torch_dir) / "config.json").is_file():
+            raise UsageError(f"--torch-dir {torch_dir} is not a Hugging Face model folder (no config.json in it)")
+        return AutoConfig.from_pretrained(torch_dir)
+    if not random_weights:
+        try:
+            return AutoConfig.from_pretrained(variant.hub_id)
+        except OSError:
+            pass
+    return known_config(variant)
+
+
 def load_model(
     spec: ModelSpec,
     variant: Variant,
@@ -70,12 +98,8 @@ def load_model(
         source = f"local folder {folder}"
         tokenizer_source = tokenizer_dir or (str(folder) if _has_tokenizer(folder) else spec.default_tokenizer)
     elif random_weights:
-        from transformers import AutoConfig
-
-        config_args = dict(variant.config)
-        config = AutoConfig.for_model(config_args.pop("model_type"), **config_args)
         torch.manual_seed(seed)
-        model = auto.from_config(config, dtype=dtype)
+        model = auto.from_config(known_config(variant), dtype=dtype)
         source = f"random weights (seed {seed}) from the known {variant.name} config"
         tokenizer_source = tokenizer_dir or variant.hub_id
     else:

@@ -10,10 +10,10 @@ import torch
 from nndf.backends import backend_module
 from nndf.measure import TimingSettings
 from nndf.model import Model, default_device
-from nndf.loading import load_model
+from nndf.loading import load_config, load_model
 from nndf.registry import get_spec
 from nndf.results import Column, Result
-from nndf.spec import BuildSettings
+from nndf.spec import BuildSettings, ShapeSpec
 
 
 def say(message: str) -> None:
@@ -63,6 +63,8 @@ def open_models(args) -> list[Model]:
             raise UsageError(
                 f"backend '{name}' does not support the {spec.family} family; allowed: {', '.join(spec.backends)}"
             )
+    config = load_config(spec, variant, torch_dir=args.torch_dir, random_weights=args.random_weights)
+    ShapeSpec.derive(settings, spec, config)  # flags against the model's positions, before the slow load
     started = time.perf_counter()
     source = args.torch_dir or ("random weights" if args.random_weights else variant.hub_id)
     say(f"loading {spec.family} {variant.name} from {source} ...")

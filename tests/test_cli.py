@@ -1,0 +1,165 @@
+"""The command line as a user meets it: tables, JSON, and one-sentence errors with exit code 2."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import LAMBADA_FILE, REPO, TOKENIZER_DIR, needs_shared
+from nndf.cli import main
+
+FAST = ["--iterations", "2", "--warmup", "1"]
+
+
+def run_cli(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_list_shows_every_variant(capsys):
+    code, out, _ = run_cli(capsys, "list")
+    assert code == 0
+    for name in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "openai-community/gpt2-xl"):
+        assert name in out
+    assert "frameworks" in out
+
+
+def test_benchmark_table_and_json(capsys, tiny_gpt2_dir, tmp_path):
+    out_file = tmp_path / "bench.json"
+    code, out, err = run_cli(capsys, "benchmark", "GPT2", "frameworks", "--torch-dir", tiny_gpt2_dir,
+                             "--input-seq-len", 8, "--output-seq-len", 5, "--batch-size", 2, *FAST,
+                             "--json", out_file)
+    assert code == 0, err
+    lines = out.splitlines()
+    header = next(line for line in lines if line.startswith("backend"))
+    rows = [line for line in lines if line.startswith("frameworks")]
+    assert len(rows) == 2 and "HF generate" in rows[1]
+    assert "p50 latency (ms)" in header and "throughput (tok/s)" in header and "peak memory" in header
+    data = json.loads(out_file.read_text())["results"][0]
+    assert data["action"] == "benchmark"
+    assert [r["backend"] for r in data["rows"]] == ["frameworks", "frameworks (HF generate)"]
+    for row in data["rows"]:
+        assert row["latency_ms"] > 0 and row["first_token_ms"] > 0 and row["decode_ms"] > 0
+        # 2 rows x 5 tokens per latency
+        assert row["tokens_per_s"] == pytest.approx(10 / (row["latency_ms"] / 1e3))
+        assert row["peak_bytes"] > 0
+    assert data["context"]["settings"]["batch_size"] == 2
+
+
+def test_info_prints_shapes(capsys, tiny_gpt2_dir):
+    code, out, _ = run_cli(capsys, "benchmark", "GPT2", "frameworks", "--torch-dir", tiny_gpt2_dir,
+                           "--input-seq-len", 8, "--output-seq-len", 4, "--iterations", 1, "--warmup", 0,
+                           "--info")
+    assert code == 0
+    assert "past_key_values.{0..1}.key|value  [1, 2, 0..11, 16]" in out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["fly", "GPT2", "frameworks"], "unknown action 'fly'; allowed: benchmark"),
+        (["benchmark", "GPT9", "frameworks"], "unknown model family 'GPT9'; allowed: GPT2"),
+        (["benchmark", "GPT2", "tensorflow"], "unknown backend 'tensorflow'; allowed: frameworks"),
+        (["benchmark", "GPT2", "frameworks", "--variant", "gpt5"], "unknown --variant 'gpt5' for GPT2; allowed: gpt2"),
+        (["benchmark", "GPT2", "frameworks", "--dynamic-batch", "--min-dynamic-batch", "4",
+          "--max-dynamic-batch", "2"], "--min-dynamic-batch (4) must not exceed --max-dynamic-batch (2)"),
+        (["benchmark", "GPT2", "frameworks", "--random-weights", "--input-seq-len", "1000",
+          "--output-seq-len", "100"], "more than the 1024 positions of this model"),
+        (["benchmark", "GPT2", "frameworks", "--torch-dir", "/nonexistent/model"],
+         "--torch-dir /nonexistent/model is not a Hugging Face model folder"),
+        (["accuracy", "GPT2", "frameworks", "--random-weights", "--dataset-file", "/nonexistent.jsonl"],
+         "/nonexistent.jsonl does not exist"),
+        (["benchmark", "GPT2", "frameworks", "--iterations", "0"], "--iterations"),
+        (["benchmark", "GPT2", "frameworks", "--batch-size", "x"], "invalid int value: 'x'"),
+    ],
+)
+def test_usage_errors_are_one_sentence_and_exit_2(capsys, argv, message):
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err
+    assert err.count("\n") == 1, err
+
+
+def test_malformed_dataset_line(capsys, tmp_path, tiny_gpt2_dir):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "a fine passage"}\n{"txt": 3}\n')
+    json_out = tmp_path / "never.json"
+    code, _, err = run_cli(capsys, "accuracy", "GPT2", "frameworks", "--torch-dir", tiny_gpt2_dir,
+                           "--dataset-file", bad, "--json", json_out)
+    assert code == 2
+    assert "line 2" in err and "Traceback" not in err
+    assert not json_out.exists() and list(tmp_path.iterdir()) == [bad]
+
+
+def test_hub_load_offline_is_one_sentence(capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code, _, err = run_cli(capsys, "benchmark", "GPT2", "frameworks", "--variant", "gpt2-xl")
+    assert code == 1
+    assert "could not load 'openai-community/gpt2-xl'" in err and "--random-weights" in err
+    assert "Traceback" not in err
+
+
+def test_run_py_exit_code_without_traceback():
+    proc = subprocess.run([sys.executable, str(REPO / "run.py"), "benchmark", "GPT2", "onnx"],
+                          capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: unknown backend 'onnx'; allowed: frameworks"
+
+
+def test_help_lists_actions_and_flags():
+    proc = subprocess.run([sys.executable, str(REPO / "run.py"), "benchmark", "--help"],
+                          capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0
+    for flag in ("--variant", "--working-dir", "--torch-dir", "--batch-size", "--fp16", "--use-cache",
+                 "--use-mask", "--num-beams", "--dynamic-batch", "--engine-postfix", "--iterations",
+                 "--number", "--warmup", "--duration", "--percentile", "--input-seq-len", "--output-seq-len",
+                 "--json", "--info", "--random-weights"):
+        assert flag in proc.stdout
+
+
+@needs_shared(LAMBADA_FILE)
+def test_accuracy_end_to_end_on_shared_lambada(capsys, tiny_gpt2_dir, tmp_path):
+    out_file = tmp_path / "acc.json"
+    code, out, err = run_cli(capsys, "accuracy", "GPT2", "frameworks", "--torch-dir", tiny_gpt2_dir,
+                             "--dataset-file", LAMBADA_FILE, "--num-samples", 12, "--topN", 3, "--json", out_file)
+    assert code == 0, err
+    assert "top-3" in out and "lm-eval acc" in out
+    row = json.loads(out_file.read_text())["results"][0]["rows"][0]
+    assert row["samples"] == 12
+    assert 0 <= row["top1"] <= row["topN"] <= row["top10"] <= 1
+    assert row["token_perplexity"] > 1 and row["lm_eval_perplexity"] > 1
+
+
+@needs_shared(TOKENIZER_DIR)
+def test_chat_answers_each_backend_and_ends_on_exit(capsys, tiny_gpt2_dir, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Hello there\n\nHow are you\nexit\nnever read\n"))
+    code, out, err = run_cli(capsys, "chat", "GPT2", "frameworks", "--torch-dir", tiny_gpt2_dir,
+                             "--output-seq-len", 4)
+    assert code == 0, err
+    replies = [line for line in out.splitlines() if line.startswith("[frameworks]")]
+    assert len(replies) == 2
+    assert "2 replies" in out
+
+
+@needs_shared(TOKENIZER_DIR)
+def test_chat_ends_at_end_of_input(capsys, tiny_gpt2_dir, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("One prompt without exit"))
+    code, out, _ = run_cli(capsys, "chat", "GPT2", "frameworks", "--torch-dir", tiny_gpt2_dir,
+                           "--output-seq-len", 3)
+    assert code == 0 and "1 replies" in out
+
+
+@needs_shared(TOKENIZER_DIR)
+@pytest.mark.parametrize("action", ["run", "compare"])
+def test_run_and_compare_on_checkpoint_samples(capsys, tiny_gpt2_dir, action):
+    code, out, err = run_cli(capsys, action, "GPT2", "frameworks", "--torch-dir", tiny_gpt2_dir,
+                             "--iterations", 1, "--warmup", 0)
+    assert code == 0, err
+    assert "label accuracy" in out and "full generation (ms)" in out
+    assert sum(line.startswith("frameworks") for line in out.splitlines()) == 2

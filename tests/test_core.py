@@ -1,0 +1,130 @@
+"""Pieces under the loop: KV cache buffers, shapes and flag validation, the registry, artifacts on disk."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from nndf.errors import UsageError
+from nndf.kvcache import KVCache, past_names, present_names
+from nndf.loading import known_config
+from nndf.registry import FAMILIES, get_spec
+from nndf.spec import BuildSettings, ShapeSpec
+from nndf.workspace import artifact_name, atomic_write_json, read_metadata, write_artifact
+
+
+def test_kv_cache_stores_only_new_positions_in_place():
+    cache = KVCache(num_layers=2, rows=3, kv_heads=2, head_dim=4, max_len=10)
+    buffers_before = {n: b.data_ptr() for n, b in cache.buffers.items()}
+    presents = {n: torch.randn(3, 2, 6, 4) for n in present_names(2)}
+    cache.store(presents)
+    assert cache.length == 6
+    step = {n: torch.cat([p, torch.randn(3, 2, 1, 4)], dim=2) for n, p in presents.items()}
+    step["present.1.value"][:, :, :6] = 99.0  # a backend's copy of old positions is not read back
+    cache.store(step)
+    assert cache.length == 7
+    feeds = cache.past_feeds()
+    assert set(feeds) == set(past_names(2))
+    torch.testing.assert_close(feeds["past_key_values.1.value"][:, :, :6], presents["present.1.value"])
+    torch.testing.assert_close(feeds["past_key_values.0.key"][:, :, 6], step["present.0.key"][:, :, 6])
+    assert {n: b.data_ptr() for n, b in cache.buffers.items()} == buffers_before
+
+
+def test_kv_cache_reorder_follows_beams():
+    cache = KVCache(num_layers=1, rows=3, kv_heads=1, head_dim=2, max_len=4)
+    rows = torch.arange(3, dtype=torch.float).view(3, 1, 1, 1).expand(3, 1, 2, 2)
+    cache.store({"present.0.key": rows, "present.0.value": rows + 10})
+    cache.reorder(torch.tensor([2, 2, 0]))
+    keys = cache.past_feeds()["past_key_values.0.key"][:, 0, 0, 0]
+    assert keys.tolist() == [2.0, 2.0, 0.0]
+    assert cache.past_feeds()["past_key_values.0.value"][:, 0, 1, 1].tolist() == [12.0, 12.0, 10.0]
+
+
+def test_kv_cache_overflow_is_an_error():
+    cache = KVCache(num_layers=1, rows=1, kv_heads=1, head_dim=1, max_len=2)
+    with pytest.raises(ValueError, match="holds 2 positions"):
+        cache.store({"present.0.key": torch.zeros(1, 1, 3, 1), "present.0.value": torch.zeros(1, 1, 3, 1)})
+
+
+def test_shape_spec_from_settings():
+    spec = get_spec("GPT2")
+    config = known_config(spec.variant("gpt2-medium"))
+    settings = BuildSettings(batch_size=2, num_beams=3, input_seq_len=100, output_seq_len=28, dynamic_batch=True,
+                             min_dynamic_batch=1, max_dynamic_batch=4)
+    shapes = ShapeSpec.derive(settings, spec, config)
+    assert (shapes.rows.min, shapes.rows.opt, shapes.rows.max) == (3, 6, 12)
+    assert shapes.prompt.max == 100 and shapes.total.max == 128
+    assert (shapes.num_layers, shapes.kv_heads, shapes.head_dim, shapes.vocab_size) == (24, 16, 64, 50257)
+    assert shapes.kv_shape(6, 128) == (6, 16, 128, 64)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(batch_size=0), "--batch-size must be at least 1"),
+        (dict(num_beams=0), "--num-beams must be at least 1"),
+        (dict(dynamic_batch=True, min_dynamic_batch=5, max_dynamic_batch=3, batch_size=4),
+         r"--min-dynamic-batch \(5\) must not exceed --max-dynamic-batch \(3\)"),
+        (dict(dynamic_batch=True, min_dynamic_batch=2, max_dynamic_batch=3, batch_size=8),
+         "--batch-size 8 must lie within"),
+        (dict(input_seq_len=0), "--input-seq-len must be at least 1"),
+    ],
+)
+def test_build_settings_validation(kwargs, message):
+    with pytest.raises(UsageError, match=message):
+        BuildSettings(**kwargs)
+
+
+def test_sequence_longer_than_positions_is_rejected():
+    spec = get_spec("gpt2")
+    config = known_config(spec.default_variant)
+    with pytest.raises(UsageError, match="1025 tokens, more than the 1024 positions"):
+        ShapeSpec.derive(BuildSettings(input_seq_len=1000, output_seq_len=25), spec, config)
+
+
+def test_registry_knows_gpt2_variants_and_their_configs():
+    assert "GPT2" in FAMILIES
+    spec = get_spec("gpt2")
+    expected = {"gpt2": (12, 768), "gpt2-medium": (24, 1024), "gpt2-large": (36, 1280), "gpt2-xl": (48, 1600)}
+    for name, (layers, width) in expected.items():
+        variant = spec.variant(name)
+        assert variant.hub_id == f"openai-community/{name}"
+        config = known_config(variant)
+        assert (config.n_layer, config.n_embd, config.n_positions) == (layers, width, 1024)
+    assert spec.variant("OPENAI-COMMUNITY/GPT2-LARGE").name == "gpt2-large"
+
+
+def test_random_weights_are_seeded_and_offline(monkeypatch):
+    """`--random-weights` needs no hub: the same seed gives the same weights (checked on a shrunk config)."""
+    from nndf import loading
+    from nndf.spec import Variant
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    spec = get_spec("gpt2")
+    small = Variant("tiny", "none/tiny", dict(spec.default_variant.config, n_layer=1, n_embd=16, n_head=2), "")
+    a = loading.load_model(spec, small, random_weights=True, seed=3).model
+    b = loading.load_model(spec, small, random_weights=True, seed=3).model
+    assert torch.equal(a.transformer.h[0].attn.c_attn.weight, b.transformer.h[0].attn.c_attn.weight)
+
+
+def test_artifacts_are_atomic_and_carry_metadata(tmp_path):
+    settings = {"fp16": False, "batch": 4}
+    name = artifact_name("decoder", settings, ".onnx")
+    assert name != artifact_name("decoder", dict(settings, fp16=True), ".onnx")
+    target = tmp_path / name
+
+    def failing_build(path):
+        path.write_bytes(b"half")
+        raise RuntimeError("exporter crashed")
+
+    with pytest.raises(RuntimeError):
+        write_artifact(target, failing_build, {"settings": settings})
+    assert list(tmp_path.iterdir()) == []
+    write_artifact(target, lambda p: p.write_bytes(b"graph"), {"settings": settings})
+    assert target.read_bytes() == b"graph"
+    assert read_metadata(target) == {"settings": settings, "size": 5}
+    atomic_write_json(tmp_path / "x.json", {"a": 1})
+    assert json.loads((tmp_path / "x.json").read_text()) == {"a": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([name, name + ".meta.json", "x.json"])
