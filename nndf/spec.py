@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 from nndf.errors import UsageError
 

@@ -1,0 +1,63 @@
+"""Promises the README makes: CI runs its test command, the API example works, the packaging layout holds."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import torch
+
+from conftest import REPO
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+def quickstart_commands() -> list[str]:
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```\n(.+?)\n```", section)
+
+
+def test_quickstart_is_two_commands_and_ci_runs_the_second():
+    commands = quickstart_commands()
+    assert len(commands) == 2
+    assert "--random-weights" in commands[0] and "benchmark GPT2" in commands[0]
+    assert "torch==2.13.0" in commands[0] and "torch==2.13.0" in commands[1]
+    ci_script = (REPO / ".ci" / "run").read_text()
+    assert commands[1] in ci_script.splitlines()
+
+
+def test_packaging_keeps_models_inside_nndf():
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    packages = project["tool"]["setuptools"]["packages"]
+    assert all(p == "nndf" or p.startswith("nndf.") for p in packages)
+    assert project["tool"]["setuptools"]["package-dir"]["nndf.models"] == "models"
+    extras = project["project"]["optional-dependencies"]
+    assert "onnxruntime-gpu" not in " ".join(extras["onnxruntime"])
+    assert not any(dep.startswith("onnxruntime") for dep in project["project"]["dependencies"])
+    for family_dir in (REPO / "models").iterdir():
+        if (family_dir / "__init__.py").exists():
+            assert f"nndf.models.{family_dir.name}" in packages
+
+
+def test_readme_api_example(tiny_gpt2_dir):
+    import nndf
+
+    m = nndf.load("GPT2", variant="gpt2", backend="frameworks", torch_dir=str(tiny_gpt2_dir), random_weights=False,
+                  working_dir="temp", use_cache=True, fp16=False)
+    input_ids = torch.tensor([[464, 3139, 286, 4881, 318]])
+    out = m.generate(input_ids, attention_mask=None, max_new_tokens=8, min_new_tokens=0, num_beams=1)
+    assert out.dtype == torch.long and out.shape == (1, 13)
+    assert torch.equal(out[:, :5], input_ids)
+    assert torch.equal(out, m.hf_generate(input_ids, max_new_tokens=8))
+
+
+def test_importing_nndf_does_not_import_tensorrt_or_torch():
+    import subprocess
+
+    code = "import sys, nndf, nndf.registry, nndf.cli; print('tensorrt' in sys.modules, 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO).stdout
+    assert out.split() == ["False", "False"]
