@@ -1,0 +1,413 @@
+"""LAMBADA accuracy/perplexity and logit fidelity as pure functions over a logits callable.
+
+Backends hand us a *logits function*: input ids of shape (1, T) -> float logits (1, T, V), one sequence, no
+attention mask. Everything here consumes that callable only, so the same numbers come out of PyTorch, ONNX Runtime
+and TensorRT runs, and the metrics can be tested with a fake model whose logits were chosen by hand.
+
+Two LAMBADA metric families are reported side by side because people compare against both:
+
+* NVIDIA's TensorRT HuggingFace demo (`run.py accuracy`): TopN accuracy and token/sequence perplexity of the last
+  `tokens_to_generate` tokens of the passage, teacher-forced.
+* lm-evaluation-harness 0.4 `lambada_openai`: greedy accuracy and perplexity of the last space-separated word.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from nndf.errors import HarnessError, UsageError
+
+LogitsFn = Callable[[torch.Tensor], torch.Tensor]
+
+# NVIDIA demo/HuggingFace/NNDF/interface.py: `MAX_LOG_PPL = 12.0`, applied with `min(...)` to each sample's mean
+# cross-entropy (not to each token's), and NNDF/checkpoints.py NNLambadaCheckpoint.summary caps the reported
+# perplexity with `min(math.exp(avg_log_ppl), 100000.0)`.
+MAX_LOG_PPL = 12.0
+MAX_PPL = 100000.0
+
+_JSONL_HINT = 'pass a jsonl file with one {"text": ...} object per line'
+_LAMBADA_HUB = ("EleutherAI/lambada_openai", "default", "test")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Data
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def read_jsonl_texts(path: str | Path) -> list[str]:
+    """Read the "text" field of every line of a jsonl file, failing with the file and line a user must fix.
+
+    Blank lines are skipped, so a trailing newline or a gap does not count as a malformed passage.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(f"dataset file {p} does not exist; {_JSONL_HINT}")
+    if not p.is_file():
+        raise UsageError(f"dataset file {p} is not a regular file; {_JSONL_HINT}")
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"dataset file {p} is not UTF-8 text ({exc.reason}); {_JSONL_HINT}") from exc
+    except OSError as exc:
+        raise UsageError(f"dataset file {p} cannot be read ({exc.strerror}); {_JSONL_HINT}") from exc
+
+    texts: list[str] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"dataset file {p} line {number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"{where} is not valid JSON ({exc.msg}); {_JSONL_HINT}") from exc
+        if not isinstance(record, dict):
+            raise UsageError(f"{where} is a JSON {type(record).__name__}, not an object; {_JSONL_HINT}")
+        text = record.get("text")
+        if not isinstance(text, str):
+            raise UsageError(f'{where} has no string "text" field; {_JSONL_HINT}')
+        if not text.strip():
+            raise UsageError(f'{where} has an empty "text"; every passage needs words to score')
+        texts.append(text)
+    if not texts:
+        raise UsageError(f"dataset file {p} contains no passages; {_JSONL_HINT}")
+    return texts
+
+
+def load_lambada(dataset_file: str | None) -> list[str]:
+    """LAMBADA passages from `dataset_file` if given, else the `lambada_openai` test split from the Hugging Face hub."""
+    if dataset_file is not None:
+        return read_jsonl_texts(dataset_file)
+    name, config, split = _LAMBADA_HUB
+    try:
+        import datasets
+
+        texts = list(datasets.load_dataset(name, config, split=split)["text"])
+    except Exception as exc:  # any hub/cache/network failure means the same thing to the user
+        raise HarnessError(
+            f"the LAMBADA dataset {name} could not be loaded from the Hugging Face hub (offline? {exc}); "
+            'pass --dataset-file PATH with a jsonl file that has a "text" field per line, '
+            "e.g. LAMBADA's lambada_test.jsonl"
+        ) from exc
+    if not texts:
+        raise HarnessError(f"the LAMBADA dataset {name} loaded from the hub is empty; pass --dataset-file PATH instead")
+    return texts
+
+
+def sample_texts(texts: Sequence[str], num_samples: int | None, seed: int = 0) -> list[tuple[int, str]]:
+    """A reproducible subset of `(index, text)` pairs, kept in dataset order so runs are easy to compare.
+
+    None or 0 means every passage; asking for more than exist also gives every passage.
+    """
+    if num_samples is not None and num_samples < 0:
+        raise UsageError(f"--num-samples must be 0 (all passages) or a positive count, got {num_samples}")
+    if not num_samples or num_samples >= len(texts):
+        return list(enumerate(texts))
+    chosen = sorted(random.Random(seed).sample(range(len(texts)), num_samples))
+    return [(i, texts[i]) for i in chosen]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Results
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LambadaMetrics:
+    """LAMBADA results: NVIDIA-demo TopN/perplexities and lm-evaluation-harness `lambada_openai` acc/ppl.
+
+    Accuracies are fractions in [0, 1]. `samples` counts every passage scored by lm-eval; the NVIDIA-demo fields
+    leave out passages with fewer than `tokens_to_generate + 1` tokens and are NaN when none was long enough.
+    """
+
+    samples: int
+    top_n: int
+    top1: float
+    topN: float  # noqa: N815 - NVIDIA's name for the user-chosen TopN accuracy
+    top10: float
+    token_perplexity: float
+    sequence_perplexity: float
+    lm_eval_accuracy: float
+    lm_eval_perplexity: float
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class FidelityMetrics:
+    """How closely a candidate's next-token distributions follow a reference's, over every scored position."""
+
+    positions: int
+    top1_agreement: float
+    mean_kl: float
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Tokenisation
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def lm_eval_context_target(text: str) -> tuple[str, str]:
+    """Split as `lambada_openai` does: on single spaces, context = all but the last piece, target = ' ' + last."""
+    pieces = text.split(" ")
+    return " ".join(pieces[:-1]), " " + pieces[-1]
+
+
+def _plain_ids(tokenizer, text: str) -> list[int]:
+    """Ids without special tokens: lm-evaluation-harness encodes causal-LM requests without BOS."""
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _lm_eval_pair(tokenizer, text: str) -> tuple[list[int], list[int]]:
+    """(context ids, target ids) exactly as lm-evaluation-harness 0.4 `HFLM._encode_pair` builds them.
+
+    The target's ids are whatever follows the context's own encoding length inside the encoding of the joined
+    string, so a BPE merge across the boundary is attributed the way lm-eval attributes it.
+    """
+    context, target = lm_eval_context_target(text)
+    if context == "":
+        # lm-eval scores a context-free continuation after the BOS (else EOS) token.
+        prefix = getattr(tokenizer, "bos_token_id", None)
+        if prefix is None:
+            prefix = getattr(tokenizer, "eos_token_id", None)
+        if prefix is None:
+            raise UsageError(
+                f"passage {text[:40]!r} has no space-separated context and the tokenizer has no BOS/EOS token to "
+                "stand in for it; pass LAMBADA-style passages whose last word follows a space"
+            )
+        return [prefix], _plain_ids(tokenizer, target)
+    n_spaces = len(context) - len(context.rstrip())
+    if n_spaces:
+        target = context[-n_spaces:] + target
+        context = context[:-n_spaces]
+    whole = _plain_ids(tokenizer, context + target)
+    ctx = _plain_ids(tokenizer, context)
+    return ctx, whole[len(ctx):]
+
+
+def _demo_ids(tokenizer, text: str, max_positions: int) -> list[int]:
+    """The NVIDIA demo's sequence: `tokenizer(text)` with its default special tokens, cut from the right."""
+    return list(tokenizer(text)["input_ids"])[:max_positions]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Scoring
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _forward(logits_fn: LogitsFn, ids: list[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Run the backend on one sequence and return its logits as a (T, V) CPU tensor of `dtype`.
+
+    LAMBADA scoring uses float32 because both references do: lm-eval takes `F.log_softmax` of float32 logits and
+    NVIDIA calls `.float()` before `CrossEntropyLoss` (float64 moves lm-eval's published ppl in the 6th digit).
+    """
+    x = torch.tensor([ids], dtype=torch.long)
+    with torch.no_grad():
+        out = torch.as_tensor(logits_fn(x))
+    if out.dim() != 3 or out.shape[0] != 1 or out.shape[1] != len(ids):
+        raise HarnessError(
+            f"the logits function returned shape {tuple(out.shape)} for input ids of shape {tuple(x.shape)}; "
+            "a backend must return logits of shape (1, T, vocab) for input (1, T)"
+        )
+    return out[0].detach().to(device="cpu", dtype=dtype)
+
+
+def _demo_scores(
+    logits: torch.Tensor, ids: list[int], tokens_to_generate: int, top_ns: tuple[int, ...]
+) -> tuple[float, float, dict[int, int]]:
+    """One passage in NVIDIA-demo semantics (decoder-only, batch 1, greedy), from logits over `ids[:-1]`.
+
+    Returns (clipped mean NLL of the whole shifted sequence, clipped mean NLL of the last `tokens_to_generate`
+    targets, {N: number of those targets among the N highest logits at their position}).
+    """
+    targets = torch.tensor(ids[1:], dtype=torch.long)
+    nll = -torch.log_softmax(logits, dim=-1).gather(1, targets[:, None])[:, 0]
+    seq_log_ppl = min(float(nll.mean()), MAX_LOG_PPL)
+    token_log_ppl = min(float(nll[-tokens_to_generate:].mean()), MAX_LOG_PPL)
+    last_logits = logits[-tokens_to_generate:]
+    last_targets = targets[-tokens_to_generate:]
+    vocab = logits.shape[-1]
+    hits: dict[int, int] = {}
+    for n in top_ns:
+        top = last_logits.topk(min(n, vocab), dim=-1).indices
+        hits[n] = int((top == last_targets[:, None]).any(dim=-1).sum())
+    return seq_log_ppl, token_log_ppl, hits
+
+
+def _lm_eval_score(logits: torch.Tensor | None, target: list[int]) -> tuple[float, bool]:
+    """(summed log-likelihood, every target token is the argmax) from logits whose last rows predict `target`."""
+    if not target:
+        return 0.0, True
+    rows = logits[-len(target):]
+    tgt = torch.tensor(target, dtype=torch.long)
+    logp = torch.log_softmax(rows, dim=-1)
+    loglik = float(logp.gather(1, tgt[:, None]).sum())
+    greedy = bool((rows.argmax(dim=-1) == tgt).all())
+    return loglik, greedy
+
+
+def _check_max_positions(max_positions: int) -> None:
+    if max_positions < 2:
+        raise UsageError(f"max_positions must be at least 2 (one context token and one target), got {max_positions}")
+
+
+def evaluate_lambada(
+    texts: Sequence[str],
+    tokenizer,
+    logits_fn: LogitsFn,
+    *,
+    tokens_to_generate: int = 1,
+    top_n: int = 5,
+    max_positions: int,
+    progress: bool = True,
+) -> LambadaMetrics:
+    """Score LAMBADA passages in both NVIDIA-demo and lm-evaluation-harness `lambada_openai` semantics.
+
+    NVIDIA demo (matched to TensorRT demo/HuggingFace/NNDF/interface.py `NetworkCommand.execute_accuracy` and
+    NNDF/checkpoints.py `NNLambadaCheckpoint.summary`, TensorRT 9.x/10.x): the passage is tokenised with
+    `tokenizer(text)` and cut from the right to `max_positions`; the last `tokens_to_generate` tokens are the
+    targets and are teacher-forced. Per passage, sequence log-ppl = mean cross-entropy over the whole shifted
+    sequence and token log-ppl = mean cross-entropy over the targets, each clipped with `min(., 12.0)` (the mean is
+    clipped, not each token). Reported perplexity = `min(exp(mean over passages), 1e5)`. TopN accuracy counts, for
+    each N in {1, top_n, 10}, target tokens that are among the N highest logits at their position, divided by
+    (passages x tokens_to_generate). Passages with fewer than `tokens_to_generate + 1` tokens have no context to
+    predict from and are left out of these metrics only. NVIDIA's own loader also normalises curly quotes
+    (checkpoints.py `process_text`); that is a property of its dataset reader, so the texts are scored as given here.
+
+    lm-evaluation-harness 0.4 `lambada_openai`: context = `text.split(' ')[:-1]` joined by ' ', target =
+    ' ' + last piece, tokenised without BOS as `HFLM._encode_pair` does; one forward pass over
+    `(context + target)[-(max_positions + 1):][:-1]`. acc = every target token is the argmax; perplexity =
+    `exp(-mean over passages of the target's summed log-likelihood)` (per passage, not per token).
+
+    Both families usually need the same forward pass (the lm-eval sequence equals `tokenizer(text)` when the
+    tokenizer adds no special tokens and nothing is truncated), so the backend is called once per passage then and
+    twice otherwise.
+    """
+    if tokens_to_generate < 1:
+        raise UsageError(f"--tokens-to-generate must be at least 1, got {tokens_to_generate}")
+    if top_n < 1:
+        raise UsageError(f"--topN must be at least 1, got {top_n}")
+    _check_max_positions(max_positions)
+    if len(texts) == 0:
+        raise UsageError("there are no LAMBADA passages to evaluate; pass a dataset with at least one passage")
+
+    top_ns = tuple(dict.fromkeys((1, top_n, 10)))
+    hits = dict.fromkeys(top_ns, 0)
+    seq_log_ppls: list[float] = []
+    token_log_ppls: list[float] = []
+    logliks: list[float] = []
+    greedy_count = 0
+
+    for index, text in enumerate(tqdm(texts, desc="LAMBADA", unit="passage", file=sys.stderr, disable=not progress)):
+        ctx, target = _lm_eval_pair(tokenizer, text)
+        lm_seq = ctx + target
+        window = lm_seq[-(max_positions + 1):][:-1]
+        if len(target) > len(window):
+            raise UsageError(
+                f"max_positions {max_positions} is too small to score passage {index}: its target word alone is "
+                f"{len(target)} tokens; use the model's real maximum sequence length"
+            )
+        demo = _demo_ids(tokenizer, text, max_positions)
+        demo_usable = len(demo) >= tokens_to_generate + 1
+
+        if demo == lm_seq and len(lm_seq) <= max_positions:
+            # Same sequence for both families and no truncation: window == demo[:-1].
+            shared = _forward(logits_fn, window) if window else None
+            lm_logits = demo_logits = shared
+        else:
+            lm_logits = _forward(logits_fn, window) if target else None
+            demo_logits = _forward(logits_fn, demo[:-1]) if demo_usable else None
+
+        loglik, greedy = _lm_eval_score(lm_logits, target)
+        logliks.append(loglik)
+        greedy_count += greedy
+
+        if demo_usable:
+            seq_lp, tok_lp, passage_hits = _demo_scores(demo_logits, demo, tokens_to_generate, top_ns)
+            seq_log_ppls.append(seq_lp)
+            token_log_ppls.append(tok_lp)
+            for n, h in passage_hits.items():
+                hits[n] += h
+
+    demo_passages = len(token_log_ppls)
+    if demo_passages:
+        denominator = demo_passages * tokens_to_generate
+        accuracy = {n: h / denominator for n, h in hits.items()}
+        token_ppl = min(math.exp(sum(token_log_ppls) / demo_passages), MAX_PPL)
+        seq_ppl = min(math.exp(sum(seq_log_ppls) / demo_passages), MAX_PPL)
+    else:
+        accuracy = dict.fromkeys(top_ns, math.nan)
+        token_ppl = seq_ppl = math.nan
+
+    mean_loglik = sum(logliks) / len(logliks)
+    try:
+        lm_ppl = math.exp(-mean_loglik)
+    except OverflowError:
+        lm_ppl = math.inf
+
+    return LambadaMetrics(
+        samples=len(texts),
+        top_n=top_n,
+        top1=accuracy[1],
+        topN=accuracy[top_n],
+        top10=accuracy[10],
+        token_perplexity=token_ppl,
+        sequence_perplexity=seq_ppl,
+        lm_eval_accuracy=greedy_count / len(texts),
+        lm_eval_perplexity=lm_ppl,
+    )
+
+
+def logit_fidelity(
+    texts: Sequence[str],
+    tokenizer,
+    reference_fn: LogitsFn,
+    candidate_fn: LogitsFn,
+    *,
+    max_positions: int,
+    progress: bool = True,
+) -> FidelityMetrics:
+    """Top-1 agreement and mean KL(reference || candidate) over every position of every passage, in float64.
+
+    Meant for judging int8/int4 models against fp32: accuracy on a small sample moves in coarse steps, while these
+    per-position numbers show drift long before a greedy answer flips. Each passage is `tokenizer(text)` cut from
+    the right to `max_positions`; every position counts once, so long passages weigh more than short ones.
+    """
+    if max_positions < 1:
+        raise UsageError(f"max_positions must be at least 1, got {max_positions}")
+    positions = 0
+    agree = 0
+    kl_sum = 0.0
+    for text in tqdm(texts, desc="fidelity", unit="passage", file=sys.stderr, disable=not progress):
+        ids = list(tokenizer(text)["input_ids"])[:max_positions]
+        if not ids:
+            continue
+        ref = _forward(reference_fn, ids, torch.float64)
+        cand = _forward(candidate_fn, ids, torch.float64)
+        if ref.shape != cand.shape:
+            raise HarnessError(
+                f"reference logits have shape {tuple(ref.shape)} but candidate logits {tuple(cand.shape)}; "
+                "compare two models that share the tokenizer and vocabulary"
+            )
+        ref_logp = torch.log_softmax(ref, dim=-1)
+        cand_logp = torch.log_softmax(cand, dim=-1)
+        kl = (ref_logp.exp() * (ref_logp - cand_logp)).sum(dim=-1)
+        kl_sum += float(kl.sum())
+        agree += int((ref.argmax(dim=-1) == cand.argmax(dim=-1)).sum())
+        positions += len(ids)
+    if positions == 0:
+        raise UsageError("there are no tokens to compare; pass at least one non-empty passage")
+    return FidelityMetrics(positions=positions, top1_agreement=agree / positions, mean_kl=kl_sum / positions)
