@@ -51,6 +51,9 @@ class Decoder:
     def new_cache(self, rows: int, max_len: int) -> KVCache | None:
         if not self.use_cache:
             return None
+        custom = getattr(self.session, "new_cache", None)
+        if custom is not None:  # a backend that keeps its cache in its own form (ONNX Runtime values)
+            return custom(self.shapes, rows, max_len)
         return KVCache(
             self.shapes.num_layers,
             rows,
@@ -61,14 +64,18 @@ class Decoder:
             device=self.session.device,
         )
 
-    def step(self, state: TokenState, cache: KVCache | None) -> torch.Tensor:
-        """Logits (rows, new tokens, vocab) for the tokens after `cache.length` (all tokens without a cache)."""
+    def step(self, state: TokenState, cache: KVCache | None, all_logits: bool = False) -> torch.Tensor:
+        """Logits for the tokens after `cache.length` (all tokens without a cache): (rows, 1, vocab) for the last
+        of them, or (rows, new tokens, vocab) with `all_logits`."""
         seen = cache.length if cache is not None else 0
         positions = self.hooks.position_ids(state.mask)
+        new = state.tokens.shape[1] - seen
+        keep = torch.arange(new) if all_logits else torch.tensor([new - 1])
         feeds = {
             "input_ids": state.tokens[:, seen:],
             "attention_mask": state.mask,
             "position_ids": positions[:, seen:],
+            "logits_to_keep": keep.to(state.tokens.device),
         }
         if cache is not None:
             feeds.update(cache.past_feeds())
@@ -82,4 +89,4 @@ class Decoder:
         input_ids = input_ids.to(self.device)
         state = TokenState(input_ids, torch.ones_like(input_ids))
         cache = self.new_cache(input_ids.shape[0], input_ids.shape[1])
-        return self.step(state, cache).float()
+        return self.step(state, cache, all_logits=True).float()

@@ -26,6 +26,7 @@ class LoadedModel:
     model: torch.nn.Module
     source: str
     tokenizer_source: str | None
+    weights_id: str  # identifies the weights for artifact names: a changed checkpoint never reuses an export
 
     @property
     def config(self):
@@ -96,21 +97,30 @@ def load_model(
             raise UsageError(f"--torch-dir {torch_dir} is not a Hugging Face model folder (no config.json in it)")
         model = auto.from_pretrained(folder, dtype=dtype)
         source = f"local folder {folder}"
+        weights_id = f"dir:{folder.resolve()}:{_files_signature(folder)}"
         tokenizer_source = tokenizer_dir or (str(folder) if _has_tokenizer(folder) else spec.default_tokenizer)
     elif random_weights:
         torch.manual_seed(seed)
         model = auto.from_config(known_config(variant), dtype=dtype)
         source = f"random weights (seed {seed}) from the known {variant.name} config"
+        weights_id = f"random:{variant.name}:seed={seed}:{sorted(variant.config.items())}"
         tokenizer_source = tokenizer_dir or variant.hub_id
     else:
         model = _from_hub(auto, variant.hub_id, dtype)
         source = f"hub {variant.hub_id}"
+        weights_id = f"hub:{variant.hub_id}@{getattr(model.config, '_commit_hash', None)}"
         tokenizer_source = tokenizer_dir or variant.hub_id
     if tokenizer_dir is not None and not Path(tokenizer_dir).is_dir():
         raise UsageError(f"--tokenizer-dir {tokenizer_dir} does not exist")
     model.eval()
     model.to(device)
-    return LoadedModel(spec, variant, model, source, tokenizer_source)
+    return LoadedModel(spec, variant, model, source, tokenizer_source, weights_id)
+
+
+def _files_signature(folder: Path) -> str:
+    """Size and modification time of a folder's files: cheap, and changes whenever a checkpoint is rewritten."""
+    stats = [(p.name, p.stat().st_size, int(p.stat().st_mtime)) for p in sorted(folder.iterdir()) if p.is_file()]
+    return str(stats)
 
 
 def _has_tokenizer(folder: Path) -> bool:

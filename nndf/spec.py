@@ -195,6 +195,7 @@ class ShapeSpec:
             ("input_ids", f"[{rows}, {seq}] int64"),
             ("attention_mask", f"[{rows}, {seq}] int64"),
             ("position_ids", f"[{rows}, {seq}] int64"),
+            ("logits_to_keep", f"[{seq}] int64"),
             ("logits", f"[{rows}, {seq}, {self.vocab_size}] float"),
         ]
         if self.use_cache:

@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
@@ -84,3 +85,65 @@ def write_artifact(artifact: str | os.PathLike, build: Callable[[Path], None], m
         meta = dict(metadata, size=tmp.stat().st_size)
     atomic_write_json(metadata_path(artifact), meta)
     return Path(artifact)
+
+
+@contextlib.contextmanager
+def atomic_dir(final_dir: str | os.PathLike) -> Iterator[Path]:
+    """Yield an empty temporary folder beside `final_dir`; it replaces `final_dir` only if the body finishes.
+
+    For artifacts made of several files that name each other (an ONNX graph and its external weights): they are
+    written under their final file names inside the temporary folder, and the folder is renamed as a whole.
+    """
+    final = Path(final_dir)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    try:
+        yield tmp
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+
+
+def folder_sizes(folder: Path) -> dict[str, int]:
+    """{file name: size} of a folder's files: recorded at build time, compared before reuse (truncation check)."""
+    return {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def stale_reason(artifact_dir: Path, expected: Mapping[str, object]) -> str | None:
+    """Why the folder artifact cannot be reused for `expected` metadata, or None when it can.
+
+    The metadata must agree on every key of `expected`, and every recorded file must exist with its recorded size.
+    """
+    if not artifact_dir.is_dir():
+        return "it does not exist yet"
+    meta = read_metadata(artifact_dir)
+    if meta is None:
+        return "its metadata file is missing or unreadable"
+    for key, value in expected.items():
+        if json.loads(json.dumps(meta.get(key), default=str)) != json.loads(json.dumps(value, default=str)):
+            return f"it was built with a different {key}"
+    recorded = meta.get("files") or {}
+    if not recorded:
+        return "its metadata lists no files"
+    actual = folder_sizes(artifact_dir)
+    for name, size in recorded.items():
+        if actual.get(name) != size:
+            return f"{name} is missing or truncated"
+    return None
+
+
+def build_dir_artifact(artifact_dir: str | os.PathLike, build: Callable[[Path], None],
+                       metadata: Mapping[str, object]) -> Path:
+    """Build a folder artifact through `build(tmp_folder)`; publish it, then its metadata (with file sizes)."""
+    artifact_dir = Path(artifact_dir)
+    meta_file = metadata_path(artifact_dir)
+    if meta_file.exists():
+        meta_file.unlink()  # an old metadata file must never vouch for a new folder
+    with atomic_dir(artifact_dir) as tmp:
+        build(tmp)
+        files = folder_sizes(tmp)
+    atomic_write_json(meta_file, dict(metadata, files=files))
+    return artifact_dir

@@ -1,8 +1,8 @@
 """A decoder-only model as a module with flat tensor inputs and outputs.
 
 Hugging Face models take and return cache objects; ONNX graphs and TensorRT engines take and return plain named
-tensors. This wrapper is the one bridge: positional inputs `input_ids, attention_mask, [position_ids,] past...`
-and outputs `logits, present...`, in the order of `kvcache.past_names` / `present_names`. The frameworks backend
+tensors. This wrapper is the one bridge: positional inputs `input_ids, attention_mask, [position_ids,] logits_to_keep,
+past...` and outputs `logits, present...`, in the order of `kvcache.past_names` / `present_names`. The frameworks backend
 runs it step by step, and the ONNX exporter traces exactly the same module, so the two cannot drift apart.
 """
 
@@ -16,9 +16,23 @@ from transformers import DynamicCache
 from nndf.kvcache import KINDS, past_names, present_names
 
 
-def accepts_position_ids(model: torch.nn.Module) -> bool:
-    """Whether the model takes explicit position ids (models with ALiBi, for example, do not)."""
-    return "position_ids" in inspect.signature(model.forward).parameters
+def accepts(model: torch.nn.Module, argument: str) -> bool:
+    """Whether the model's forward takes `argument` (models with ALiBi take no position ids, for example)."""
+    return argument in inspect.signature(model.forward).parameters
+
+
+def past_as_cache(config, past) -> DynamicCache:
+    """A DynamicCache whose layers hold the given past tensors as they are.
+
+    `DynamicCache.update` would concatenate them to an empty tensor, i.e. copy the whole past once more per step;
+    setting the layers' tensors directly leaves the model's own concatenation as the only copy, as in `generate()`.
+    """
+    cache = DynamicCache(config=config)
+    for layer in range(len(past) // 2):
+        key, value = past[2 * layer], past[2 * layer + 1]
+        cache.update(key[:, :, :0], value[:, :, :0], layer)
+        cache.layers[layer].keys, cache.layers[layer].values = key, value
+    return cache
 
 
 class DecoderWrapper(torch.nn.Module):
@@ -29,12 +43,14 @@ class DecoderWrapper(torch.nn.Module):
         self.model = model
         self.num_layers = num_layers
         self.use_cache = use_cache
-        self.with_position_ids = accepts_position_ids(model)
+        self.with_position_ids = accepts(model, "position_ids")
+        self.slices_before_head = accepts(model, "logits_to_keep")
         self.eval()
 
     @property
     def input_names(self) -> tuple[str, ...]:
         names = ["input_ids", "attention_mask"] + (["position_ids"] if self.with_position_ids else [])
+        names.append("logits_to_keep")
         return tuple(names + (past_names(self.num_layers) if self.use_cache else []))
 
     @property
@@ -42,14 +58,17 @@ class DecoderWrapper(torch.nn.Module):
         return tuple(["logits"] + (present_names(self.num_layers) if self.use_cache else []))
 
     def forward(self, input_ids, attention_mask, *rest):
+        """`logits_to_keep` (int64 positions) selects the rows of logits computed: the last one while generating
+        (the LM head over the whole prompt is wasted work), all of them when scoring a text."""
         extra = {}
         if self.with_position_ids:
             extra["position_ids"], rest = rest[0], rest[1:]
+        keep, rest = rest[0], rest[1:]
+        if self.slices_before_head:
+            extra["logits_to_keep"] = keep
         cache = None
         if self.use_cache:
-            cache = DynamicCache(config=self.model.config)
-            for layer in range(self.num_layers):
-                cache.update(rest[2 * layer], rest[2 * layer + 1], layer)
+            cache = past_as_cache(self.model.config, rest)
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -57,10 +76,11 @@ class DecoderWrapper(torch.nn.Module):
             use_cache=self.use_cache,
             **extra,
         )
+        logits = out.logits if self.slices_before_head else out.logits.index_select(1, keep)
         if not self.use_cache:
-            return (out.logits,)
+            return (logits,)
         present = out.past_key_values
         flat = []
         for layer in range(self.num_layers):
             flat.extend(getattr(present.layers[layer], kind + "s") for kind in KINDS)
-        return (out.logits, *flat)
+        return (logits, *flat)
