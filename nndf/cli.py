@@ -62,6 +62,12 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
     b.add_argument("--engine-postfix", default="", help="text appended to built engine names")
     b.add_argument("--disable-preview-dynamic-shapes", action="store_true",
                    help="turn off TensorRT's faster-dynamic-shapes preview feature")
+    r = p.add_argument_group("backends")
+    r.add_argument("--threads", type=int, help="intra-op threads for PyTorch and ONNX Runtime (default: one per core)")
+    r.add_argument("--decoder-onnx", metavar="PATH", help="onnxrt: run this decoder ONNX file instead of exporting")
+    q = r.add_mutually_exclusive_group()
+    q.add_argument("--int8", action="store_true", help="onnxrt: int8 weights (dynamic quantization, ONNX Runtime)")
+    q.add_argument("--int4", action="store_true", help="onnxrt: 4-bit block-wise weights (MatMulNBits)")
     o = p.add_argument_group("output")
     o.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
     o.add_argument("--info", action="store_true", help="print the settings and tensor shapes before running")

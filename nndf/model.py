@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from nndf.backends import backend_module
+from nndf.backends import BackendOptions, backend_module
 from nndf.decoder import Decoder
 from nndf.errors import UsageError
 from nndf.generation import GenerationOptions, generate
@@ -30,7 +30,8 @@ def default_device() -> torch.device:
 class Model:
     """A loaded model on one backend, with the one generation loop and the Hugging Face reference beside it."""
 
-    def __init__(self, loaded: LoadedModel, backend: str, settings: BuildSettings, working_dir: str) -> None:
+    def __init__(self, loaded: LoadedModel, backend: str, settings: BuildSettings,
+                 options: BackendOptions = BackendOptions()) -> None:
         spec = loaded.spec
         if backend not in spec.backends:
             raise UsageError(
@@ -39,9 +40,9 @@ class Model:
         self.loaded = loaded
         self.backend = backend
         self.settings = settings
-        self.working_dir = working_dir
+        self.options = options
         self.shapes = ShapeSpec.derive(settings, spec, loaded.config)
-        session = backend_module(backend).open_session(loaded, settings, working_dir)
+        session = backend_module(backend).open_session(loaded, settings, options)
         self.decoder = Decoder(session, self.shapes, spec.hooks)
 
     @property
@@ -155,11 +156,16 @@ def load(
     settings: BuildSettings | None = None,
     device: str | torch.device | None = None,
     loaded: LoadedModel | None = None,
+    quantize: str | None = None,
+    threads: int | None = None,
+    decoder_onnx: str | None = None,
 ) -> Model:
     """Load a model family's variant on a backend. `settings` overrides use_cache/fp16 when given.
 
-    `loaded` lets several backends share one PyTorch model (the CLI loads it once for all backends).
+    `quantize` ("int8" or "int4") quantizes the onnxrt backend's weights; `threads` sets intra-op threads;
+    `decoder_onnx` runs a given ONNX file on onnxrt. `loaded` lets several backends share one PyTorch model.
     """
+    options = BackendOptions(working_dir=working_dir, threads=threads, decoder_onnx=decoder_onnx, quantize=quantize)
     spec = get_spec(family)
     var = spec.variant(variant)
     if settings is None:
@@ -171,4 +177,4 @@ def load(
             spec, var, torch_dir=torch_dir, random_weights=random_weights, tokenizer_dir=tokenizer_dir,
             dtype=dtype, device=device,
         )
-    return Model(loaded, backend, settings, working_dir)
+    return Model(loaded, backend, settings, options)

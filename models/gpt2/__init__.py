@@ -27,7 +27,7 @@ SPEC = ModelSpec(
         _variant("gpt2-large", "774M", 36, 20, 1280),
         _variant("gpt2-xl", "1.5B", 48, 25, 1600),
     ),
-    backends=("frameworks",),
+    backends=("frameworks", "onnxrt"),
     checkpoint_file=str(Path(__file__).with_name("checkpoint.toml")),
     default_tokenizer="openai-community/gpt2",
 )

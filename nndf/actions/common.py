@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 
 import torch
 
-from nndf.backends import backend_module
+from nndf.backends import BACKENDS, BackendOptions, backend_module
+from nndf.errors import UsageError
 from nndf.measure import TimingSettings
 from nndf.model import Model, default_device
 from nndf.loading import load_config, load_model
@@ -45,6 +47,18 @@ def timing_settings(args) -> TimingSettings:
     )
 
 
+def backend_options(args, backends: list[str]) -> BackendOptions:
+    """Backend options from the flags; --int8/--int4/--decoder-onnx need a backend that can use them."""
+    quantize = "int8" if args.int8 else "int4" if args.int4 else None
+    if quantize or args.decoder_onnx:
+        flag = f"--{quantize}" if quantize else "--decoder-onnx"
+        able = [b for b in BACKENDS if getattr(backend_module(b), "RUNS_ONNX_FILES", False)]
+        if not any(b in able for b in backends):
+            raise UsageError(f"{flag} applies to the {', '.join(able)} backend(s); add one of them")
+    return BackendOptions(working_dir=args.working_dir, threads=args.threads, decoder_onnx=args.decoder_onnx,
+                          quantize=quantize)
+
+
 def open_models(args) -> list[Model]:
     """One Model per backend named on the command line, sharing one loaded PyTorch model.
 
@@ -58,8 +72,6 @@ def open_models(args) -> list[Model]:
     settings = build_settings(args)
     for name in backends:
         if name not in spec.backends:
-            from nndf.errors import UsageError
-
             raise UsageError(
                 f"backend '{name}' does not support the {spec.family} family; allowed: {', '.join(spec.backends)}"
             )
@@ -74,7 +86,8 @@ def open_models(args) -> list[Model]:
         device=default_device(), seed=args.seed,
     )
     say(f"loaded in {time.perf_counter() - started:.1f} s ({loaded.source})")
-    models = [Model(loaded, name, settings, args.working_dir) for name in backends]
+    options = backend_options(args, backends)
+    models = [Model(loaded, name, settings, options) for name in backends]
     if getattr(args, "info", False):
         print(info_result(models[0]).render(verbose=True))
         print()
@@ -83,7 +96,9 @@ def open_models(args) -> list[Model]:
 
 def describe(model: Model) -> dict:
     """The context of a result: what ran, so that a JSON file is self-explanatory."""
+    options = {k: v for k, v in dataclasses.asdict(model.options).items() if v is not None}
     return {
+        "backend_options": options,
         "model": model.spec.family,
         "variant": model.variant.name,
         "weights": model.loaded.source,
@@ -112,8 +127,6 @@ def random_input_ids(batch: int, length: int, vocab_size: int, seed: int) -> tor
 
 def encode_prompts(tokenizer, prompts: list[str], use_mask: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Token ids of a batch of prompts, left-padded with a mask; prompts of different lengths need --use-mask."""
-    from nndf.errors import UsageError
-
     encoded = [tokenizer(p)["input_ids"] for p in prompts]
     lengths = {len(e) for e in encoded}
     if min(lengths) == 0:

@@ -7,16 +7,37 @@ that TensorRT and CUDA libraries are never imported unless the `trt` backend is 
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from typing import Mapping, Protocol
 
 import torch
 
 from nndf.errors import UsageError
 
-# Backend name -> module with `open_session(loaded, settings, working_dir) -> Session` and a `DESCRIPTION`.
+# Backend name -> module with `open_session(loaded, settings, options) -> Session` and a `DESCRIPTION`.
 BACKENDS: dict[str, str] = {
     "frameworks": "nndf.backends.frameworks",
+    "onnxrt": "nndf.backends.onnxrt",
 }
+
+QUANTIZATIONS = ("int8", "int4")
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """How a backend runs, beyond the build settings: where artifacts go, threads, given files, quantization."""
+
+    working_dir: str = "temp"
+    threads: int | None = None  # intra-op threads (None: the runtime's default, one per core)
+    decoder_onnx: str | None = None  # run this ONNX file instead of exporting one
+    quantize: str | None = None  # None, "int8" or "int4": weight quantization of the ONNX graph (CPU)
+    io_binding: bool = True  # ONNX Runtime: bind inputs and outputs instead of converting through numpy
+
+    def __post_init__(self) -> None:
+        if self.quantize not in (None, *QUANTIZATIONS):
+            raise UsageError(f"unknown quantization '{self.quantize}'; allowed: {', '.join(QUANTIZATIONS)}")
+        if self.threads is not None and self.threads < 1:
+            raise UsageError(f"--threads must be at least 1, got {self.threads}")
 
 
 class Session(Protocol):

@@ -6,6 +6,7 @@ from typing import Mapping
 
 import torch
 
+from nndf.backends import BackendOptions
 from nndf.export.wrapper import DecoderWrapper
 from nndf.loading import LoadedModel
 from nndf.spec import BuildSettings
@@ -31,8 +32,11 @@ class TorchSession:
         return dict(zip(self.output_names, outputs))
 
 
-def open_session(loaded: LoadedModel, settings: BuildSettings, working_dir: str | None = None) -> TorchSession:
-    """The frameworks backend needs no artifacts; `working_dir` is accepted for a uniform call."""
+def open_session(loaded: LoadedModel, settings: BuildSettings, options: BackendOptions) -> TorchSession:
+    """The frameworks backend needs no artifacts; it runs the PyTorch model as loaded (fp32 or fp16), so the
+    ONNX-only options (quantization, a given ONNX file) leave it as it is: it stays the reference beside them."""
+    if options.threads is not None:
+        torch.set_num_threads(options.threads)
     return TorchSession(loaded, settings.use_cache)
 
 # Benchmarks also time Hugging Face generate() on the same PyTorch model: the figure users compare against.

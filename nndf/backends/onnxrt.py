@@ -1,0 +1,153 @@
+"""The `onnxrt` backend: the exported decoder graph in ONNX Runtime, with the KV cache kept as ORT values.
+
+A step's `present.*` outputs become the next step's `past_key_values.*` inputs as they are: with IO binding the
+runtime allocates each present once and we hand the same OrtValue back, so no cache tensor is copied or converted
+between steps (the attention inside the graph concatenates past and new, as in every backend). Plain
+`session.run` with numpy arrays is kept as an alternative (`io_binding=False`) for measurement.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+import torch
+
+from nndf.backends import BackendOptions
+from nndf.errors import HarnessError, UsageError
+from nndf.kvcache import KINDS, past_name, present_name
+from nndf.loading import LoadedModel
+from nndf.spec import BuildSettings, ShapeSpec
+
+DESCRIPTION = "ONNX Runtime on the exported graph (CPU; CUDA with onnxruntime-gpu and a GPU)"
+RUNS_ONNX_FILES = True  # takes --decoder-onnx and the --int8/--int4 quantized graphs
+
+
+def _ort():
+    try:
+        import onnxruntime
+    except ImportError:
+        raise HarnessError(
+            "the onnxrt backend needs ONNX Runtime: pip install -e '.[onnxruntime]' (CPU) or "
+            "'.[onnxruntime-gpu]' (CUDA), never both"
+        ) from None
+    return onnxruntime
+
+
+def _as_numpy(value):
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().numpy()
+    return value
+
+
+class PresentCache:
+    """The cache as the runtime returned it: each step's presents are fed back as the next step's pasts."""
+
+    def __init__(self, num_layers: int, rows: int, kv_heads: int, head_dim: int, max_len: int,
+                 dtype=np.float32) -> None:
+        empty = np.zeros((rows, kv_heads, 0, head_dim), dtype=dtype)
+        self.values = {past_name(i, k): empty for i in range(num_layers) for k in KINDS}
+        self.num_layers = num_layers
+        self.max_len = max_len
+        self.length = 0
+
+    def past_feeds(self) -> dict:
+        return dict(self.values)
+
+    def store(self, outputs: Mapping[str, object]) -> None:
+        for layer in range(self.num_layers):
+            for kind in KINDS:
+                self.values[past_name(layer, kind)] = outputs[present_name(layer, kind)]
+        first = self.values[past_name(0, "key")]
+        self.length = int(first.shape()[2] if callable(getattr(first, "shape", None)) else first.shape[2])
+
+    def reorder(self, row_index: torch.Tensor) -> None:
+        index = row_index.cpu().numpy()
+        for name, value in self.values.items():
+            array = value.numpy() if hasattr(value, "numpy") and not isinstance(value, np.ndarray) else value
+            self.values[name] = np.ascontiguousarray(np.take(array, index, axis=0))
+
+
+class OrtSession:
+    """An InferenceSession with the same call as every backend: named tensors in, named torch tensors out."""
+
+    def __init__(self, graph: Path, input_names, output_names, threads: int | None = None,
+                 io_binding: bool = True, use_gpu: bool | None = None) -> None:
+        ort = _ort()
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if threads:
+            options.intra_op_num_threads = threads
+        providers = ["CPUExecutionProvider"]
+        if use_gpu is None:
+            use_gpu = "CUDAExecutionProvider" in ort.get_available_providers() and torch.cuda.is_available()
+        if use_gpu:
+            providers.insert(0, "CUDAExecutionProvider")
+        self.session = ort.InferenceSession(str(graph), options, providers=providers)
+        # onnxruntime-gpu lists CUDA as available even without a GPU and then silently falls back: trust only
+        # the providers the session really got.
+        self.provider = self.session.get_providers()[0]
+        self.output_device = "cuda" if self.provider == "CUDAExecutionProvider" else "cpu"
+        graph_inputs = tuple(i.name for i in self.session.get_inputs())
+        graph_outputs = tuple(o.name for o in self.session.get_outputs())
+        if set(graph_inputs) != set(input_names) or set(graph_outputs) != set(output_names):
+            raise UsageError(
+                f"{graph} does not have the decoder's inputs and outputs: expected inputs {list(input_names)} and "
+                f"outputs {list(output_names)}, found {list(graph_inputs)} and {list(graph_outputs)}"
+            )
+        self.name = "onnxrt"
+        self.device = torch.device("cpu")
+        self.dtype = torch.float32
+        self.input_names = tuple(input_names)
+        self.output_names = tuple(output_names)
+        self.io_binding = io_binding
+
+    def new_cache(self, shapes: ShapeSpec, rows: int, max_len: int) -> PresentCache:
+        return PresentCache(shapes.num_layers, rows, shapes.kv_heads, shapes.head_dim, max_len)
+
+    def run(self, feeds: Mapping[str, object]) -> dict:
+        if not self.io_binding:
+            arrays = self.session.run(None, {name: _as_numpy(v) for name, v in feeds.items()})
+            outputs = dict(zip(self.output_names, arrays))
+        else:
+            ort = _ort()
+            binding = self.session.io_binding()
+            for name, value in feeds.items():
+                if isinstance(value, ort.OrtValue):
+                    binding.bind_ortvalue_input(name, value)
+                else:
+                    binding.bind_cpu_input(name, np.ascontiguousarray(_as_numpy(value)))
+            for name in self.output_names:
+                binding.bind_output(name, "cpu" if name == "logits" else self.output_device)
+            self.session.run_with_iobinding(binding)
+            outputs = dict(zip(self.output_names, binding.get_outputs()))
+        logits = outputs["logits"]
+        outputs["logits"] = torch.from_numpy(logits if isinstance(logits, np.ndarray) else logits.numpy())
+        return outputs
+
+
+def open_session(loaded: LoadedModel, settings: BuildSettings, options: BackendOptions) -> OrtSession:
+    """Export (or reuse) the decoder graph for these settings, quantize it if asked, and open it.
+
+    `options.decoder_onnx` runs a given file instead, after checking its input and output names.
+    """
+    from nndf.export.onnx import decoder_io, export_decoder
+
+    if settings.fp16:
+        raise UsageError("--fp16 is not supported by the onnxrt backend (its CPU kernels are fp32); use --int8 or "
+                         "--int4 for smaller weights, or the trt backend for fp16")
+    if options.decoder_onnx is not None:
+        path = Path(options.decoder_onnx)
+        if not path.is_file():
+            raise UsageError(f"--decoder-onnx {options.decoder_onnx} does not exist")
+        inputs, outputs = decoder_io(loaded, settings.use_cache)
+        return OrtSession(path, inputs, outputs, options.threads, options.io_binding)
+    export = export_decoder(loaded, settings.use_cache, options.working_dir)
+    graph = export.graph
+    if options.quantize is not None:
+        from nndf.export.quantize import quantized_decoder
+
+        graph = quantized_decoder(export, options.quantize, options.working_dir)
+    return OrtSession(graph, export.input_names, export.output_names, options.threads, options.io_binding)

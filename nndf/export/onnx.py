@@ -1,0 +1,135 @@
+"""PyTorch decoder -> ONNX, once per set of settings, kept in the working dir with metadata that says what built it.
+
+The graph is `DecoderWrapper` traced by torch's default (dynamo) exporter with dynamic batch and sequence
+dimensions: with cache, one graph serves the context phase (empty past) and the generation phase (one new token);
+without cache, the graph has no past inputs at all. Weights go to an external data file beside the graph (one
+file, so the 2 GB protobuf limit never matters: gpt2-xl is 6 GB in fp32), and tied embeddings are stored once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from nndf.errors import HarnessError, UsageError
+from nndf.export.wrapper import DecoderWrapper
+from nndf.loading import LoadedModel
+from nndf.workspace import artifact_name, build_dir_artifact, stale_reason
+
+# Bump when a change here changes the graphs produced, so that old exports are rebuilt rather than reused.
+EXPORTER_REVISION = 1
+GRAPH_FILE = "decoder.onnx"
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _versions() -> dict[str, str]:
+    import onnx
+    import transformers
+
+    return {"torch": torch.__version__, "transformers": transformers.__version__, "onnx": onnx.__version__,
+            "exporter_revision": str(EXPORTER_REVISION)}
+
+
+@dataclass(frozen=True)
+class DecoderExport:
+    """Where an exported decoder graph lives and what it takes and returns."""
+
+    folder: Path
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+
+    @property
+    def graph(self) -> Path:
+        return self.folder / GRAPH_FILE
+
+
+def export_settings(loaded: LoadedModel, use_cache: bool) -> dict:
+    """Every setting that shapes the exported graph; its hash names the artifact."""
+    return {
+        "kind": "onnx-decoder",
+        "family": loaded.spec.family,
+        "variant": loaded.variant.name,
+        "weights": loaded.weights_id,
+        "use_cache": use_cache,
+        "versions": _versions(),
+    }
+
+
+def _example_inputs(wrapper: DecoderWrapper, config, hooks) -> tuple[tuple, dict]:
+    """Example tensors (batch 2, 3 new tokens, 4 past positions) and their dynamic dimensions."""
+    from torch.export import Dim
+
+    batch, new, past_len = 2, 3, 4 if wrapper.use_cache else 0
+    ids = torch.randint(0, int(config.vocab_size), (batch, new))
+    mask = torch.ones(batch, past_len + new, dtype=torch.long)
+    args = [ids, mask]
+    dyn_rest = []
+    if wrapper.with_position_ids:
+        args.append(torch.arange(past_len, past_len + new).expand(batch, new).contiguous())
+        dyn_rest.append({0: Dim.DYNAMIC, 1: Dim.DYNAMIC})
+    args.append(torch.arange(new))
+    dyn_rest.append({0: Dim.DYNAMIC})
+    if wrapper.use_cache:
+        shape = (batch, hooks.kv_heads(config), past_len, hooks.head_dim(config))
+        for _ in range(2 * wrapper.num_layers):
+            args.append(torch.randn(shape))
+            dyn_rest.append({0: Dim.DYNAMIC, 2: Dim.DYNAMIC})
+    dynamic = {"input_ids": {0: Dim.DYNAMIC, 1: Dim.DYNAMIC}, "attention_mask": {0: Dim.DYNAMIC, 1: Dim.DYNAMIC}}
+    if dyn_rest:
+        dynamic["rest"] = tuple(dyn_rest)
+    return tuple(args), dynamic
+
+
+def decoder_io(loaded: LoadedModel, use_cache: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The input and output names a decoder graph of this model must have."""
+    wrapper = DecoderWrapper(loaded.model, loaded.spec.hooks.num_layers(loaded.model.config), use_cache)
+    return wrapper.input_names, wrapper.output_names
+
+
+def export_decoder(loaded: LoadedModel, use_cache: bool, working_dir: str | Path) -> DecoderExport:
+    """The exported decoder for these settings: reused when its metadata matches, else (re)built with a message."""
+    settings = export_settings(loaded, use_cache)
+    name = artifact_name(f"{loaded.spec.family}-{loaded.variant.name}-decoder", settings, "")
+    folder = Path(working_dir) / name
+    model = loaded.model
+    hooks = loaded.spec.hooks
+    wrapper = DecoderWrapper(model, hooks.num_layers(model.config), use_cache)
+    io = {"input_names": list(wrapper.input_names), "output_names": list(wrapper.output_names)}
+    reason = stale_reason(folder, dict(settings, **io))
+    if reason is None:
+        return DecoderExport(folder, wrapper.input_names, wrapper.output_names)
+    if folder.exists():
+        say(f"rebuilding {folder}: {reason}")
+    first = next(model.parameters())
+    if first.dtype != torch.float32 or first.device.type != "cpu":
+        # The graph is exported in fp32 from the CPU; a model loaded for a GPU or in fp16 is copied for it.
+        model = copy.deepcopy(model).to(device="cpu", dtype=torch.float32)
+        wrapper = DecoderWrapper(model, hooks.num_layers(model.config), use_cache)
+    args, dynamic = _example_inputs(wrapper, model.config, hooks)
+    say(f"exporting {loaded.variant.name} to ONNX ({'with' if use_cache else 'without'} KV cache) ...")
+    started = time.perf_counter()
+
+    def build(tmp: Path) -> None:
+        try:
+            with contextlib.redirect_stdout(sys.stderr):  # the exporter's progress lines are not results
+                program = torch.onnx.export(
+                    wrapper, args, dynamo=True, dynamic_shapes=dynamic, input_names=io["input_names"],
+                    output_names=io["output_names"], optimize=True, verbose=False,
+                )
+        except Exception as exc:  # the exporter raises many types; the user needs one sentence and the cause
+            raise HarnessError(f"ONNX export of {loaded.variant.name} failed: {type(exc).__name__}: "
+                               f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        program.save(tmp / GRAPH_FILE, external_data=True)
+
+    build_dir_artifact(folder, build, dict(settings, **io))
+    say(f"exported in {time.perf_counter() - started:.1f} s to {folder}")
+    return DecoderExport(folder, wrapper.input_names, wrapper.output_names)
