@@ -20,6 +20,7 @@ ACTIONS: dict[str, tuple[str, str]] = {
     "chat": ("chat", "type prompts and see each backend's reply and time; 'exit' or Ctrl-D ends"),
     "run": ("run", "the family's sample inputs from checkpoint.toml: accuracy against labels and runtimes"),
     "compare": ("compare", "one table of checkpoint accuracy and runtimes across the backends given"),
+    "export": ("export", "build (or reuse) the ONNX graphs and engines the given backends run, and show where"),
     "list": ("listing", "families, variants and the backends each supports"),
 }
 

@@ -142,6 +142,22 @@ class Model:
         """Float logits for every position of unpadded sequences, from this backend (for accuracy scoring)."""
         return self.decoder.logits(input_ids).cpu()
 
+    def reference_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The same logits from the PyTorch model itself: what other backends' fidelity is judged against."""
+        model = self.loaded.model
+        with torch.inference_mode():
+            return model(input_ids.to(next(model.parameters()).device)).logits.float().cpu()
+
+    @property
+    def is_reference(self) -> bool:
+        """Whether this backend is the PyTorch model itself (its fidelity against PyTorch is trivially exact)."""
+        return self.decoder.session.name == "frameworks"
+
+    @property
+    def artifacts(self) -> list[str]:
+        """Files this backend runs (exported or quantized graphs, engines); empty for PyTorch."""
+        return [str(p) for p in getattr(self.decoder.session, "artifacts", [])]
+
 
 def load(
     family: str,

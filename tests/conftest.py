@@ -61,3 +61,9 @@ def build_tiny(tmp_root: Path, name: str, config_kwargs: dict, seed: int = 0) ->
 @pytest.fixture(scope="session")
 def tiny_gpt2_dir(tmp_path_factory) -> Path:
     return build_tiny(tmp_path_factory.mktemp("models"), "tiny-gpt2", TINY_GPT2)
+
+
+@pytest.fixture(scope="session")
+def onnx_work_dir(tmp_path_factory) -> Path:
+    """One working dir for the session, so that each tiny export is made once and reused by later tests."""
+    return tmp_path_factory.mktemp("work")

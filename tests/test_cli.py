@@ -163,3 +163,24 @@ def test_run_and_compare_on_checkpoint_samples(capsys, tiny_gpt2_dir, action):
     assert code == 0, err
     assert "label accuracy" in out and "full generation (ms)" in out
     assert sum(line.startswith("frameworks") for line in out.splitlines()) == 2
+
+
+def test_benchmark_and_export_with_onnxrt(capsys, tiny_gpt2_dir, onnx_work_dir, tmp_path):
+    out_file = tmp_path / "b.json"
+    code, out, err = run_cli(capsys, "benchmark", "GPT2", "frameworks", "onnxrt", "--torch-dir", tiny_gpt2_dir,
+                             "--working-dir", onnx_work_dir, "--input-seq-len", 6, "--output-seq-len", 4, *FAST,
+                             "--json", out_file)
+    assert code == 0, err
+    backends = [r["backend"] for r in json.loads(out_file.read_text())["results"][0]["rows"]]
+    assert backends == ["frameworks", "frameworks (HF generate)", "onnxrt"]
+    code, out, err = run_cli(capsys, "export", "GPT2", "onnxrt", "--torch-dir", tiny_gpt2_dir,
+                             "--working-dir", onnx_work_dir)
+    assert code == 0, err
+    assert "decoder.onnx" in out and str(onnx_work_dir) in out
+
+
+def test_quantization_flags_need_an_onnx_backend(capsys):
+    code, _, err = run_cli(capsys, "benchmark", "GPT2", "frameworks", "--random-weights", "--int8")
+    assert code == 2 and "--int8 applies to the onnxrt backend(s); add one of them" in err
+    code, _, err = run_cli(capsys, "benchmark", "GPT2", "onnxrt", "--random-weights", "--int8", "--int4")
+    assert code == 2 and "not allowed with argument" in err

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nndf.actions.common import describe, open_models, say
+from nndf.actions.common import describe, label, open_models, say
 from nndf.results import Column, Result
 
 
@@ -17,7 +17,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> list[Result]:
-    from nndf.evaluation import evaluate_lambada, load_lambada, sample_texts
+    from nndf.evaluation import evaluate_lambada, load_lambada, logit_fidelity, sample_texts
 
     if args.num_samples is not None and args.num_samples < 0:
         from nndf.errors import UsageError
@@ -33,7 +33,13 @@ def run(args) -> list[Result]:
             chosen, model.tokenizer, model.logits, tokens_to_generate=args.tokens_to_generate,
             top_n=args.topN, max_positions=model.max_positions,
         )
-        rows.append(dict(backend=model.backend, **metrics.as_dict()))
+        row = dict(backend=label(model), **metrics.as_dict())
+        if not model.is_reference:
+            say(f"comparing {label(model)} logits with PyTorch on the same passages")
+            fidelity = logit_fidelity(chosen, model.tokenizer, model.reference_logits, model.logits,
+                                      max_positions=model.max_positions)
+            row.update(top1_agreement=fidelity.top1_agreement, mean_kl=fidelity.mean_kl)
+        rows.append(row)
     n = args.topN
     columns = [
         Column("backend", "backend"),
@@ -46,11 +52,17 @@ def run(args) -> list[Result]:
         Column("lm_eval_accuracy", "lm-eval acc", "{:.2%}"),
         Column("lm_eval_perplexity", "lm-eval ppl", "{:.2f}"),
     ]
+    if any("top1_agreement" in row for row in rows):
+        columns += [Column("top1_agreement", "top-1 = PyTorch", "{:.2%}"), Column("mean_kl", "KL vs PyTorch", "{:.2e}")]
     notes = [
         f"top-N, token and sequence perplexity as NVIDIA's demo defines them over the last "
         f"{args.tokens_to_generate} token(s); lm-eval columns as lm-evaluation-harness lambada_openai "
-        "computes them (target = last word; acc = every target token greedy; ppl per passage)."
+        "computes them (target = last word; acc = every target token greedy; ppl per passage).",
     ]
+    if any("top1_agreement" in row for row in rows):
+        notes.append("top-1 = PyTorch: share of all positions whose next-token argmax equals the PyTorch model's; "
+                     "KL vs PyTorch: mean KL(PyTorch || backend) per position. On random weights the logits are "
+                     "nearly flat, so quantized agreement says little there: judge fidelity on trained weights.")
     first = models[0]
     title = f"accuracy {first.spec.family} {first.variant.name}: LAMBADA, {len(chosen)} passages"
     context = dict(describe(first), dataset=args.dataset_file or "EleutherAI/lambada_openai",

@@ -94,6 +94,12 @@ def open_models(args) -> list[Model]:
     return models
 
 
+def label(model: Model) -> str:
+    """A backend's name in tables, with what changes its numbers (quantization, a given ONNX file)."""
+    extra = [model.options.quantize] if model.options.quantize and not model.is_reference else []
+    return " ".join([model.backend, *extra])
+
+
 def describe(model: Model) -> dict:
     """The context of a result: what ran, so that a JSON file is self-explanatory."""
     options = {k: v for k, v in dataclasses.asdict(model.options).items() if v is not None}

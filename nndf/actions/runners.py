@@ -15,6 +15,7 @@ import torch
 
 from nndf.backends import backend_module
 from nndf.measure import PeakMemory, StepTimer, Timing, TimingSettings, time_calls
+from nndf.actions.common import label
 from nndf.model import Model
 
 
@@ -28,7 +29,7 @@ class Runner:
 def runners_for(models: list[Model]) -> list[Runner]:
     runners = []
     for model in models:
-        runners.append(Runner(model.backend, model, model.generate))
+        runners.append(Runner(label(model), model, model.generate))
         if getattr(backend_module(model.backend), "MEASURE_HF_GENERATE", False):
             runners.append(Runner(f"{model.backend} (HF generate)", model, model.hf_generate))
     return runners

@@ -86,6 +86,7 @@ class OrtSession:
         if use_gpu:
             providers.insert(0, "CUDAExecutionProvider")
         self.session = ort.InferenceSession(str(graph), options, providers=providers)
+        self.artifacts = [Path(graph)]
         # onnxruntime-gpu lists CUDA as available even without a GPU and then silently falls back: trust only
         # the providers the session really got.
         self.provider = self.session.get_providers()[0]

@@ -1,0 +1,28 @@
+"""`export`: build (or verify and reuse) every artifact the given backends run, and say where they are."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from nndf.actions.common import describe, label, open_models
+from nndf.measure import format_bytes
+from nndf.results import Column, Result
+
+
+def add_arguments(parser) -> None:
+    """No flags of its own: the build flags say what to export."""
+
+
+def run(args) -> list[Result]:
+    models = open_models(args)
+    rows = []
+    for model in models:
+        files = model.artifacts or [None]
+        for artifact in files:
+            size = sum(p.stat().st_size for p in Path(artifact).parent.iterdir()) if artifact else None
+            rows.append({"backend": label(model), "artifact": artifact or "(runs the PyTorch model; nothing to export)",
+                         "size": format_bytes(size) if size else "-"})
+    columns = [Column("backend", "backend"), Column("artifact", "artifact"), Column("size", "folder size")]
+    first = models[0]
+    notes = ["Artifacts are reused only when their metadata matches these settings, library versions and weights."]
+    return [Result("export", f"export {first.spec.family} {first.variant.name}", columns, rows, describe(first), notes)]

@@ -1,0 +1,120 @@
+"""The onnxrt backend: the same tokens as Hugging Face generate(), logits within 1e-4 of PyTorch, and exports
+that are reused only when they match the request."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+import nndf
+from nndf.errors import UsageError
+from nndf.workspace import metadata_path
+from test_generation_parity import PROMPT_LENGTHS, _batch
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["cache", "no-cache"])
+def pair(request, tiny_gpt2_dir, onnx_work_dir):
+    """(onnxrt model, frameworks model) on the same tiny weights."""
+    kwargs = dict(torch_dir=str(tiny_gpt2_dir), use_cache=request.param, working_dir=str(onnx_work_dir), device="cpu")
+    return nndf.load("GPT2", backend="onnxrt", **kwargs), nndf.load("GPT2", backend="frameworks", **kwargs)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("num_beams", [1, 2, 4])
+def test_onnxrt_tokens_equal_hf_generate(pair, batch, num_beams):
+    onnx_model, torch_model = pair
+    ids, mask = _batch(PROMPT_LENGTHS[batch])
+    ours = onnx_model.generate(ids, mask, max_new_tokens=10, num_beams=num_beams)
+    reference = torch_model.hf_generate(ids, mask, max_new_tokens=10, num_beams=num_beams)
+    assert torch.equal(ours, reference)
+
+
+def test_onnxrt_logits_within_1e4_of_pytorch(pair):
+    onnx_model, torch_model = pair
+    ids, _ = _batch([17], seed=5)
+    with torch.no_grad():
+        expected = torch_model.loaded.model(ids).logits
+    got = onnx_model.logits(ids)
+    assert got.shape == expected.shape
+    assert float((got - expected).abs().max()) < 1e-4
+
+
+def test_plain_run_and_io_binding_agree(tiny_gpt2_dir, onnx_work_dir):
+    ids, mask = _batch([5, 9, 3])
+    outputs = []
+    for io_binding in (True, False):
+        m = nndf.load("GPT2", backend="onnxrt", torch_dir=str(tiny_gpt2_dir), working_dir=str(onnx_work_dir),
+                      device="cpu")
+        m.decoder.session.io_binding = io_binding
+        outputs.append(m.generate(ids, mask, max_new_tokens=6, num_beams=2))
+    assert torch.equal(outputs[0], outputs[1])
+
+
+def _export_folder(work_dir, use_cache=True):
+    folders = [p for p in work_dir.iterdir() if p.is_dir() and "decoder" in p.name and not p.name.startswith(".")]
+    meta = {p: json.loads(metadata_path(p).read_text()) for p in folders}
+    return next(p for p, m in meta.items() if m["use_cache"] == use_cache and m["kind"] == "onnx-decoder")
+
+
+def test_export_is_reused_then_rebuilt_when_stale_or_truncated(tiny_gpt2_dir, tmp_path, capsys):
+    load = lambda: nndf.load("GPT2", backend="onnxrt", torch_dir=str(tiny_gpt2_dir), working_dir=str(tmp_path),
+                             device="cpu")
+    load()
+    assert "exporting" in capsys.readouterr().err
+    folder = _export_folder(tmp_path)
+    graph = folder / "decoder.onnx"
+    stamp = graph.stat().st_mtime_ns
+
+    load()
+    assert "exporting" not in capsys.readouterr().err and graph.stat().st_mtime_ns == stamp
+
+    meta_file = metadata_path(folder)
+    meta = json.loads(meta_file.read_text())
+    meta["versions"]["torch"] = "0.0.1"  # foreign: built by another torch
+    meta_file.write_text(json.dumps(meta))
+    load()
+    err = capsys.readouterr().err
+    assert "rebuilding" in err and "it was built with a different versions" in err
+    assert json.loads(meta_file.read_text())["versions"]["torch"] == torch.__version__
+
+    data = next(p for p in folder.iterdir() if p.name != "decoder.onnx")
+    with open(data, "r+b") as f:
+        f.truncate(data.stat().st_size // 2)
+    load()
+    err = capsys.readouterr().err
+    assert f"{data.name} is missing or truncated" in err
+    m = load()
+    assert m.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=2).shape == (1, 5)
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")], "no temporary folder left behind"
+
+
+def test_changed_weights_get_their_own_export(tiny_gpt2_dir, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_gpt2_dir, copy)
+    work = tmp_path / "work"
+    for source in (tiny_gpt2_dir, copy):
+        nndf.load("GPT2", backend="onnxrt", torch_dir=str(source), working_dir=str(work), device="cpu")
+    assert len([p for p in work.iterdir() if p.is_dir()]) == 2
+
+
+def test_decoder_onnx_runs_a_given_file_after_checking_names(tiny_gpt2_dir, onnx_work_dir, tmp_path):
+    given = _export_folder(onnx_work_dir, use_cache=True) / "decoder.onnx"
+    m = nndf.load("GPT2", backend="onnxrt", torch_dir=str(tiny_gpt2_dir), decoder_onnx=str(given), device="cpu",
+                  working_dir=str(tmp_path))
+    assert m.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=3).shape == (1, 6)
+    assert list(tmp_path.iterdir()) == [], "a given file is run as it is, nothing is exported"
+    with pytest.raises(UsageError, match="does not have the decoder's inputs and outputs"):
+        nndf.load("GPT2", backend="onnxrt", torch_dir=str(tiny_gpt2_dir), decoder_onnx=str(given), use_cache=False,
+                  device="cpu")
+    with pytest.raises(UsageError, match="does not exist"):
+        nndf.load("GPT2", backend="onnxrt", torch_dir=str(tiny_gpt2_dir), decoder_onnx=str(tmp_path / "x.onnx"),
+                  device="cpu")
+
+
+def test_onnxrt_rejects_fp16(tiny_gpt2_dir, tmp_path):
+    with pytest.raises(UsageError, match="--fp16 is not supported by the onnxrt backend"):
+        nndf.load("GPT2", backend="onnxrt", torch_dir=str(tiny_gpt2_dir), fp16=True, device="cpu",
+                  working_dir=str(tmp_path))
