@@ -58,7 +58,7 @@ def generate(
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(decoder.device).long()
     if mask.shape != input_ids.shape:
         raise UsageError(f"attention_mask shape {tuple(mask.shape)} differs from input_ids {tuple(input_ids.shape)}")
-    with torch.inference_mode():
+    with torch.inference_mode(), decoder.host_threads():
         if options.num_beams == 1:
             return greedy_search(decoder, input_ids, mask, options, on_token)
         return beam_search(decoder, input_ids, mask, options, on_token)

@@ -104,6 +104,7 @@ class OrtSession:
         self.input_names = tuple(input_names)
         self.output_names = tuple(output_names)
         self.io_binding = io_binding
+        self.host_threads = 1  # see Decoder.host_threads: the loop's small ops must not wake PyTorch's pool
 
     def new_cache(self, shapes: ShapeSpec, rows: int, max_len: int) -> PresentCache:
         return PresentCache(shapes.num_layers, rows, shapes.kv_heads, shapes.head_dim, max_len)

@@ -1,0 +1,103 @@
+"""ONNX Runtime step execution, side by side in one process: IO binding vs plain `run`, and our loop vs a bare loop.
+
+    python bench/onnxrt_io.py [--variant gpt2] [--batch 1] [--input-len 64] [--output-len 64] [--rounds 5]
+
+Runs interleaved rounds of greedy generation (64 + 64 tokens by default, GPT-2 small with random weights):
+- `nndf io-binding`: our generation loop, ONNX Runtime with IO binding, presents fed back as OrtValues;
+- `nndf plain-run`: the same loop through `session.run` with numpy arrays;
+- `bare loop`: a minimal greedy loop over `session.run` with numpy on the same graph, no harness at all:
+  the floor that our loop's Python overhead is measured against.
+Prints decode ms/step medians and ratios to the bare loop last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import nndf  # noqa: E402
+from nndf.actions.common import random_input_ids  # noqa: E402
+from nndf.measure import StepTimer  # noqa: E402
+
+
+def bare_loop(session, ids: np.ndarray, new_tokens: int, num_layers: int, kv_heads: int, head_dim: int,
+              on_token) -> np.ndarray:
+    """The least a greedy loop over this graph can do: numpy in, numpy out, presents become pasts."""
+    rows, length = ids.shape
+    past = {f"past_key_values.{i}.{k}": np.zeros((rows, kv_heads, 0, head_dim), np.float32)
+            for i in range(num_layers) for k in ("key", "value")}
+    tokens = ids
+    feed_ids = ids
+    out_names = [o.name for o in session.get_outputs()]
+    for step in range(new_tokens):
+        total = tokens.shape[1]
+        new = feed_ids.shape[1]
+        feeds = {"input_ids": feed_ids, "attention_mask": np.ones((rows, total), np.int64),
+                 "position_ids": np.tile(np.arange(total - new, total, dtype=np.int64), (rows, 1)),
+                 "logits_to_keep": np.array([new - 1], np.int64), **past}
+        outputs = dict(zip(out_names, session.run(None, feeds)))
+        next_tokens = outputs["logits"][:, -1, :].argmax(-1)[:, None].astype(np.int64)
+        on_token()
+        past = {name.replace("present", "past_key_values"): v for name, v in outputs.items() if name != "logits"}
+        tokens = np.concatenate([tokens, next_tokens], axis=1)
+        feed_ids = next_tokens
+    return tokens
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--variant", default="gpt2")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--input-len", type=int, default=64)
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--working-dir", default="temp")
+    args = p.parse_args()
+
+    m = nndf.load("GPT2", variant=args.variant, backend="onnxrt", random_weights=True, working_dir=args.working_dir)
+    session = m.decoder.session
+    ids = random_input_ids(args.batch, args.input_len, m.shapes.vocab_size, seed=0)
+    n = args.output_len
+
+    def ours(io_binding: bool):
+        def run(timer):
+            session.io_binding = io_binding
+            return m.generate(ids, max_new_tokens=n, min_new_tokens=n, on_token=timer.mark)
+        return run
+
+    def bare(timer):
+        shapes = m.shapes
+        return torch.from_numpy(bare_loop(session.session, ids.numpy(), n, shapes.num_layers, shapes.kv_heads,
+                                          shapes.head_dim, timer.mark))
+
+    engines = {"nndf io-binding": ours(True), "nndf plain-run": ours(False), "bare loop": bare}
+    steps = {name: [] for name in engines}
+    outputs = {}
+    for round_ in range(args.rounds + 1):  # round 0 is the warm-up
+        for name, run in engines.items():
+            timer = StepTimer()
+            timer.start()
+            outputs[name] = run(timer)
+            if round_:
+                steps[name].append(timer.decode_step_median * 1e3)
+        print(f"round {round_}/{args.rounds} done", file=sys.stderr)
+    same = all(torch.equal(outputs["bare loop"], o) for o in outputs.values())
+    print(f"GPT-2 {args.variant} random weights, batch {args.batch}, {args.input_len}+{n} tokens, "
+          f"{args.rounds} interleaved rounds; tokens identical across engines: {same}")
+    base = statistics.median(steps["bare loop"])
+    print(f"{'engine':<16} {'decode ms/step':>15} {'min':>7} {'max':>7} {'vs bare loop':>13}")
+    for name, values in steps.items():
+        med = statistics.median(values)
+        print(f"{name:<16} {med:>15.2f} {min(values):>7.2f} {max(values):>7.2f} {med / base:>12.3f}x")
+
+
+if __name__ == "__main__":
+    main()
