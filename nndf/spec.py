@@ -183,6 +183,45 @@ class ShapeSpec:
             use_cache=settings.use_cache,
         )
 
+    def profiles(self, input_names: tuple[str, ...]) -> list[dict[str, tuple[tuple[int, ...], ...]]]:
+        """TensorRT optimization profiles: {input name: (min shape, opt shape, max shape)} for each profile.
+
+        With cache, as in NVIDIA's demo: a context profile (the whole prompt, empty past) and a generation profile
+        (one new token, past of 1 .. total-1 positions). Without cache, one profile over the whole sequence.
+        Inputs the graph does not have (position ids of ALiBi models) are left out.
+        """
+        r, kv = self.rows, (self.kv_heads, self.head_dim)
+
+        def shapes(seq: Dim, mask: Dim, keep: Dim, past: Dim | None) -> dict:
+            dims = {
+                "input_ids": seq, "attention_mask": mask, "position_ids": seq,
+            }
+            profile = {name: tuple((getattr(r, a), getattr(d, a)) for a in ("min", "opt", "max"))
+                       for name, d in dims.items()}
+            profile["logits_to_keep"] = tuple((getattr(keep, a),) for a in ("min", "opt", "max"))
+            if past is not None:
+                for name in input_names:
+                    if name.startswith("past_key_values."):
+                        profile[name] = tuple((getattr(r, a), kv[0], getattr(past, a), kv[1])
+                                              for a in ("min", "opt", "max"))
+            return {name: profile[name] for name in input_names}
+
+        if not self.use_cache:
+            return [shapes(self.total, self.total, Dim(1, 1, self.total.max), None)]
+        context = shapes(self.prompt, self.prompt, Dim(1, 1, self.prompt.max), Dim(0, 0, 0))
+        past = Dim(1, max(1, self.total.opt - 1), max(1, self.total.max - 1))
+        generation = shapes(Dim(1, 1, 1), Dim(2, self.total.opt, self.total.max), Dim(1, 1, 1), past)
+        return [context, generation]
+
+    def trtexec_shapes(self, input_names: tuple[str, ...]) -> str:
+        """The `--minShapes/--optShapes/--maxShapes` flags for trtexec, one set per profile, from `profiles`."""
+        parts = []
+        for profile in self.profiles(input_names):
+            for i, flag in enumerate(("--minShapes", "--optShapes", "--maxShapes")):
+                spec = ",".join(f"{name}:{'x'.join(str(d) for d in dims[i])}" for name, dims in profile.items())
+                parts.append(f"{flag}={spec}")
+        return " ".join(parts)
+
     def kv_shape(self, rows: int, length: int) -> tuple[int, int, int, int]:
         """Shape of one layer's key or value cache: (rows, kv heads, length, head dim)."""
         return rows, self.kv_heads, length, self.head_dim

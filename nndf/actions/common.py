@@ -55,8 +55,11 @@ def backend_options(args, backends: list[str]) -> BackendOptions:
         able = [b for b in BACKENDS if getattr(backend_module(b), "RUNS_ONNX_FILES", False)]
         if not any(b in able for b in backends):
             raise UsageError(f"{flag} applies to the {', '.join(able)} backend(s); add one of them")
+    if (args.decoder_engine or args.cuda_graph) and "trt" not in backends:
+        raise UsageError(f"{'--decoder-engine' if args.decoder_engine else '--cuda-graph'} applies to the trt backend; "
+                         "add trt")
     return BackendOptions(working_dir=args.working_dir, threads=args.threads, decoder_onnx=args.decoder_onnx,
-                          quantize=quantize)
+                          quantize=quantize, decoder_engine=args.decoder_engine, cuda_graph=args.cuda_graph)
 
 
 def open_models(args) -> list[Model]:

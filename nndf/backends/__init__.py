@@ -18,6 +18,7 @@ from nndf.errors import UsageError
 BACKENDS: dict[str, str] = {
     "frameworks": "nndf.backends.frameworks",
     "onnxrt": "nndf.backends.onnxrt",
+    "trt": "nndf.backends.trt",
 }
 
 QUANTIZATIONS = ("int8", "int4")
@@ -32,6 +33,8 @@ class BackendOptions:
     decoder_onnx: str | None = None  # run this ONNX file instead of exporting one
     quantize: str | None = None  # None, "int8" or "int4": weight quantization of the ONNX graph (CPU)
     io_binding: bool = True  # ONNX Runtime: bind inputs and outputs instead of converting through numpy
+    decoder_engine: str | None = None  # TensorRT: run this serialized engine instead of building one
+    cuda_graph: bool = False  # TensorRT: replay CUDA graphs for decode steps
 
     def __post_init__(self) -> None:
         if self.quantize not in (None, *QUANTIZATIONS):
