@@ -64,7 +64,7 @@ def test_info_prints_shapes(capsys, tiny_gpt2_dir):
     [
         (["fly", "GPT2", "frameworks"], "unknown action 'fly'; allowed: benchmark"),
         (["benchmark", "GPT9", "frameworks"], "unknown model family 'GPT9'; allowed: GPT2"),
-        (["benchmark", "GPT2", "tensorflow"], "unknown backend 'tensorflow'; allowed: frameworks, onnxrt"),
+        (["benchmark", "GPT2", "tensorflow"], "unknown backend 'tensorflow'; allowed: frameworks, onnxrt, trt"),
         (["benchmark", "GPT2", "frameworks", "--variant", "gpt5"], "unknown --variant 'gpt5' for GPT2; allowed: gpt2"),
         (["benchmark", "GPT2", "frameworks", "--dynamic-batch", "--min-dynamic-batch", "4",
           "--max-dynamic-batch", "2"], "--min-dynamic-batch (4) must not exceed --max-dynamic-batch (2)"),
@@ -109,7 +109,7 @@ def test_run_py_exit_code_without_traceback():
     proc = subprocess.run([sys.executable, str(REPO / "run.py"), "benchmark", "GPT2", "onnx"],
                           capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "error: unknown backend 'onnx'; allowed: frameworks, onnxrt"
+    assert proc.stderr.strip() == "error: unknown backend 'onnx'; allowed: frameworks, onnxrt, trt"
 
 
 def test_help_lists_actions_and_flags():
