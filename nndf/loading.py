@@ -8,8 +8,11 @@ one sentence that says which flag to use instead.
 from __future__ import annotations
 
 import os
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -17,22 +20,54 @@ from nndf.errors import HarnessError, UsageError
 from nndf.spec import ModelSpec, Variant
 
 
-@dataclass
+@dataclass(eq=False)
 class LoadedModel:
-    """A PyTorch model in eval mode with where it came from; the tokenizer is loaded on first use."""
+    """A model's config, where its weights come from, and the PyTorch model itself loaded on first use.
+
+    The weights are loaded only when something needs them (the PyTorch backend, an export, the Hugging Face
+    reference): a run of ONNX Runtime or TensorRT on artifacts that are already built never holds a second copy of
+    the weights in memory. The tokenizer is also loaded on first use.
+    """
 
     spec: ModelSpec
     variant: Variant
-    model: torch.nn.Module
+    config: object
     source: str
     tokenizer_source: str | None
     weights_id: str  # identifies the weights for artifact names: a changed checkpoint never reuses an export
+    loader: Callable[[], torch.nn.Module]
+    _model: torch.nn.Module | None = None
+    _tokenizer: object = None
 
     @property
-    def config(self):
-        return self.model.config
+    def model(self) -> torch.nn.Module:
+        if self._model is None:
+            started = time.perf_counter()
+            print(f"loading {self.variant.name} weights: {self.source} ...", file=sys.stderr, flush=True)
+            model = self.loader()
+            model.eval()
+            self._model = model
+            print(f"loaded in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+        return self._model
 
-    _tokenizer: object = None
+    @property
+    def model_class(self) -> type:
+        """The PyTorch class the weights load into, known without loading them."""
+        if self._model is not None:
+            return type(self._model)
+        return _transformers_class(self.spec.auto_class)._model_mapping[type(self.config)]
+
+    @property
+    def generation_config(self):
+        """Generation defaults (EOS, pad, length penalty) as the loaded model would have them."""
+        if self._model is not None:
+            return self._model.generation_config
+        from transformers import GenerationConfig
+
+        folder = self.tokenizer_source if self.source.startswith("local folder") else None
+        if folder and (Path(folder) / "generation_config.json").is_file():
+            return GenerationConfig.from_pretrained(folder)
+        return GenerationConfig.from_model_config(self.config)
 
     @property
     def tokenizer(self):
@@ -87,34 +122,51 @@ def load_model(
     device: str | torch.device = "cpu",
     seed: int = 0,
 ) -> LoadedModel:
-    """Load `variant` of `spec` from the chosen source, in eval mode, on `device` in `dtype`."""
+    """`variant` of `spec` from the chosen source, weights loaded on first use in eval mode, on `device` in `dtype`.
+
+    The config is read now (a hub model that cannot be reached fails here, with the flags to use instead).
+    """
     auto = _transformers_class(spec.auto_class)
     if torch_dir is not None and random_weights:
         raise UsageError("--torch-dir and --random-weights exclude each other; give one of them")
+    if tokenizer_dir is not None and not Path(tokenizer_dir).is_dir():
+        raise UsageError(f"--tokenizer-dir {tokenizer_dir} does not exist")
     if torch_dir is not None:
         folder = Path(torch_dir)
-        if not (folder / "config.json").is_file():
-            raise UsageError(f"--torch-dir {torch_dir} is not a Hugging Face model folder (no config.json in it)")
-        model = auto.from_pretrained(folder, dtype=dtype)
+        config = load_config(spec, variant, torch_dir=torch_dir)
         source = f"local folder {folder}"
         weights_id = f"dir:{folder.resolve()}:{_files_signature(folder)}"
         tokenizer_source = tokenizer_dir or (str(folder) if _has_tokenizer(folder) else spec.default_tokenizer)
+
+        def loader():
+            return auto.from_pretrained(folder, dtype=dtype).to(device)
     elif random_weights:
-        torch.manual_seed(seed)
-        model = auto.from_config(known_config(variant), dtype=dtype)
+        config = known_config(variant)
         source = f"random weights (seed {seed}) from the known {variant.name} config"
         weights_id = f"random:{variant.name}:seed={seed}:{sorted(variant.config.items())}"
         tokenizer_source = tokenizer_dir or variant.hub_id
+
+        def loader():
+            torch.manual_seed(seed)
+            return auto.from_config(known_config(variant), dtype=dtype).to(device)
     else:
-        model = _from_hub(auto, variant.hub_id, dtype)
+        config = _hub_config(variant.hub_id)
         source = f"hub {variant.hub_id}"
-        weights_id = f"hub:{variant.hub_id}@{getattr(model.config, '_commit_hash', None)}"
+        weights_id = f"hub:{variant.hub_id}@{getattr(config, '_commit_hash', None)}"
         tokenizer_source = tokenizer_dir or variant.hub_id
-    if tokenizer_dir is not None and not Path(tokenizer_dir).is_dir():
-        raise UsageError(f"--tokenizer-dir {tokenizer_dir} does not exist")
-    model.eval()
-    model.to(device)
-    return LoadedModel(spec, variant, model, source, tokenizer_source, weights_id)
+
+        def loader():
+            return _from_hub(auto, variant.hub_id, dtype).to(device)
+    return LoadedModel(spec, variant, config, source, tokenizer_source, weights_id, loader)
+
+
+def _hub_config(hub_id: str):
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(hub_id)
+    except OSError as exc:
+        _hub_failure(hub_id, exc)
 
 
 def _files_signature(folder: Path) -> str:
@@ -131,12 +183,17 @@ def _from_hub(auto, hub_id: str, dtype: torch.dtype):
     try:
         return auto.from_pretrained(hub_id, dtype=dtype)
     except OSError as exc:
-        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
-        why = "HF_HUB_OFFLINE=1 is set and it is not in the local cache" if offline else f"{exc}".splitlines()[0]
-        raise HarnessError(
-            f"could not load '{hub_id}' from the Hugging Face hub ({why}); "
-            "pass --torch-dir DIR for a local copy or --random-weights to build it from its known config"
-        ) from None
+        _hub_failure(hub_id, exc)
+
+
+def _hub_failure(hub_id: str, exc: OSError):
+    """One sentence for a model the hub cannot give us, naming the flags that avoid the hub."""
+    offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+    why = "HF_HUB_OFFLINE=1 is set and it is not in the local cache" if offline else f"{exc}".splitlines()[0]
+    raise HarnessError(
+        f"could not load '{hub_id}' from the Hugging Face hub ({why}); "
+        "pass --torch-dir DIR for a local copy or --random-weights to build it from its known config"
+    ) from None
 
 
 def load_tokenizer(source: str | None, spec: ModelSpec):

@@ -63,7 +63,7 @@ class Model:
 
     def generation_options(self, max_new_tokens: int, min_new_tokens: int = 0, num_beams: int = 1) -> GenerationOptions:
         """Options with the model's own EOS and pad tokens, as Hugging Face `generate()` would pick them."""
-        gen_config = self.loaded.model.generation_config
+        gen_config = self.loaded.generation_config
         eos = gen_config.eos_token_id
         if isinstance(eos, (list, tuple)):
             eos = eos[0] if eos else None

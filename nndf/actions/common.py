@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import time
 
 import torch
 
-from nndf.backends import BACKENDS, BackendOptions, backend_module
+from nndf.backends import RUNS_ONNX_FILES, BackendOptions, backend_module
 from nndf.errors import UsageError
 from nndf.measure import TimingSettings
 from nndf.model import Model, default_device
@@ -52,9 +51,8 @@ def backend_options(args, backends: list[str]) -> BackendOptions:
     quantize = "int8" if args.int8 else "int4" if args.int4 else None
     if quantize or args.decoder_onnx:
         flag = f"--{quantize}" if quantize else "--decoder-onnx"
-        able = [b for b in BACKENDS if getattr(backend_module(b), "RUNS_ONNX_FILES", False)]
-        if not any(b in able for b in backends):
-            raise UsageError(f"{flag} applies to the {', '.join(able)} backend(s); add one of them")
+        if not any(b in RUNS_ONNX_FILES for b in backends):
+            raise UsageError(f"{flag} applies to the {', '.join(RUNS_ONNX_FILES)} backend(s); add one of them")
     if (args.decoder_engine or args.cuda_graph) and "trt" not in backends:
         raise UsageError(f"{'--decoder-engine' if args.decoder_engine else '--cuda-graph'} applies to the trt backend; "
                          "add trt")
@@ -80,15 +78,11 @@ def open_models(args) -> list[Model]:
             )
     config = load_config(spec, variant, torch_dir=args.torch_dir, random_weights=args.random_weights)
     ShapeSpec.derive(settings, spec, config)  # flags against the model's positions, before the slow load
-    started = time.perf_counter()
-    source = args.torch_dir or ("random weights" if args.random_weights else variant.hub_id)
-    say(f"loading {spec.family} {variant.name} from {source} ...")
     loaded = load_model(
         spec, variant, torch_dir=args.torch_dir, random_weights=args.random_weights,
         tokenizer_dir=args.tokenizer_dir, dtype=torch.float16 if settings.fp16 else torch.float32,
         device=default_device(), seed=args.seed,
     )
-    say(f"loaded in {time.perf_counter() - started:.1f} s ({loaded.source})")
     options = backend_options(args, backends)
     models = [Model(loaded, name, settings, options) for name in backends]
     if getattr(args, "info", False):

@@ -21,6 +21,9 @@ BACKENDS: dict[str, str] = {
     "trt": "nndf.backends.trt",
 }
 
+# Backends that run ONNX graphs as they are, so that --int8/--int4 and --decoder-onnx mean something to them.
+RUNS_ONNX_FILES = ("onnxrt",)
+
 QUANTIZATIONS = ("int8", "int4")
 
 

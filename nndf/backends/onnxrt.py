@@ -22,7 +22,6 @@ from nndf.loading import LoadedModel
 from nndf.spec import BuildSettings, ShapeSpec
 
 DESCRIPTION = "ONNX Runtime on the exported graph (CPU; CUDA with onnxruntime-gpu and a GPU)"
-RUNS_ONNX_FILES = True  # takes --decoder-onnx and the --int8/--int4 quantized graphs
 
 
 def _ort():
@@ -135,7 +134,7 @@ def open_session(loaded: LoadedModel, settings: BuildSettings, options: BackendO
 
     `options.decoder_onnx` runs a given file instead, after checking its input and output names.
     """
-    from nndf.export.onnx import decoder_io, export_decoder
+    from nndf.export.onnx import export_decoder, model_io
 
     if settings.fp16:
         raise UsageError("--fp16 is not supported by the onnxrt backend (its CPU kernels are fp32); use --int8 or "
@@ -144,7 +143,7 @@ def open_session(loaded: LoadedModel, settings: BuildSettings, options: BackendO
         path = Path(options.decoder_onnx)
         if not path.is_file():
             raise UsageError(f"--decoder-onnx {options.decoder_onnx} does not exist")
-        inputs, outputs = decoder_io(loaded, settings.use_cache)
+        inputs, outputs = model_io(loaded, settings.use_cache)
         return OrtSession(path, inputs, outputs, options.threads, options.io_binding)
     export = export_decoder(loaded, settings.use_cache, options.working_dir)
     graph = export.graph

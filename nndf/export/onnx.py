@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from nndf.errors import HarnessError, UsageError
-from nndf.export.wrapper import DecoderWrapper
+from nndf.export.wrapper import DecoderWrapper, decoder_io
 from nndf.loading import LoadedModel
 from nndf.workspace import artifact_name, build_dir_artifact, stale_reason
 
@@ -89,10 +89,9 @@ def _example_inputs(wrapper: DecoderWrapper, config, hooks) -> tuple[tuple, dict
     return tuple(args), dynamic
 
 
-def decoder_io(loaded: LoadedModel, use_cache: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The input and output names a decoder graph of this model must have."""
-    wrapper = DecoderWrapper(loaded.model, loaded.spec.hooks.num_layers(loaded.model.config), use_cache)
-    return wrapper.input_names, wrapper.output_names
+def model_io(loaded: LoadedModel, use_cache: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The input and output names a decoder graph of this model must have (its weights are not loaded for it)."""
+    return decoder_io(loaded.model_class, loaded.spec.hooks.num_layers(loaded.config), use_cache)
 
 
 def export_decoder(loaded: LoadedModel, use_cache: bool, working_dir: str | Path) -> DecoderExport:
@@ -100,15 +99,16 @@ def export_decoder(loaded: LoadedModel, use_cache: bool, working_dir: str | Path
     settings = export_settings(loaded, use_cache)
     name = artifact_name(f"{loaded.spec.family}-{loaded.variant.name}-decoder", settings, "")
     folder = Path(working_dir) / name
+    input_names, output_names = model_io(loaded, use_cache)
+    io = {"input_names": list(input_names), "output_names": list(output_names)}
+    reason = stale_reason(folder, dict(settings, **io))
+    if reason is None:
+        return DecoderExport(folder, input_names, output_names)
+    if folder.exists():
+        say(f"rebuilding {folder}: {reason}")
     model = loaded.model
     hooks = loaded.spec.hooks
     wrapper = DecoderWrapper(model, hooks.num_layers(model.config), use_cache)
-    io = {"input_names": list(wrapper.input_names), "output_names": list(wrapper.output_names)}
-    reason = stale_reason(folder, dict(settings, **io))
-    if reason is None:
-        return DecoderExport(folder, wrapper.input_names, wrapper.output_names)
-    if folder.exists():
-        say(f"rebuilding {folder}: {reason}")
     first = next(model.parameters())
     if first.dtype != torch.float32 or first.device.type != "cpu":
         # The graph is exported in fp32 from the CPU; a model loaded for a GPU or in fp16 is copied for it.

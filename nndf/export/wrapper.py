@@ -16,9 +16,20 @@ from transformers import DynamicCache
 from nndf.kvcache import KINDS, past_names, present_names
 
 
-def accepts(model: torch.nn.Module, argument: str) -> bool:
+def accepts(model_class: type, argument: str) -> bool:
     """Whether the model's forward takes `argument` (models with ALiBi take no position ids, for example)."""
-    return argument in inspect.signature(model.forward).parameters
+    return argument in inspect.signature(model_class.forward).parameters
+
+
+def decoder_io(model_class: type, num_layers: int, use_cache: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The input and output names of the decoder graph of such a model, known without loading its weights."""
+    inputs = ["input_ids", "attention_mask"] + (["position_ids"] if accepts(model_class, "position_ids") else [])
+    inputs.append("logits_to_keep")
+    outputs = ["logits"]
+    if use_cache:
+        inputs += past_names(num_layers)
+        outputs += present_names(num_layers)
+    return tuple(inputs), tuple(outputs)
 
 
 def past_as_cache(config, past) -> DynamicCache:
@@ -43,19 +54,17 @@ class DecoderWrapper(torch.nn.Module):
         self.model = model
         self.num_layers = num_layers
         self.use_cache = use_cache
-        self.with_position_ids = accepts(model, "position_ids")
-        self.slices_before_head = accepts(model, "logits_to_keep")
+        self.with_position_ids = accepts(type(model), "position_ids")
+        self.slices_before_head = accepts(type(model), "logits_to_keep")
         self.eval()
 
     @property
     def input_names(self) -> tuple[str, ...]:
-        names = ["input_ids", "attention_mask"] + (["position_ids"] if self.with_position_ids else [])
-        names.append("logits_to_keep")
-        return tuple(names + (past_names(self.num_layers) if self.use_cache else []))
+        return decoder_io(type(self.model), self.num_layers, self.use_cache)[0]
 
     @property
     def output_names(self) -> tuple[str, ...]:
-        return tuple(["logits"] + (present_names(self.num_layers) if self.use_cache else []))
+        return decoder_io(type(self.model), self.num_layers, self.use_cache)[1]
 
     def forward(self, input_ids, attention_mask, *rest):
         """`logits_to_keep` (int64 positions) selects the rows of logits computed: the last one while generating
