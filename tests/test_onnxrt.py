@@ -118,3 +118,14 @@ def test_onnxrt_rejects_fp16(tiny_gpt2_dir, tmp_path):
     with pytest.raises(UsageError, match="--fp16 is not supported by the onnxrt backend"):
         nndf.load("GPT2", backend="onnxrt", torch_dir=str(tiny_gpt2_dir), fp16=True, device="cpu",
                   working_dir=str(tmp_path))
+
+
+def test_a_built_export_runs_without_loading_the_pytorch_weights(tiny_gpt2_dir, onnx_work_dir, capsys):
+    nndf.load("GPT2", backend="onnxrt", torch_dir=str(tiny_gpt2_dir), working_dir=str(onnx_work_dir), device="cpu")
+    capsys.readouterr()
+    m = nndf.load("GPT2", backend="onnxrt", torch_dir=str(tiny_gpt2_dir), working_dir=str(onnx_work_dir),
+                  device="cpu")
+    out = m.generate(torch.tensor([[10, 20, 30]]), max_new_tokens=4)
+    assert out.shape == (1, 7)
+    assert m.loaded._model is None, "the PyTorch weights were loaded although the export was reusable"
+    assert "loading" not in capsys.readouterr().err
