@@ -1,4 +1,13 @@
-"""A family's `checkpoint.toml`: sample prompts and the labels the real weights produce for them (for `run`)."""
+"""A family's `checkpoint.toml`: sample prompts, and for some variants the labels their real weights produce.
+
+    [default]                     # prompts for every variant of the family
+    inputs = ["..."]
+    [gpt2]                        # a variant's own table: its labels (and, optionally, its own inputs)
+    labels = ["..."]
+
+A label is the variant's whole greedy output for the prompt (prompt included). Variants without labels still
+run: `run` then reports their outputs' runtimes, and no accuracy.
+"""
 
 from __future__ import annotations
 
@@ -14,15 +23,17 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
+DEFAULT_NEW_TOKENS = 32  # tokens generated for a prompt without a label
+
 
 @dataclass(frozen=True)
 class Sample:
     prompt: str
-    label: str
+    label: str | None
 
 
 def read_samples(spec: ModelSpec, variant: Variant) -> list[Sample]:
-    """Samples for `variant`: the `[default]` table, with labels (and inputs) overridden by the variant's table."""
+    """Samples for `variant`: `[default]` inputs, with the variant's table's inputs and labels over them."""
     path = Path(spec.checkpoint_file)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -30,7 +41,8 @@ def read_samples(spec: ModelSpec, variant: Variant) -> list[Sample]:
         raise HarnessError(f"the {spec.family} checkpoint file {path} cannot be read: {exc}") from None
     table = dict(data.get("default", {}))
     table.update(data.get(variant.name, {}))
-    inputs, labels = table.get("inputs", []), table.get("labels", [])
-    if not inputs or len(inputs) != len(labels):
-        raise HarnessError(f"{path} must give as many 'labels' as 'inputs' (at least one) for {variant.name}")
-    return [Sample(p, l) for p, l in zip(inputs, labels)]
+    inputs, labels = table.get("inputs", []), table.get("labels")
+    if not inputs or (labels is not None and len(inputs) != len(labels)):
+        raise HarnessError(f"{path} must give at least one input, and as many labels as inputs where it gives "
+                           f"labels, for {variant.name}")
+    return [Sample(p, labels[i] if labels else None) for i, p in enumerate(inputs)]

@@ -19,7 +19,7 @@ from nndf.decoder import Decoder
 from nndf.errors import UsageError
 from nndf.generation import GenerationOptions, generate
 from nndf.loading import LoadedModel, load_model
-from nndf.registry import get_spec
+from nndf.registry import resolve
 from nndf.spec import BuildSettings, ShapeSpec
 
 
@@ -182,8 +182,7 @@ def load(
     `decoder_onnx` runs a given ONNX file on onnxrt. `loaded` lets several backends share one PyTorch model.
     """
     options = BackendOptions(working_dir=working_dir, threads=threads, decoder_onnx=decoder_onnx, quantize=quantize)
-    spec = get_spec(family)
-    var = spec.variant(variant)
+    spec, var = resolve(family, variant)
     if settings is None:
         settings = BuildSettings(use_cache=use_cache, fp16=fp16)
     if loaded is None:

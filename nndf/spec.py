@@ -26,6 +26,11 @@ class Variant:
     config: Mapping[str, object]
     params: str = ""  # human-readable size for `list`, e.g. "124M"
 
+    @classmethod
+    def of(cls, hub_id: str, params: str, base: Mapping[str, object], **overrides) -> "Variant":
+        """A variant named after its hub id's last part, with `base` config updated by `overrides`."""
+        return cls(name=hub_id.split("/")[-1], hub_id=hub_id, config=dict(base, **overrides), params=params)
+
 
 class FamilyHooks:
     """Per-family behaviour with sensible defaults; a family subclasses this only for its real quirks."""

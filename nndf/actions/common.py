@@ -12,7 +12,7 @@ from nndf.errors import UsageError
 from nndf.measure import TimingSettings
 from nndf.model import Model, default_device
 from nndf.loading import load_config, load_model
-from nndf.registry import get_spec
+from nndf.registry import resolve
 from nndf.results import Column, Result
 from nndf.spec import BuildSettings, ShapeSpec
 
@@ -65,8 +65,7 @@ def open_models(args) -> list[Model]:
 
     Names, flags and the family are all checked before the (possibly slow) load.
     """
-    spec = get_spec(args.model)
-    variant = spec.variant(args.variant)
+    spec, variant = resolve(args.model, args.variant)
     backends = list(dict.fromkeys(args.backends))
     for name in backends:
         backend_module(name)

@@ -12,7 +12,7 @@ import torch
 
 from nndf.actions.common import describe, encode_prompts, open_models, say, timing_settings
 from nndf.actions.runners import runners_for, time_generation
-from nndf.checkpoint import read_samples
+from nndf.checkpoint import DEFAULT_NEW_TOKENS, read_samples
 from nndf.results import Column, Result
 
 TIMED = True
@@ -34,19 +34,21 @@ def checkpoint_rows(args, models) -> list[dict]:
         full, step = [], []
         for sample in samples:
             ids, mask = encode_prompts(tokenizer, [sample.prompt], args.use_mask)
-            label = tokenizer(sample.label)["input_ids"][ids.shape[1]:]
-            say(f"{runner.label}: '{sample.prompt[:40]}' + {len(label)} tokens")
-            t = time_generation(runner, ids, mask, len(label), 0, args.num_beams, timing, progress=False)
-            new = t.output[0, ids.shape[1]:].tolist()
-            matched += sum(a == b for a, b in zip(new, label))
-            total += len(label)
+            label = tokenizer(sample.label)["input_ids"][ids.shape[1]:] if sample.label else None
+            new_tokens = len(label) if label else args.output_seq_len or DEFAULT_NEW_TOKENS
+            say(f"{runner.label}: '{sample.prompt[:40]}' + {new_tokens} tokens")
+            t = time_generation(runner, ids, mask, new_tokens, 0, args.num_beams, timing, progress=False)
+            if label:
+                new = t.output[0, ids.shape[1]:].tolist()
+                matched += sum(a == b for a, b in zip(new, label))
+                total += len(label)
             full.append(t.latency.median)
             if t.decode_step_median is not None:
                 step.append(t.decode_step_median)
         rows.append({
             "backend": runner.label,
             "samples": len(samples),
-            "accuracy": matched / total,
+            "accuracy": matched / total if total else None,
             "generation_ms": statistics.median(full) * 1e3,
             "decode_ms": statistics.median(step) * 1e3 if step else None,
         })
@@ -67,6 +69,7 @@ def run(args) -> list[Result]:
     first = models[0]
     rows = checkpoint_rows(args, models)
     notes = ["label accuracy: share of the label's new tokens reproduced at the same position; labels are the "
-             "real weights' outputs, so random weights score near 0."]
+             "real weights' outputs, so random weights score near 0; '-' where checkpoint.toml has no labels for "
+             "this variant."]
     title = f"run {first.spec.family} {first.variant.name}: checkpoint samples"
     return [Result("run", title, COLUMNS, rows, describe(first), notes)]

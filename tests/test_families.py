@@ -1,0 +1,77 @@
+"""Every registered family: its variants' known configs, and parity with Hugging Face generate() on frameworks
+and onnxrt for greedy and beam search, batches with masks, with and without cache."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+import nndf
+from conftest import build_tiny
+from family_examples import FAMILY_EXAMPLES
+from nndf.loading import known_config
+from nndf.registry import FAMILIES, get_spec, resolve
+
+FAMILY_NAMES = list(FAMILIES)
+
+
+def test_every_family_has_a_test_example():
+    assert set(FAMILY_EXAMPLES) == set(FAMILIES)
+
+
+def _params(label: str) -> float:
+    number, unit = re.fullmatch(r"([\d.]+)([MB])", label).groups()
+    return float(number) * (1e6 if unit == "M" else 1e9)
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_known_configs_have_the_published_sizes(family):
+    """Each variant's known config, built on the meta device, has the parameter count its name says (within 12%):
+    a wrong layer count, width or vocabulary shows up here."""
+    from transformers import AutoModelForCausalLM
+
+    spec = get_spec(family)
+    for variant in spec.variants:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(known_config(variant))
+        count = sum(p.numel() for p in model.parameters())
+        assert count == pytest.approx(_params(variant.params), rel=0.12), variant.name
+        assert spec.hooks.max_positions(model.config) >= 1024
+
+
+def test_gpt2_family_name_reaches_the_families_nvidia_runs_under_it():
+    for hub_id, family in [("EleutherAI/gpt-j-6B", "GPTJ"), ("EleutherAI/gpt-neo-1.3B", "GPTNeo"),
+                           ("EleutherAI/gpt-neox-20b", "GPTNeoX"), ("cerebras/Cerebras-GPT-111M", "CerebrasGPT")]:
+        spec, variant = resolve("GPT2", hub_id)
+        assert (spec.family, variant.hub_id) == (family, hub_id)
+    assert resolve("gpt-neo", "gpt-neo-125m")[0].family == "GPTNeo"
+
+
+@pytest.fixture(scope="module")
+def family_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("families")
+    return {name: build_tiny(root, name, config) for name, config in FAMILY_EXAMPLES.items()}
+
+
+def _prompts(seed: int = 3):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(4, 990, (3, 10), generator=g)
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    mask[2, :6] = 0
+    return ids, mask
+
+
+@pytest.mark.parametrize("use_cache", [True, False], ids=["cache", "no-cache"])
+@pytest.mark.parametrize("backend", ["frameworks", "onnxrt"])
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_family_parity_with_hf_generate(family, backend, use_cache, family_dirs, onnx_work_dir):
+    m = nndf.load(family, backend=backend, torch_dir=str(family_dirs[family]), use_cache=use_cache,
+                  working_dir=str(onnx_work_dir), device="cpu")
+    ids, mask = _prompts()
+    for num_beams in (1, 3):
+        ours = m.generate(ids, mask, max_new_tokens=12, num_beams=num_beams)
+        reference = m.hf_generate(ids, mask, max_new_tokens=12, num_beams=num_beams)
+        assert torch.equal(ours, reference), f"{family} {backend} beams={num_beams}"
