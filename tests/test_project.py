@@ -43,6 +43,22 @@ def test_packaging_keeps_models_inside_nndf():
             assert f"nndf.models.{family_dir.name}" in packages
 
 
+def test_wheel_holds_every_package_and_checkpoint(tmp_path):
+    """A non-editable install gets every package (models under nndf.models) and each family's checkpoint.toml."""
+    import subprocess
+    import zipfile
+
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(tmp_path), str(REPO)], check=True, capture_output=True)
+    wheel = next(tmp_path.glob("nndf-*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    expected = {f"nndf/{p.relative_to(REPO / 'nndf')}" for p in (REPO / "nndf").rglob("*.py")}
+    expected |= {f"nndf/models/{p.relative_to(REPO / 'models')}" for p in (REPO / "models").rglob("*.py")}
+    expected |= {f"nndf/models/{p.relative_to(REPO / 'models')}" for p in (REPO / "models").rglob("checkpoint.toml")}
+    assert expected <= names, sorted(expected - names)
+    assert not any(n.startswith("models/") for n in names), "models must not be a top-level package"
+
+
 def test_readme_api_example(tiny_gpt2_dir):
     import nndf
 
