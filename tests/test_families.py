@@ -75,3 +75,40 @@ def test_family_parity_with_hf_generate(family, backend, use_cache, family_dirs,
         ours = m.generate(ids, mask, max_new_tokens=12, num_beams=num_beams)
         reference = m.hf_generate(ids, mask, max_new_tokens=12, num_beams=num_beams)
         assert torch.equal(ours, reference), f"{family} {backend} beams={num_beams}"
+
+
+@pytest.fixture(scope="module")
+def family_dirs_with_tokenizer(tmp_path_factory):
+    """Tiny models whose vocabulary holds the real GPT-2 tokenizer's ids, so that text actions can run on them."""
+    from conftest import TOKENIZER_DIR
+
+    if not TOKENIZER_DIR.exists():
+        pytest.skip(f"{TOKENIZER_DIR} is absent (../shared/data is not beside this checkout)")
+    root = tmp_path_factory.mktemp("families-text")
+    return {name: build_tiny(root, name, dict(config, vocab_size=max(50272, config["vocab_size"])))
+            for name, config in FAMILY_EXAMPLES.items()}
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_every_action_runs_for_every_family(family, family_dirs_with_tokenizer, capsys, monkeypatch):
+    import io
+    import sys
+
+    from conftest import LAMBADA_FILE
+    from nndf.cli import main
+
+    model = ["--torch-dir", str(family_dirs_with_tokenizer[family])]
+    fast = ["--iterations", "1", "--warmup", "0"]
+    runs = [
+        ["benchmark", family, "frameworks", *model, "--input-seq-len", "5", "--output-seq-len", "3", *fast],
+        ["run", family, "frameworks", *model, "--output-seq-len", "4", *fast],
+        ["compare", family, "frameworks", *model, "--output-seq-len", "4", *fast],
+        ["accuracy", family, "frameworks", *model, "--dataset-file", str(LAMBADA_FILE), "--num-samples", "3"],
+        ["chat", family, "frameworks", *model, "--output-seq-len", "3"],
+    ]
+    for argv in runs:
+        monkeypatch.setattr(sys, "stdin", io.StringIO("Hello\nexit\n"))
+        code = main(argv)
+        out, err = capsys.readouterr()
+        assert code == 0, f"{argv[0]}: {err}"
+        assert f"{argv[0]} " in out and "frameworks" in out
