@@ -218,15 +218,6 @@ class ShapeSpec:
         generation = shapes(Dim(1, 1, 1), Dim(2, self.total.opt, self.total.max), Dim(1, 1, 1), past)
         return [context, generation]
 
-    def trtexec_shapes(self, input_names: tuple[str, ...]) -> str:
-        """The `--minShapes/--optShapes/--maxShapes` flags for trtexec, one set per profile, from `profiles`."""
-        parts = []
-        for profile in self.profiles(input_names):
-            for i, flag in enumerate(("--minShapes", "--optShapes", "--maxShapes")):
-                spec = ",".join(f"{name}:{'x'.join(str(d) for d in dims[i])}" for name, dims in profile.items())
-                parts.append(f"{flag}={spec}")
-        return " ".join(parts)
-
     def kv_shape(self, rows: int, length: int) -> tuple[int, int, int, int]:
         """Shape of one layer's key or value cache: (rows, kv heads, length, head dim)."""
         return rows, self.kv_heads, length, self.head_dim

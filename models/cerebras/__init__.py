@@ -27,7 +27,7 @@ SPEC = ModelSpec(
         _size("6.7B", "6.7B", 32, 32, 4096),
         _size("13B", "13B", 40, 40, 5120),
     ),
-    backends=("frameworks", "onnxrt"),
+    backends=("frameworks", "onnxrt", "trt"),
     checkpoint_file=str(Path(__file__).with_name("checkpoint.toml")),
     default_tokenizer="cerebras/Cerebras-GPT-111M",
 )

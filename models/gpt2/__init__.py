@@ -17,7 +17,7 @@ SPEC = ModelSpec(
         Variant.of("openai-community/gpt2-large", "774M", _BASE, n_layer=36, n_head=20, n_embd=1280),
         Variant.of("openai-community/gpt2-xl", "1.5B", _BASE, n_layer=48, n_head=25, n_embd=1600),
     ),
-    backends=("frameworks", "onnxrt"),
+    backends=("frameworks", "onnxrt", "trt"),
     checkpoint_file=str(Path(__file__).with_name("checkpoint.toml")),
     default_tokenizer="openai-community/gpt2",
 )

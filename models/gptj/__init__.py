@@ -14,7 +14,7 @@ SPEC = ModelSpec(
                    n_layer=28, n_head=16, n_embd=4096, rotary_dim=64, tie_word_embeddings=False,
                    bos_token_id=50256, eos_token_id=50256),
     ),
-    backends=("frameworks", "onnxrt"),
+    backends=("frameworks", "onnxrt", "trt"),
     checkpoint_file=str(Path(__file__).with_name("checkpoint.toml")),
     default_tokenizer="EleutherAI/gpt-j-6B",
 )

@@ -24,7 +24,7 @@ SPEC = ModelSpec(
     description="EleutherAI GPT-Neo",
     variants=(_size("125m", "125M", 12, 12, 768), _size("1.3B", "1.3B", 24, 16, 2048),
               _size("2.7B", "2.7B", 32, 20, 2560)),
-    backends=("frameworks", "onnxrt"),
+    backends=("frameworks", "onnxrt", "trt"),
     checkpoint_file=str(Path(__file__).with_name("checkpoint.toml")),
     default_tokenizer="EleutherAI/gpt-neo-125m",
 )

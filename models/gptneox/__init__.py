@@ -15,7 +15,7 @@ SPEC = ModelSpec(
                    intermediate_size=24576, rotary_pct=0.25, use_parallel_residual=True, bos_token_id=0,
                    eos_token_id=0),
     ),
-    backends=("frameworks", "onnxrt"),
+    backends=("frameworks", "onnxrt", "trt"),
     checkpoint_file=str(Path(__file__).with_name("checkpoint.toml")),
     default_tokenizer="EleutherAI/gpt-neox-20b",
 )

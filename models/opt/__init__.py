@@ -29,7 +29,7 @@ SPEC = ModelSpec(
         _size("6.7b", 32, 32, 4096),
         _size("13b", 40, 40, 5120),
     ),
-    backends=("frameworks", "onnxrt"),
+    backends=("frameworks", "onnxrt", "trt"),
     checkpoint_file=str(Path(__file__).with_name("checkpoint.toml")),
     default_tokenizer="facebook/opt-125m",
 )

@@ -68,7 +68,9 @@ def open_models(args) -> list[Model]:
     spec, variant = resolve(args.model, args.variant)
     backends = list(dict.fromkeys(args.backends))
     for name in backends:
-        backend_module(name)
+        check = getattr(backend_module(name), "check_available", None)
+        if check is not None:  # fail before a slow load when the backend cannot run on this machine
+            check()
     settings = build_settings(args)
     for name in backends:
         if name not in spec.backends:
@@ -118,6 +120,7 @@ def info_result(model: Model) -> Result:
         columns=[Column("tensor", "tensor"), Column("shape", "shape")],
         rows=rows,
         context=describe(model),
+        notes=list(getattr(model.decoder.session, "info_notes", [])),
     )
 
 
