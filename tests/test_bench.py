@@ -1,0 +1,252 @@
+"""bench/decoder_cpu.py: argument parsing, the ratio and goal arithmetic on made-up numbers, the table layout, and
+one real tiny run through the worker protocol (engines hf and onnxrt; the Optimum venv is never built here)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+SCRIPT = REPO / "bench" / "decoder_cpu.py"
+
+
+def _load_bench():
+    spec = importlib.util.spec_from_file_location("decoder_cpu", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load_bench()
+
+
+# ---------------------------------------------------------------------------------------------------- arguments
+
+def test_defaults_are_the_documented_run():
+    args = bench.parse_args([])
+    assert args.family == "GPT2" and args.variant == "gpt2" and args.random_weights
+    assert args.batch_sizes == [1, 4]
+    assert (args.input_len, args.output_len, args.rounds) == (64, 64, 5)
+    assert args.engines == ["hf", "onnxrt", "onnxrt-int8", "onnxrt-int4", "optimum"]
+    assert args.worker is None and args.json is None
+
+
+def test_flags_are_parsed_and_duplicates_dropped():
+    args = bench.parse_args(["--family", "GPT2", "--variant", "gpt2-medium", "--batch-sizes", "1", "4", "4", "8",
+                             "--input-len", "16", "--output-len", "8", "--rounds", "3", "--engines", "hf", "onnxrt",
+                             "hf", "--threads", "2", "--working-dir", "/tmp/x", "--json", "out.json"])
+    assert args.variant == "gpt2-medium" and args.batch_sizes == [1, 4, 8]
+    assert (args.input_len, args.output_len, args.rounds, args.threads) == (16, 8, 3, 2)
+    assert args.engines == ["hf", "onnxrt"] and args.working_dir == "/tmp/x" and args.json == "out.json"
+    with_dir = bench.parse_args(["--torch-dir", "somewhere"])
+    assert with_dir.torch_dir == "somewhere" and not with_dir.random_weights
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--engines", "hf", "tensorflow"], "unknown engine(s) tensorflow"),
+    (["--rounds", "0"], "--rounds"),
+    (["--batch-sizes", "two"], "--batch-sizes"),
+    (["--torch-dir", "d", "--hub"], "not allowed with"),
+])
+def test_bad_flags_exit_2_naming_the_flag(argv, needle, capsys):
+    with pytest.raises(SystemExit) as info:
+        bench.parse_args(argv)
+    assert info.value.code == 2
+    assert needle in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------ ratios and goals
+
+def _stat(value):
+    return None if value is None else {"median": value, "min": value * 0.98, "max": value * 1.02, "spread_pct": 4.0,
+                                       "n": 3, "values": [value] * 3}
+
+
+def _entry(step=None, tok=None, share=1.0):
+    tokens = {"equal": int(100 * share), "total": 100, "share": share, "identical": share == 1.0,
+              "first_difference": None if share == 1.0 else {"row": 0, "step": 7}}
+    return {"step_ms": _stat(step), "ttft_ms": _stat(50.0), "tok_s": _stat(tok), "e2e_s": _stat(2.0), "marks": [64],
+            "tokens": tokens}
+
+
+def _report(batches, memory, engines=None, failed=None):
+    """A report as run_benchmark builds it, from made-up medians: batches[b][engine] = (step_ms, tok_s, share)."""
+    failed = failed or {}
+    engines = engines or list(dict.fromkeys([e for per in batches.values() for e in per] + list(failed)))
+    report = {
+        "settings": {"family": "GPT2", "variant": "gpt2", "weights": "random weights (seed 0)", "input_len": 64,
+                     "output_len": 64, "rounds": 3, "batch_sizes": list(batches), "engines": engines,
+                     "threads": None},
+        "environment": {"main": {"torch": "2.13.0"}},
+        "engines": {e: {"status": "ok", "reason": None, "peak_rss_bytes": memory.get(e)} for e in engines},
+        "batches": {b: {e: _entry(*v) for e, v in per.items()} for b, per in batches.items()},
+    }
+    for engine, reason in failed.items():
+        report["engines"][engine] = {"status": "failed", "reason": reason}
+    report["ratios"] = bench.compute_ratios(report)
+    report["goals"] = bench.evaluate_goals(report)
+    return report
+
+
+MiB = 2**20
+
+
+def _statuses(report):
+    return {g["label"]: g["status"] for g in report["goals"]}
+
+
+def test_goals_pass_and_fail_on_made_up_numbers():
+    report = _report(
+        {1: {"hf": (40.0, 25.0), "onnxrt": (34.0, 29.0), "optimum": (44.0, 22.0), "onnxrt-int8": (15.0, 60.0),
+             "onnxrt-int4": (13.0, 70.0, 0.6)},
+         4: {"hf": (45.0, 36.0), "onnxrt": (30.0, 68.0), "optimum": (40.0, 50.8), "onnxrt-int8": (20.0, 100.0),
+             "onnxrt-int4": (18.0, 128.0, 0.55)}},
+        memory={"hf": 1000 * MiB, "onnxrt": 1500 * MiB, "optimum": 1200 * MiB, "onnxrt-int8": 900 * MiB,
+                "onnxrt-int4": 800 * MiB},
+    )
+    assert _statuses(report) == {
+        "batch 1 onnxrt decode ms/step / hf": "PASS",          # 0.85 <= 0.90
+        "batch 1 onnxrt decode ms/step / optimum": "PASS",     # 0.77 <= 0.85
+        "batch 4 onnxrt tok/s / hf": "FAIL",                   # 1.89 < 1.9
+        "batch 4 onnxrt tok/s / optimum": "PASS",              # 1.34 >= 1.3
+        "batch 1 onnxrt-int8 decode ms/step / hf": "PASS",     # 0.375 <= 0.40
+        "batch 1 onnxrt-int4 decode ms/step / hf": "FAIL",     # 0.325 > 0.30
+        "batch 4 onnxrt-int4 tok/s / hf": "PASS",              # 3.56 >= 3.0
+        "onnxrt peak memory / hf": "FAIL",                     # 1.5 > 1.3
+        "onnxrt fp32 tokens equal hf's": "PASS",
+    }
+    by_label = {g["label"]: g for g in report["goals"]}
+    assert by_label["batch 4 onnxrt tok/s / hf"]["ratio"] == pytest.approx(68.0 / 36.0)
+    assert "= 1.89x (goal >= 1.90x)" in by_label["batch 4 onnxrt tok/s / hf"]["text"]
+    ratios = {(r["batch"], r["metric"], r["engine"]): r for r in report["ratios"]}
+    assert ratios[(1, "step_ms", "onnxrt")]["vs_hf"] == pytest.approx(0.85)
+    assert ratios[(1, "step_ms", "onnxrt")]["vs_optimum"] == pytest.approx(34.0 / 44.0)
+    assert ratios[(4, "tok_s", "onnxrt-int8")]["vs_hf"] == pytest.approx(100.0 / 36.0)
+    assert ratios[(None, "peak_rss", "optimum")]["vs_hf"] == pytest.approx(1.2)
+
+
+def test_a_ratio_that_rounds_to_its_target_shows_more_digits():
+    report = _report({4: {"hf": (45.0, 40.0), "onnxrt": (30.0, 80.0), "onnxrt-int4": (15.0, 119.9)}},
+                     memory={"hf": 1, "onnxrt": 1, "onnxrt-int4": 1})
+    goal = next(g for g in report["goals"] if g["label"] == "batch 4 onnxrt-int4 tok/s / hf")
+    assert goal["status"] == "FAIL" and "= 2.9975x (goal >= 3.00x)" in goal["text"]
+
+
+def test_goals_skip_with_the_reason_when_an_engine_or_batch_is_missing():
+    report = _report({1: {"hf": (40.0, 25.0), "onnxrt": (34.0, 29.0)}}, memory={"hf": 1, "onnxrt": 1},
+                     failed={"optimum": "pip install failed: no matching distribution"})
+    goals = {g["label"]: g for g in report["goals"]}
+    assert goals["batch 1 onnxrt decode ms/step / hf"]["status"] == "PASS"
+    skipped = goals["batch 1 onnxrt decode ms/step / optimum"]
+    assert skipped["status"] == "SKIP" and "pip install failed" in skipped["text"]
+    assert "batch 4 was not among --batch-sizes" in goals["batch 4 onnxrt tok/s / hf"]["text"]
+    assert "onnxrt-int8 was not among --engines" in goals["batch 1 onnxrt-int8 decode ms/step / hf"]["text"]
+    text = bench.render_report(report)
+    assert "optimum: not run: pip install failed" in text
+
+
+def test_a_token_mismatch_of_fp32_onnxrt_is_loud_and_fails():
+    report = _report({1: {"hf": (40.0, 25.0), "onnxrt": (34.0, 29.0, 0.97), "onnxrt-int8": (15.0, 60.0, 0.9)}},
+                     memory={"hf": 1, "onnxrt": 1, "onnxrt-int8": 1})
+    assert _statuses(report)["onnxrt fp32 tokens equal hf's"] == "FAIL"
+    text = bench.render_report(report)
+    assert "!!! TOKEN MISMATCH: onnxrt differs from hf at batch 1: 97.0% of tokens equal" in text
+    assert "MISMATCH 97.0% equal" in text
+    # quantized: a share, not an alarm
+    assert "onnxrt-int8: batch 1: 90.0% equal (first difference: row 0, new token 7)" in text
+    assert "!!! TOKEN MISMATCH: onnxrt-int8" not in text
+
+
+def test_report_layout_tables_then_ratios_last_then_goals():
+    report = _report(
+        {1: {"hf": (40.0, 25.0), "onnxrt": (34.0, 29.0), "optimum": (44.0, 22.0)},
+         4: {"hf": (45.0, 36.0), "onnxrt": (30.0, 70.0), "optimum": (40.0, 50.8)}},
+        memory={"hf": 1000 * MiB, "onnxrt": 1200 * MiB, "optimum": 1100 * MiB},
+    )
+    text = bench.render_report(report)
+    order = [text.index(s) for s in ("\nbatch 1\n", "\nbatch 4\n", "RATIOS", "batch 1: decode ms/step",
+                                     "batch 4: tok/s", "peak memory of each worker", "GOALS")]
+    assert order == sorted(order)
+    assert text.rstrip().splitlines()[-1].startswith("  PASS  onnxrt fp32 tokens equal hf's")
+    lines = text.splitlines()
+    ratio_row = next(line for line in lines if line.split()[:1] == ["onnxrt"] and line.endswith("0.77x"))
+    assert "0.85x" in ratio_row
+    assert any(line.split() == ["onnxrt", "1200", "1.20x"] for line in lines)
+
+
+def test_a_busy_machine_is_reported():
+    report = _report({1: {"hf": (40.0, 25.0), "onnxrt": (34.0, 29.0)}}, memory={"hf": 1, "onnxrt": 1})
+    report["machine"] = {"cores": 2, "foreign_cores": 0.05}
+    assert "other processes used 0.05 of 2 cores on average while we measured" in bench.render_report(report)
+    assert "WARNING" not in bench.render_report(report)
+    report["machine"]["foreign_cores"] = 0.93
+    assert "WARNING: other processes used 0.93 of 2 cores" in bench.render_report(report)
+
+
+def test_format_table_aligns_columns():
+    table = bench.format_table(["engine", "ms", "note"], [["hf", "39.70", "reference"], ["onnxrt-int4", "9.1", "x"]],
+                               "lrl")
+    lines = table.splitlines()
+    assert lines == [
+        "engine          ms  note",
+        "hf           39.70  reference",
+        "onnxrt-int4    9.1  x",
+    ]
+
+
+def test_stat_and_token_agreement():
+    s = bench.stat([30.0, 40.0, 35.0])
+    assert (s["median"], s["min"], s["max"]) == (35.0, 30.0, 40.0)
+    assert s["spread_pct"] == pytest.approx(100 * 10 / 35)
+    assert bench.stat([]) is None
+    ref = [[1, 2, 3, 4], [5, 6, 7, 8]]
+    same = bench.token_agreement(ref, [ref, ref])
+    assert same["identical"] and same["share"] == 1.0 and same["first_difference"] is None
+    diff = bench.token_agreement(ref, [[[1, 2, 3, 4], [5, 6, 0, 0]]])
+    assert not diff["identical"] and diff["share"] == 0.75 and diff["first_difference"] == {"row": 1, "step": 2}
+
+
+# ------------------------------------------------------------------------------------------------ a real tiny run
+
+@pytest.fixture
+def bench_work_dir(request, tmp_path):
+    """The session's ONNX working dir when conftest has one (the tiny export is then made once), else a fresh one."""
+    try:
+        return request.getfixturevalue("onnx_work_dir")
+    except pytest.FixtureLookupError:
+        return tmp_path
+
+
+def test_tiny_run_through_the_worker_protocol(tiny_gpt2_dir, bench_work_dir, tmp_path):
+    out_json = tmp_path / "bench.json"
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--torch-dir", str(tiny_gpt2_dir), "--engines", "hf", "onnxrt",
+         "--batch-sizes", "1", "4", "--input-len", "6", "--output-len", "5", "--rounds", "1",
+         "--working-dir", str(bench_work_dir), "--json", str(out_json)],
+        capture_output=True, text=True, env=env, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    text = done.stdout
+    for needle in ("\nbatch 1\n", "\nbatch 4\n", "decode ms/step", "RATIOS", "batch 1: decode ms/step",
+                   "batch 4: tok/s", "peak memory of each worker", "GOALS", "onnxrt: batch 1: identical; batch 4: "
+                   "identical", "PASS  onnxrt fp32 tokens equal hf's at batch 1, 4"):
+        assert needle in text, text
+    assert "TOKEN MISMATCH" not in text
+    assert "warm-up batch 1 hf" in done.stderr and "round 1/1 batch 4 onnxrt" in done.stderr
+    report = json.loads(out_json.read_text())
+    assert {e: report["engines"][e]["status"] for e in ("hf", "onnxrt")} == {"hf": "ok", "onnxrt": "ok"}
+    assert report["engines"]["onnxrt"]["peak_rss_bytes"] > 0
+    for b in ("1", "4"):
+        entry = report["batches"][b]["onnxrt"]
+        assert entry["tokens"]["identical"] and entry["marks"] == [5]
+        assert entry["step_ms"]["median"] > 0 and entry["tok_s"]["median"] > 0
+        assert report["raw"]["warm_up"][b]["hf"]["tokens"] == report["raw"]["warm_up"][b]["onnxrt"]["tokens"]
+        assert len(report["raw"]["warm_up"][b]["hf"]["tokens"]) == int(b)
+    assert any(g["status"] == "SKIP" and "optimum was not among --engines" in g["text"] for g in report["goals"])
