@@ -23,7 +23,7 @@ from nndf.loading import LoadedModel
 from nndf.workspace import artifact_name, build_dir_artifact, stale_reason
 
 # Bump when a change here changes the graphs produced, so that old exports are rebuilt rather than reused.
-EXPORTER_REVISION = 1
+EXPORTER_REVISION = 2
 GRAPH_FILE = "decoder.onnx"
 
 
@@ -89,6 +89,25 @@ def _example_inputs(wrapper: DecoderWrapper, config, hooks) -> tuple[tuple, dict
     return tuple(args), dynamic
 
 
+@contextlib.contextmanager
+def eager_attention(model):
+    """Trace the model's eager attention, not SDPA, and put the model back as it was afterwards.
+
+    SDPA's exported form transposes the whole key cache at every step (Reshape -> Transpose -> Reshape) where ONNX
+    Runtime cannot fold it into the MatMul; measured on GPT-2 small the eager graph decodes 0.78x HF's step time
+    at batch 1 (SDPA graph: 0.84x) and gives 1.86x its tokens/s at batch 4 (1.61x). The maths is the same.
+    """
+    before = getattr(model.config, "_attn_implementation", None)
+    if before is None or not hasattr(model, "set_attn_implementation"):
+        yield
+        return
+    model.set_attn_implementation("eager")
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(before)
+
+
 def model_io(loaded: LoadedModel, use_cache: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The input and output names a decoder graph of this model must have (its weights are not loaded for it)."""
     return decoder_io(loaded.model_class, loaded.spec.hooks.num_layers(loaded.config), use_cache)
@@ -120,7 +139,7 @@ def export_decoder(loaded: LoadedModel, use_cache: bool, working_dir: str | Path
 
     def build(tmp: Path) -> None:
         try:
-            with contextlib.redirect_stdout(sys.stderr):  # the exporter's progress lines are not results
+            with contextlib.redirect_stdout(sys.stderr), eager_attention(model):
                 program = torch.onnx.export(
                     wrapper, args, dynamo=True, dynamic_shapes=dynamic, input_names=io["input_names"],
                     output_names=io["output_names"], optimize=True, verbose=False,
