@@ -77,6 +77,24 @@ def test_family_parity_with_hf_generate(family, backend, use_cache, family_dirs,
         assert torch.equal(ours, reference), f"{family} {backend} beams={num_beams}"
 
 
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_onnx_graph_is_exact_up_to_the_last_position(family, family_dirs, onnx_work_dir):
+    """The export traces with past and new lengths of at most half the positions each (see `_dynamic_dims`); the
+    graph must stay exact beyond that: a prompt of 3/4 of the positions, decoding to the very last one, and logits
+    for a whole max-length text at once."""
+    m = nndf.load(family, backend="onnxrt", torch_dir=str(family_dirs[family]), working_dir=str(onnx_work_dir),
+                  device="cpu")
+    length = m.max_positions * 3 // 4
+    ids = torch.randint(4, 990, (2, length), generator=torch.Generator().manual_seed(5))
+    mask = torch.ones_like(ids)
+    mask[1, :7] = 0
+    new = m.max_positions - length
+    ours = m.generate(ids, mask, max_new_tokens=new, min_new_tokens=new)
+    assert torch.equal(ours, m.hf_generate(ids, mask, max_new_tokens=new, min_new_tokens=new)), family
+    full = ours[:1, -m.max_positions:]  # scoring: logits for every one of max_positions tokens at once
+    torch.testing.assert_close(m.logits(full), m.reference_logits(full), rtol=0, atol=1e-4)
+
+
 @pytest.fixture(scope="module")
 def family_dirs_with_tokenizer(tmp_path_factory):
     """Tiny models whose vocabulary holds the real GPT-2 tokenizer's ids, so that text actions can run on them."""
