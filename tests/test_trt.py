@@ -288,6 +288,8 @@ def _fake_tensorrt(version="10.0.1", preview=False, progress=True):
     trt = types.ModuleType("tensorrt")
     trt.__version__ = version
     trt.TensorIOMode = types.SimpleNamespace(INPUT="INPUT", OUTPUT="OUTPUT", NONE="NONE")
+    # TensorRT 11 builds strongly typed networks only: its BuilderFlag has TF32 but no FP16 (read off its bindings)
+    trt.BuilderFlag = types.SimpleNamespace(TF32="tf32", **({} if version.startswith("11.") else {"FP16": "fp16"}))
     trt.PreviewFeature = types.SimpleNamespace(**({"FASTER_DYNAMIC_SHAPES_0805": "fds"} if preview else
                                                   {"PROFILE_SHARING_0806": "ps"}))
     if progress:
@@ -345,6 +347,17 @@ def test_failed_build_is_one_clear_error(tmp_path, monkeypatch, result):
     assert text.startswith("TensorRT built no engine from" if result is None else
                            "building the TensorRT engine from") and "\n" not in text
     assert sorted(p.name for p in tmp_path.iterdir()) == ["timing.cache"] and cache.read_bytes() == b"old cache"
+
+
+def test_fp16_on_tensorrt_11_is_one_clear_error(tmp_path, monkeypatch):
+    seen = {}
+    monkeypatch.setitem(sys.modules, "tensorrt", _fake_tensorrt("11.4.0"))
+    monkeypatch.setitem(sys.modules, "polygraphy.backend.trt", _fake_polygraphy(b"ENGINE-BYTES", seen))
+    with pytest.raises(HarnessError, match=r"^--fp16 needs TensorRT 10: TensorRT 11.4.0 builds strongly typed"):
+        engines.build_engine(_request(tmp_path, fp16=True), tmp_path / "e.engine", tmp_path / "c", {}, lambda m: None)
+    assert not seen and list(tmp_path.iterdir()) == []
+    engines.build_engine(_request(tmp_path), tmp_path / "e.engine", tmp_path / "c", {}, lambda m: None)  # fp32 builds
+    assert (tmp_path / "e.engine").read_bytes() == b"ENGINE-BYTES"
 
 
 def test_build_without_polygraphy_says_how_to_install(tmp_path, monkeypatch):

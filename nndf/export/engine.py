@@ -354,6 +354,9 @@ def build_engine(request: EngineRequest, path: Path, timing_cache: Path, metadat
         raise HarnessError(f"building TensorRT engines needs TensorRT and Polygraphy ({exc.name} is missing); "
                            f"{INSTALL_HINT}") from None
 
+    if request.fp16 and not hasattr(getattr(trt, "BuilderFlag", None), "FP16"):
+        raise HarnessError(f"--fp16 needs TensorRT 10: TensorRT {trt.__version__} builds strongly typed networks only "
+                           "and has no fp16 builder flag; pip install 'tensorrt>=10,<11', or drop --fp16")
     profiles = []
     for shapes in request.profiles:
         profile = Profile()
