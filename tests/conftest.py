@@ -64,6 +64,15 @@ def tiny_gpt2_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def family_dirs(tmp_path_factory) -> dict[str, Path]:
+    """One tiny random model per registered family (tests/family_examples.py), built once per session."""
+    from family_examples import FAMILY_EXAMPLES
+
+    root = tmp_path_factory.mktemp("families")
+    return {name: build_tiny(root, name, config) for name, config in FAMILY_EXAMPLES.items()}
+
+
+@pytest.fixture(scope="session")
 def onnx_work_dir(tmp_path_factory) -> Path:
     """One working dir for the session, so that each tiny export is made once and reused by later tests."""
     return tmp_path_factory.mktemp("work")

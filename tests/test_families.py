@@ -49,12 +49,6 @@ def test_gpt2_family_name_reaches_the_families_nvidia_runs_under_it():
     assert resolve("gpt-neo", "gpt-neo-125m")[0].family == "GPTNeo"
 
 
-@pytest.fixture(scope="module")
-def family_dirs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("families")
-    return {name: build_tiny(root, name, config) for name, config in FAMILY_EXAMPLES.items()}
-
-
 def _prompts(seed: int = 3):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(4, 990, (3, 10), generator=g)
