@@ -8,8 +8,11 @@ stderr and exit code 2; known runtime failures are one sentence and exit code 1.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import signal
 import sys
+import threading
 
 from nndf.errors import HarnessError, UsageError
 
@@ -105,8 +108,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(BaseException):
+    """SIGTERM (`timeout`, `kill`, a job scheduler) as an exception, so that `finally` blocks remove temporary files."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds():
+    """Without this, SIGTERM ends the process at once and a half-built export stays behind as a `.tmp` folder."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    with _sigterm_unwinds():
+        return _main(argv)
+
+
+def _main(argv: list[str]) -> int:
     try:
         parser = build_parser()
         if argv and argv[0] not in ACTIONS and not argv[0].startswith("-"):
@@ -128,3 +157,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print("terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM

@@ -184,3 +184,23 @@ def test_quantization_flags_need_an_onnx_backend(capsys):
     assert code == 2 and "--int8 applies to the onnxrt backend(s); add one of them" in err
     code, _, err = run_cli(capsys, "benchmark", "GPT2", "onnxrt", "--random-weights", "--int8", "--int4")
     assert code == 2 and "not allowed with argument" in err
+
+
+def test_sigterm_during_an_export_leaves_no_temporary_folder(tiny_gpt2_dir, tmp_path):
+    """`timeout` or `kill` in the middle of an export: the half-built folder is removed and the exit code is 143."""
+    import os
+    import signal
+    import time
+
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    proc = subprocess.Popen([sys.executable, str(REPO / "run.py"), "export", "GPT2", "onnxrt", "--torch-dir",
+                             str(tiny_gpt2_dir), "--working-dir", str(tmp_path)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob(".*.tmp")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, "the export finished before it could be interrupted"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM and err.strip().endswith("terminated")
+    assert list(tmp_path.iterdir()) == []
