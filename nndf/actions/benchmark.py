@@ -57,7 +57,7 @@ def run(args) -> list[Result]:
     context = dict(describe(first), timing=dataclasses.asdict(timing),
                    input_seq_len=prompt_len, output_seq_len=new_tokens)
     notes = [
-        f"{len(t.latency.samples)} timed runs per backend after {timing.warmup} warm-up runs; "
+        f"{_count(len(t.latency.samples), 'timed run')} per backend after {_count(timing.warmup, 'warm-up run')}; "
         "first token and decode step are medians over the same runs; peak memory is the process's "
         "(resident set on the CPU, allocated on CUDA) while that backend ran.",
     ]
@@ -65,3 +65,7 @@ def run(args) -> list[Result]:
              f"{new_tokens} new tokens, beams {args.num_beams}, {'fp16' if args.fp16 else 'fp32'}, "
              f"cache {'on' if args.use_cache else 'off'}")
     return [Result("benchmark", title, columns, rows, context, notes)]
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
