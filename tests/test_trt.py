@@ -797,24 +797,26 @@ def test_fake_engine_tokens_equal_hf_generate(fake_gpu, tiny_gpt2_dir, onnx_work
     assert calls.count(("profile", 1)) == 1 and all(c == ("execute", 1) for c in calls[3:])
 
 
-def _family_batch():
-    """Left-padded prompts within the family examples' vocabulary of 1000 (padding ids included)."""
-    ids, mask = _batch(PROMPT_LENGTHS[3], vocab=1000)
-    return ids.masked_fill(mask == 0, 5), mask
+def _check_family_on_trt(family: str, family_dirs, work, device: str):
+    """The family's tiny model on trt (batch 3 with left padding, beams 2, dynamic batch 1..3) against HF generate():
+    greedy and beam search must give the same tokens. Returns the trt model."""
+    settings = BuildSettings(batch_size=3, num_beams=2, dynamic_batch=True, min_dynamic_batch=1, max_dynamic_batch=3,
+                             input_seq_len=9, output_seq_len=8, use_mask=True)
+    model = nndf.load(family, backend="trt", torch_dir=str(family_dirs[family]), working_dir=str(work), device=device,
+                      settings=settings)
+    reference = nndf.load(family, backend="frameworks", loaded=model.loaded)
+    ids, mask = _batch(PROMPT_LENGTHS[3], vocab=1000)  # within the family examples' vocabulary of 1000 ...
+    ids = ids.masked_fill(mask == 0, 5)  # ... padding ids included
+    for num_beams in (1, 2):
+        ours = model.generate(ids, mask, max_new_tokens=8, num_beams=num_beams)
+        assert torch.equal(ours, reference.hf_generate(ids, mask, max_new_tokens=8, num_beams=num_beams)), num_beams
+    return model
 
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)
 def test_fake_engine_every_family_matches_hf_generate(fake_gpu, family, family_dirs, onnx_work_dir):
     """Each family's graph (BLOOM without position ids, OPT's offset, rotary, local attention) through the runner."""
-    settings = BuildSettings(batch_size=3, num_beams=2, dynamic_batch=True, min_dynamic_batch=1, max_dynamic_batch=3,
-                             input_seq_len=9, output_seq_len=8, use_mask=True)
-    model = nndf.load(family, backend="trt", torch_dir=str(family_dirs[family]), working_dir=str(onnx_work_dir),
-                      device="cpu", settings=settings)
-    reference = nndf.load(family, backend="frameworks", torch_dir=str(family_dirs[family]), device="cpu")
-    ids, mask = _family_batch()
-    for num_beams in (1, 2):
-        ours = model.generate(ids, mask, max_new_tokens=8, num_beams=num_beams)
-        assert torch.equal(ours, reference.hf_generate(ids, mask, max_new_tokens=8, num_beams=num_beams)), num_beams
+    model = _check_family_on_trt(family, family_dirs, onnx_work_dir, "cpu")
     assert model.artifacts[0].endswith(".engine") and Path(model.artifacts[0]).name.startswith(family)
 
 
@@ -988,16 +990,8 @@ def test_gpu_fp32_engine_tokens_equal_hf_generate(tiny_gpt2_dir, gpu_work, batch
 @pytest.mark.parametrize("family", FAMILY_NAMES)
 def test_gpu_every_family_fp32_engine_tokens_equal_hf_generate(family, family_dirs, gpu_work, monkeypatch):
     _needs_tensorrt()
-    monkeypatch.setattr(trt_backend, "USE_TF32", False)
-    settings = BuildSettings(batch_size=3, num_beams=2, dynamic_batch=True, min_dynamic_batch=1, max_dynamic_batch=3,
-                             input_seq_len=9, output_seq_len=8, use_mask=True)
-    trt_model = nndf.load(family, backend="trt", torch_dir=str(family_dirs[family]), working_dir=str(gpu_work),
-                          device="cuda", settings=settings)
-    reference = nndf.load(family, backend="frameworks", torch_dir=str(family_dirs[family]), device="cuda")
-    ids, mask = _family_batch()
-    for num_beams in (1, 2):
-        ours = trt_model.generate(ids, mask, max_new_tokens=8, num_beams=num_beams)
-        assert torch.equal(ours, reference.hf_generate(ids, mask, max_new_tokens=8, num_beams=num_beams)), num_beams
+    monkeypatch.setattr(trt_backend, "USE_TF32", False)  # bit-level parity needs true fp32 matrix products
+    _check_family_on_trt(family, family_dirs, gpu_work, "cuda")
 
 
 @pytest.mark.gpu
