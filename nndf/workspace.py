@@ -112,6 +112,19 @@ def folder_sizes(folder: Path) -> dict[str, int]:
     return {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file()}
 
 
+def as_json(value: object) -> object:
+    """`value` as it reads back from a metadata file (tuples become lists, paths strings): what comparisons see."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def first_mismatch(meta: Mapping[str, object], expected: Mapping[str, object]) -> str | None:
+    """The first key of `expected` whose value the recorded metadata does not have, or None when all agree."""
+    for key, value in expected.items():
+        if as_json(meta.get(key)) != as_json(value):
+            return key
+    return None
+
+
 def stale_reason(artifact_dir: Path, expected: Mapping[str, object]) -> str | None:
     """Why the folder artifact cannot be reused for `expected` metadata, or None when it can.
 
@@ -122,9 +135,9 @@ def stale_reason(artifact_dir: Path, expected: Mapping[str, object]) -> str | No
     meta = read_metadata(artifact_dir)
     if meta is None:
         return "its metadata file is missing or unreadable"
-    for key, value in expected.items():
-        if json.loads(json.dumps(meta.get(key), default=str)) != json.loads(json.dumps(value, default=str)):
-            return f"it was built with a different {key}"
+    key = first_mismatch(meta, expected)
+    if key is not None:
+        return f"it was built with a different {key}"
     recorded = meta.get("files") or {}
     if not recorded:
         return "its metadata lists no files"

@@ -14,7 +14,6 @@ Also here, because they need no GPU: the equivalent `trtexec` command, and the m
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import shlex
@@ -26,7 +25,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from nndf.errors import HarnessError, UsageError
-from nndf.workspace import artifact_name, read_metadata, write_artifact
+from nndf.workspace import artifact_name, as_json, first_mismatch, read_metadata, write_artifact
 
 # Bump when a change here changes the engines produced, so that old engines are rebuilt rather than reused.
 ENGINE_BUILDER_REVISION = 1
@@ -97,10 +96,6 @@ def validate_postfix(postfix: str) -> None:
         raise UsageError(f"--engine-postfix '{postfix}' may contain only letters, digits and . _ + -")
 
 
-def _jsonable(value):
-    return json.loads(json.dumps(value, default=str))
-
-
 def engine_settings(request: EngineRequest, device: DeviceInfo) -> dict:
     """Everything that shaped an engine and where it can run: its metadata, and (hashed) its name."""
     return {
@@ -108,12 +103,12 @@ def engine_settings(request: EngineRequest, device: DeviceInfo) -> dict:
         "onnx": request.onnx_id,
         "input_names": list(request.input_names),
         "output_names": list(request.output_names),
-        "profiles": _jsonable(request.profiles),
+        "profiles": as_json(request.profiles),
         "fp16": request.fp16,
         "tf32": request.tf32,
         "preview_dynamic_shapes": request.preview_dynamic_shapes,
         "builder_revision": ENGINE_BUILDER_REVISION,
-        **_jsonable(dict(request.extra)),
+        **as_json(dict(request.extra)),
         **device.as_dict(),
     }
 
@@ -146,13 +141,12 @@ def engine_stale_reason(path: Path, expected: Mapping[str, object]) -> str | Non
     meta = read_metadata(path)
     if meta is None:
         return "its metadata file is missing or unreadable"
-    for key, value in expected.items():
-        found = meta.get(key)
-        if _jsonable(found) != _jsonable(value):
-            label = _LABELS.get(key, key)
-            if key in DEVICE_KEYS:
-                return f"it was built for {label} {found}, this machine has {value}"
-            return f"it was built with a different {label}"
+    key = first_mismatch(meta, expected)
+    if key is not None:
+        label = _LABELS.get(key, key)
+        if key in DEVICE_KEYS:
+            return f"it was built for {label} {meta.get(key)}, this machine has {expected[key]}"
+        return f"it was built with a different {label}"
     if meta.get("size") != path.stat().st_size:
         return "its file is truncated or was changed after the build"
     return None
@@ -167,7 +161,7 @@ def other_device_note(path: Path, expected: Mapping[str, object], prefix: str) -
     path = Path(path)
     if not path.parent.is_dir():
         return None
-    wanted = {k: v for k, v in _jsonable(dict(expected)).items() if k not in DEVICE_KEYS}
+    wanted = {k: v for k, v in as_json(dict(expected)).items() if k not in DEVICE_KEYS}
     for other in sorted(path.parent.glob(f"{glob_escape(prefix)}-*.engine")):
         if other == path:
             continue
