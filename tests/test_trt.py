@@ -30,13 +30,14 @@ import nndf
 from conftest import REPO
 from nndf.backends import BackendOptions
 from nndf.backends import trt as trt_backend
+from nndf.backends.trt import availability
 from nndf.backends.trt import (
     FP16_LOGIT_BOUND, EngineIO, Fidelity, PingPongCache, Staging, check_engine_io, choose_profile, fp16_warning,
     fp32_cpu_copy, logit_fidelity, torch_dtype, unavailable_reason,
 )
 from nndf.errors import HarnessError, UsageError
-from nndf.export import engine as engines
-from nndf.export.engine import DeviceInfo, EngineRequest
+from nndf.export import engine_build, engine_cache
+from nndf.export.engine_cache import DeviceInfo, EngineRequest
 from nndf.kvcache import KVCache, past_names, present_name
 from nndf.registry import FAMILIES
 from nndf.spec import BuildSettings, ShapeSpec
@@ -114,51 +115,51 @@ def test_sequence_flags_are_checked_against_positions():
 
 def test_engine_name_carries_precision_hash_and_postfix():
     request = _request(postfix="-mine")
-    path = engines.engine_path("/w", request, DEVICE)
+    path = engine_cache.engine_path("/w", request, DEVICE)
     assert path.parent == Path("/w") and path.name.startswith("GPT2-gpt2-decoder-tf32-") and path.name.endswith("-mine.engine")
-    assert engines.engine_path("/w", _request(fp16=True), DEVICE).name.startswith("GPT2-gpt2-decoder-fp16-")
-    settings = engines.engine_settings(request, DEVICE)
+    assert engine_cache.engine_path("/w", _request(fp16=True), DEVICE).name.startswith("GPT2-gpt2-decoder-fp16-")
+    settings = engine_cache.engine_settings(request, DEVICE)
     assert settings["tensorrt_version"] == "10.0.1" and settings["gpu_name"] == "Fake GPU 24GB"
     assert settings["compute_capability"] == "8.6" and settings["profiles"] == json.loads(json.dumps(request.profiles))
     others = {
-        engines.engine_path("/w", request, dataclasses.replace(DEVICE, tensorrt_version="10.3.0")),
-        engines.engine_path("/w", request, dataclasses.replace(DEVICE, gpu_name="NVIDIA L4")),
-        engines.engine_path("/w", request, dataclasses.replace(DEVICE, compute_capability="8.9")),
-        engines.engine_path("/w", _request(preview_dynamic_shapes=False, postfix="-mine"), DEVICE),
-        engines.engine_path("/w", _request(shape_settings={"input_seq_len": 8, "output_seq_len": 5}, postfix="-mine"),
-                            DEVICE),
+        engine_cache.engine_path("/w", request, dataclasses.replace(DEVICE, tensorrt_version="10.3.0")),
+        engine_cache.engine_path("/w", request, dataclasses.replace(DEVICE, gpu_name="NVIDIA L4")),
+        engine_cache.engine_path("/w", request, dataclasses.replace(DEVICE, compute_capability="8.9")),
+        engine_cache.engine_path("/w", _request(preview_dynamic_shapes=False, postfix="-mine"), DEVICE),
+        engine_cache.engine_path(
+            "/w", _request(shape_settings={"input_seq_len": 8, "output_seq_len": 5}, postfix="-mine"), DEVICE),
     }
     assert len(others) == 5 and path not in others
 
 
 def test_engine_postfix_is_checked():
     with pytest.raises(UsageError, match="--engine-postfix 'a/b' may contain only"):
-        engines.engine_path("/w", _request(postfix="a/b"), DEVICE)
+        engine_cache.engine_path("/w", _request(postfix="a/b"), DEVICE)
 
 
 def _fake_engine_file(path: Path, request: EngineRequest, device: DeviceInfo, content: str = "engine") -> Path:
-    write_artifact(path, lambda tmp: tmp.write_text(content), engines.engine_settings(request, device))
+    write_artifact(path, lambda tmp: tmp.write_text(content), engine_cache.engine_settings(request, device))
     return path
 
 
 def test_engine_stale_reasons(tmp_path):
     request = _request(tmp_path)
-    expected = engines.engine_settings(request, DEVICE)
-    path = engines.engine_path(tmp_path, request, DEVICE)
-    assert engines.engine_stale_reason(path, expected) == "it does not exist yet"
+    expected = engine_cache.engine_settings(request, DEVICE)
+    path = engine_cache.engine_path(tmp_path, request, DEVICE)
+    assert engine_cache.engine_stale_reason(path, expected) == "it does not exist yet"
     _fake_engine_file(path, request, DEVICE)
-    assert engines.engine_stale_reason(path, expected) is None
+    assert engine_cache.engine_stale_reason(path, expected) is None
     meta = read_metadata(path)
     metadata_path(path).write_text(json.dumps(dict(meta, tensorrt_version="8.6.1")))
-    assert engines.engine_stale_reason(path, expected) == \
+    assert engine_cache.engine_stale_reason(path, expected) == \
         "it was built for TensorRT version 8.6.1, this machine has 10.0.1"
     metadata_path(path).write_text(json.dumps(dict(meta, fp16=True)))
-    assert engines.engine_stale_reason(path, expected) == "it was built with a different precision"
+    assert engine_cache.engine_stale_reason(path, expected) == "it was built with a different precision"
     metadata_path(path).write_text(json.dumps(meta))
     path.write_text("eng")
-    assert engines.engine_stale_reason(path, expected) == "its file is truncated or was changed after the build"
+    assert engine_cache.engine_stale_reason(path, expected) == "its file is truncated or was changed after the build"
     metadata_path(path).unlink()
-    assert engines.engine_stale_reason(path, expected) == "its metadata file is missing or unreadable"
+    assert engine_cache.engine_stale_reason(path, expected) == "its metadata file is missing or unreadable"
 
 
 def _recording_build(calls, content="engine"):
@@ -171,7 +172,7 @@ def _recording_build(calls, content="engine"):
 
 def test_obtain_engine_builds_then_reuses_then_rebuilds_with_a_message(tmp_path):
     request, calls, messages = _request(tmp_path), [], []
-    obtain = lambda device=DEVICE, **kw: engines.obtain_engine(
+    obtain = lambda device=DEVICE, **kw: engine_cache.obtain_engine(
         request, device, tmp_path, num_params=1000, free_gpu=10**9, free_host=10**9, report=messages.append,
         build=_recording_build(calls), **kw)
     path, built = obtain()
@@ -195,34 +196,34 @@ def test_obtain_engine_builds_then_reuses_then_rebuilds_with_a_message(tmp_path)
 
 
 def test_memory_estimate_and_check():
-    fp16 = engines.estimate_build_memory(124_000_000, fp16=True)
-    fp32 = engines.estimate_build_memory(124_000_000, fp16=False)
+    fp16 = engine_cache.estimate_build_memory(124_000_000, fp16=True)
+    fp32 = engine_cache.estimate_build_memory(124_000_000, fp16=False)
     assert fp16.gpu_bytes == 496_000_000 and fp32.gpu_bytes == 992_000_000 and fp32.host_bytes == 1_488_000_000
-    engines.check_build_memory(fp32, free_gpu=2 * 1024**3, free_host=2 * 1024**3)
-    engines.check_build_memory(fp32, free_gpu=None, free_host=None)  # unknown: not checked
+    engine_cache.check_build_memory(fp32, free_gpu=2 * 1024**3, free_host=2 * 1024**3)
+    engine_cache.check_build_memory(fp32, free_gpu=None, free_host=None)  # unknown: not checked
     with pytest.raises(HarnessError) as gpu:
-        engines.check_build_memory(engines.estimate_build_memory(1_557_611_200, False), 4 * 1024**3, 10**12,
+        engine_cache.check_build_memory(engine_cache.estimate_build_memory(1_557_611_200, False), 4 * 1024**3, 10**12,
                                    "NVIDIA T4")
     assert str(gpu.value) == ("building this engine needs about 11.6 GiB of GPU memory (8 bytes per parameter) but "
                               "NVIDIA T4 has 4.0 GiB free; free GPU memory, add --fp16 (half the need) or choose a "
                               "smaller --variant")
     with pytest.raises(HarnessError, match=r"about 17.4 GiB of host memory \(12 bytes per parameter\) but only "
                                            r"8.0 GiB is available"):
-        engines.check_build_memory(engines.estimate_build_memory(1_557_611_200, True), 10**12, 8 * 1024**3)
-    assert engines.available_host_memory() > 0
+        engine_cache.check_build_memory(engine_cache.estimate_build_memory(1_557_611_200, True), 10**12, 8 * 1024**3)
+    assert engine_cache.available_host_memory() > 0
 
 
 def test_memory_check_stops_before_the_build(tmp_path):
     calls = []
     with pytest.raises(HarnessError, match="of GPU memory"):
-        engines.obtain_engine(_request(tmp_path), DEVICE, tmp_path, num_params=10**9, free_gpu=10**9,
+        engine_cache.obtain_engine(_request(tmp_path), DEVICE, tmp_path, num_params=10**9, free_gpu=10**9,
                               free_host=10**12, report=lambda m: None, build=_recording_build(calls))
     assert calls == [] and not list(tmp_path.glob("*.engine"))
 
 
 def test_trtexec_command_from_the_same_profiles():
     request = _request(Path("/w"), shape_settings={"input_seq_len": 8, "output_seq_len": 4})
-    command = engines.trtexec_command(request, "/w/e.engine", "/w/t.cache")
+    command = engine_build.trtexec_command(request, "/w/e.engine", "/w/t.cache")
     kv = lambda n: ",".join(f"past_key_values.{i}.{k}:1x2x{n}x16" for i in range(2) for k in ("key", "value"))
     assert command == (
         "trtexec --onnx=/w/export/decoder.onnx --saveEngine=/w/e.engine "
@@ -234,12 +235,12 @@ def test_trtexec_command_from_the_same_profiles():
         f"--maxShapes=input_ids:1x1,attention_mask:1x12,position_ids:1x1,logits_to_keep:1,{kv(11)} "
         "--timingCacheFile=/w/t.cache"
     )
-    fp16 = engines.trtexec_command(_request(fp16=True, tf32=False, preview_dynamic_shapes=False), "e")
+    fp16 = engine_build.trtexec_command(_request(fp16=True, tf32=False, preview_dynamic_shapes=False), "e")
     assert fp16.endswith(" --noTF32 --fp16") and "--timingCacheFile" not in fp16
-    assert engines.trtexec_command(_request(), "e", preview_feature_available=True).endswith(
+    assert engine_build.trtexec_command(_request(), "e", preview_feature_available=True).endswith(
         " --preview=+fasterDynamicShapes0805")
     (whole,) = _request(shape_settings={"use_cache": False}, input_names=NAMES[:4]).profiles
-    single = engines.trtexec_command(_request(profiles=[whole], input_names=NAMES[:4]), "e")
+    single = engine_build.trtexec_command(_request(profiles=[whole], input_names=NAMES[:4]), "e")
     assert "--profile" not in single and "--minShapes=input_ids:1x1," in single
 
 
@@ -322,7 +323,7 @@ def test_build_engine_through_polygraphy(tmp_path, monkeypatch, preview):
     cache.write_bytes(b"old cache")
     request = _request(tmp_path, fp16=True, preview_dynamic_shapes=False)
     path = tmp_path / "e.engine"
-    engines.build_engine(request, path, cache, {"kind": "x"}, messages.append)
+    engine_build.build_engine(request, path, cache, {"kind": "x"}, messages.append)
     assert path.read_bytes() == b"ENGINE-BYTES" and read_metadata(path)["kind"] == "x"
     assert read_metadata(path)["size"] == len(b"ENGINE-BYTES")
     assert cache.read_bytes() == b"grown cache"
@@ -345,7 +346,7 @@ def test_failed_build_is_one_clear_error(tmp_path, monkeypatch, result):
     cache = tmp_path / "timing.cache"
     cache.write_bytes(b"old cache")
     with pytest.raises(HarnessError) as error:
-        engines.build_engine(_request(tmp_path), tmp_path / "e.engine", cache, {}, lambda m: None)
+        engine_build.build_engine(_request(tmp_path), tmp_path / "e.engine", cache, {}, lambda m: None)
     text = str(error.value)
     assert text.startswith("TensorRT built no engine from" if result is None else
                            "building the TensorRT engine from") and "\n" not in text
@@ -357,29 +358,31 @@ def test_fp16_on_tensorrt_11_is_one_clear_error(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorrt", _fake_tensorrt("11.4.0"))
     monkeypatch.setitem(sys.modules, "polygraphy.backend.trt", _fake_polygraphy(b"ENGINE-BYTES", seen))
     with pytest.raises(HarnessError, match=r"^--fp16 needs TensorRT 10: TensorRT 11.4.0 builds strongly typed"):
-        engines.build_engine(_request(tmp_path, fp16=True), tmp_path / "e.engine", tmp_path / "c", {}, lambda m: None)
+        engine_build.build_engine(_request(tmp_path, fp16=True), tmp_path / "e.engine", tmp_path / "c", {},
+                                  lambda m: None)
     assert not seen and list(tmp_path.iterdir()) == []
-    engines.build_engine(_request(tmp_path), tmp_path / "e.engine", tmp_path / "c", {}, lambda m: None)  # fp32 builds
+    engine_build.build_engine(_request(tmp_path), tmp_path / "e.engine", tmp_path / "c", {},
+                              lambda m: None)  # fp32 builds
     assert (tmp_path / "e.engine").read_bytes() == b"ENGINE-BYTES"
 
 
 def test_build_without_polygraphy_says_how_to_install(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorrt", None)  # an import of it raises ImportError
     with pytest.raises(HarnessError, match=r"needs TensorRT and Polygraphy \(tensorrt is missing\); pip install"):
-        engines.build_engine(_request(tmp_path), tmp_path / "e.engine", tmp_path / "c", {}, lambda m: None)
+        engine_build.build_engine(_request(tmp_path), tmp_path / "e.engine", tmp_path / "c", {}, lambda m: None)
 
 
 def test_given_engine_must_exist_and_match_this_gpu(tmp_path):
     with pytest.raises(UsageError, match="--decoder-engine .*missing.engine does not exist"):
-        engines.check_given_engine(tmp_path / "missing.engine", DEVICE)
+        engine_cache.check_given_engine(tmp_path / "missing.engine", DEVICE)
     request = _request(tmp_path)
     path = _fake_engine_file(tmp_path / "given.engine", request, dataclasses.replace(DEVICE, gpu_name="NVIDIA A100"))
     with pytest.raises(UsageError, match=r"was built with TensorRT 10.0.1 on NVIDIA A100 \(compute capability 8.6\) "
                                          r"and this machine has TensorRT 10.0.1 on Fake GPU 24GB"):
-        engines.check_given_engine(path, DEVICE)
+        engine_cache.check_given_engine(path, DEVICE)
     plain = tmp_path / "plain.engine"
     plain.write_bytes(b"x")  # no metadata (built elsewhere): TensorRT itself will judge it
-    assert engines.check_given_engine(plain, DEVICE) == plain
+    assert engine_cache.check_given_engine(plain, DEVICE) == plain
 
 
 # --- no GPU -------------------------------------------------------------------------------------------------------
@@ -398,14 +401,14 @@ def test_no_gpu_and_no_tensorrt_messages_are_one_sentence():
 
 def test_check_available_looks_for_a_device_before_tensorrt(monkeypatch):
     looked = []
-    monkeypatch.setattr(trt_backend.importlib.util, "find_spec", lambda name: looked.append(name))
+    monkeypatch.setattr(availability.importlib.util, "find_spec", lambda name: looked.append(name))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(HarnessError, match="needs an NVIDIA GPU"):
-        trt_backend.check_available()
+        availability.check_available()
     assert looked == []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(HarnessError, match="which are not installed here"):
-        trt_backend.check_available()
+        availability.check_available()
     assert looked == ["tensorrt"]
 
 
@@ -413,7 +416,9 @@ def test_nothing_imports_tensorrt_and_open_session_stops_without_a_device():
     code = (
         "import sys, torch\n"
         "torch.cuda.is_available = lambda: False\n"
-        "import nndf, nndf.cli, nndf.model, nndf.backends.trt, nndf.export.engine\n"
+        "import nndf, nndf.cli, nndf.model, nndf.backends.trt, nndf.export.engine_cache, nndf.export.engine_build\n"
+        "import nndf.backends.trt.availability, nndf.backends.trt.engine_io, nndf.backends.trt.buffers\n"
+        "import nndf.backends.trt.runner, nndf.backends.trt.fp16\n"
         "from nndf.backends import trt\n"
         "try:\n"
         "    trt.open_session(None, None, None)\n"
@@ -765,7 +770,7 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(trt_backend, "_device", lambda: torch.device("cpu"))
     monkeypatch.setattr(trt_backend, "_device_info", lambda trt, device: DEVICE)
     monkeypatch.setattr(trt_backend, "_free_gpu_memory", lambda device: 24 * 1024**3)
-    monkeypatch.setattr(engines, "build_engine", build)
+    monkeypatch.setattr(engine_cache, "build_engine", build)
     builds.state = state
     return builds
 
@@ -886,7 +891,7 @@ def test_fake_fp16_engine_is_checked_against_fp32(fake_gpu, tiny_gpt2_dir, tmp_p
     assert "checking the fp16 engine's logits against fp32 PyTorch" in err and "warning" not in err
     check = read_metadata(path)["fp16_check"]
     assert check["relative"] < FP16_LOGIT_BOUND and check["positions"] == 8 + 16 and check["bound"] == 0.01
-    assert engines.engine_stale_reason(path, engines.engine_settings(fake_gpu[0], DEVICE)) is None
+    assert engine_cache.engine_stale_reason(path, engine_cache.engine_settings(fake_gpu[0], DEVICE)) is None
     meta = read_metadata(path)
     meta["fp16_check"]["max_abs_diff"] = meta["fp16_check"]["scale"]  # as if the engine had gone wrong
     metadata_path(path).write_text(json.dumps(meta))

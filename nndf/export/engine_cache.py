@@ -1,33 +1,29 @@
-"""ONNX -> TensorRT engine through Polygraphy, and everything about engines that can be decided without a GPU.
+"""The engine cache: which engine a request needs, whether the one on disk can be reused, and when to build one.
 
 What an engine is tied to is data here: the settings that shaped it (the ONNX export it came from, the
 optimization profiles derived from the one `ShapeSpec`, precision, the preview feature), plus the TensorRT version,
 the GPU's name and its compute capability, passed in as a `DeviceInfo`. All of it goes into the engine's metadata
 and its hash into the file name, so an engine is reused only on the setup that built it; anything else rebuilds
 with a message that says what changed. Engines and the timing cache are written to temporary files and renamed
-into place. The build itself (`build_engine`) imports Polygraphy and TensorRT only when it runs, which the trt
-backend does only after it has seen a CUDA device; a failed build is one `HarnessError`.
-
-Also here, because they need no GPU: the equivalent `trtexec` command, and the memory check before a build.
+into place. The build itself is `nndf.export.engine_build`; nothing here needs a GPU, including the memory check
+before a build.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import shlex
-import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
 from nndf.errors import HarnessError, UsageError
-from nndf.workspace import artifact_name, as_json, first_mismatch, read_metadata, write_artifact
+from nndf.export.engine_build import build_engine, describe_profiles, say
+from nndf.workspace import artifact_name, as_json, first_mismatch, read_metadata
 
-# Bump when a change here changes the engines produced, so that old engines are rebuilt rather than reused.
+# Bump when a change to the build (`engine_build`) changes the engines produced, so that old engines are rebuilt
+# rather than reused.
 ENGINE_BUILDER_REVISION = 1
 
 # Bytes of memory a build needs per model parameter (rough, measured on NVIDIA's demo models): the builder holds
@@ -39,12 +35,6 @@ HOST_BYTES_PER_PARAM = 12
 
 # The metadata keys that tie an engine to one machine setup.
 DEVICE_KEYS = ("tensorrt_version", "gpu_name", "compute_capability")
-
-INSTALL_HINT = "pip install -e '.[tensorrt]' (or pip install tensorrt polygraphy) on a machine with an NVIDIA GPU"
-
-
-def say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)
@@ -241,162 +231,6 @@ def available_host_memory() -> int | None:
     except (ValueError, OSError, AttributeError):
         return None
 
-
-# --- trtexec ----------------------------------------------------------------------------------------------------
-
-def trtexec_command(request: EngineRequest, engine: str | Path, timing_cache: str | Path | None = None,
-                    preview_feature_available: bool = False) -> str:
-    """The `trtexec` command that builds the same engine, from the same profiles (hence the same ShapeSpec).
-
-    With several profiles, each set of --minShapes/--optShapes/--maxShapes follows its `--profile=N`, as in
-    NVIDIA's demo. TF32 is trtexec's default (`--noTF32` turns it off); the faster-dynamic-shapes preview feature
-    is named only for TensorRT versions that have it (8.5 to 9.x).
-    """
-    parts = ["trtexec", f"--onnx={shlex.quote(str(request.onnx_path))}", f"--saveEngine={shlex.quote(str(engine))}"]
-    several = len(request.profiles) > 1
-    for index, profile in enumerate(request.profiles):
-        if several:
-            parts.append(f"--profile={index}")
-        for which, flag in enumerate(("--minShapes", "--optShapes", "--maxShapes")):
-            spec = ",".join(f"{name}:{'x'.join(str(d) for d in dims[which])}" for name, dims in profile.items())
-            parts.append(f"{flag}={spec}")
-    if not request.tf32:
-        parts.append("--noTF32")
-    if request.fp16:
-        parts.append("--fp16")
-    if preview_feature_available:
-        parts.append(f"--preview={'+' if request.preview_dynamic_shapes else '-'}fasterDynamicShapes0805")
-    if timing_cache is not None:
-        parts.append(f"--timingCacheFile={shlex.quote(str(timing_cache))}")
-    return " ".join(parts)
-
-
-def describe_profiles(profiles: list[dict]) -> str:
-    """One line per profile for progress messages: the ranges of input_ids and the first past tensor."""
-    names = ("context", "generation") if len(profiles) == 2 else tuple(f"profile {i}" for i in range(len(profiles)))
-    lines = []
-    for label, profile in zip(names, profiles):
-        bits = []
-        for name, dims in profile.items():
-            if name == "input_ids" or name.endswith(".0.key"):
-                lo, _, hi = dims
-                bits.append(f"{name} {'x'.join(map(str, lo))}..{'x'.join(map(str, hi))}")
-        lines.append(f"{label}: {', '.join(bits)}")
-    return "; ".join(lines)
-
-
-# --- the build --------------------------------------------------------------------------------------------------
-
-def faster_dynamic_shapes_feature(trt):
-    """`trt.PreviewFeature.FASTER_DYNAMIC_SHAPES_0805` where this TensorRT has it (8.5 to 9.x), else None.
-
-    TensorRT 10 made the faster dynamic shapes path the only one and removed the flag.
-    """
-    return getattr(getattr(trt, "PreviewFeature", None), "FASTER_DYNAMIC_SHAPES_0805", None)
-
-
-def progress_monitor(trt, report: Callable[[str], None] = say):
-    """A `trt.IProgressMonitor` (TensorRT 10+) that reports the builder's top-level phases and their times.
-
-    Returns None on TensorRT versions without progress monitors.
-    """
-    base = getattr(trt, "IProgressMonitor", None)
-    if base is None:
-        return None
-
-    class _Monitor(base):
-        def __init__(self) -> None:
-            base.__init__(self)
-            self._started: dict[str, tuple[float, bool]] = {}
-
-        def phase_start(self, phase_name, parent_phase, num_steps):
-            top = parent_phase is None
-            self._started[phase_name] = (time.perf_counter(), top)
-            if top:
-                report(f"  {phase_name} ...")
-
-        def step_complete(self, phase_name, step):
-            return True  # False would cancel the build
-
-        def phase_finish(self, phase_name):
-            started, top = self._started.pop(phase_name, (None, False))
-            if top and started is not None:
-                report(f"  {phase_name}: {time.perf_counter() - started:.1f} s")
-
-    return _Monitor()
-
-
-def _write_buffer(path: Path, buffer) -> None:
-    """Write bytes or a buffer-protocol object (TensorRT's IHostMemory) without another copy in memory."""
-    with open(path, "wb") as f:
-        f.write(buffer)
-
-
-def build_engine(request: EngineRequest, path: Path, timing_cache: Path, metadata: Mapping[str, object],
-                 report: Callable[[str], None] = say) -> float:
-    """Build the engine with Polygraphy and publish it (and the grown timing cache) atomically; returns seconds.
-
-    Polygraphy's `CreateConfig` gets the profiles, TF32 (on unless asked otherwise) and fp16; the faster-dynamic-
-    shapes preview feature is set on the config, alone, where TensorRT has it (Polygraphy's own `preview_features`
-    list would switch every other preview feature off), and a progress monitor reports the phases. The timing
-    cache is read from the working dir and the grown one replaces it only after a successful build.
-    """
-    try:
-        import tensorrt as trt
-        from polygraphy.backend.trt import CreateConfig, NetworkFromOnnxPath, Profile, engine_bytes_from_network
-    except ImportError as exc:
-        raise HarnessError(f"building TensorRT engines needs TensorRT and Polygraphy ({exc.name} is missing); "
-                           f"{INSTALL_HINT}") from None
-
-    if request.fp16 and not hasattr(getattr(trt, "BuilderFlag", None), "FP16"):
-        raise HarnessError(f"--fp16 needs TensorRT 10: TensorRT {trt.__version__} builds strongly typed networks only "
-                           "and has no fp16 builder flag; pip install 'tensorrt>=10,<11', or drop --fp16")
-    profiles = []
-    for shapes in request.profiles:
-        profile = Profile()
-        for name, (lo, opt, hi) in shapes.items():
-            profile.add(name, min=tuple(lo), opt=tuple(opt), max=tuple(hi))
-        profiles.append(profile)
-    timing_cache = Path(timing_cache)
-    create = CreateConfig(tf32=request.tf32, fp16=request.fp16, profiles=profiles,
-                          load_timing_cache=str(timing_cache) if timing_cache.is_file() else None)
-    feature = faster_dynamic_shapes_feature(trt)
-    monitor = progress_monitor(trt, report)
-
-    def config(builder, network):
-        built = create(builder, network)
-        if feature is not None:
-            built.set_preview_feature(feature, bool(request.preview_dynamic_shapes))
-        if monitor is not None:
-            built.progress_monitor = monitor
-        return built
-
-    timing_cache.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{timing_cache.name}.", suffix=".tmp", dir=timing_cache.parent)
-    os.close(fd)
-    new_cache = Path(tmp_name)
-    started = time.perf_counter()
-    try:
-        try:
-            with contextlib.redirect_stdout(sys.stderr):  # Polygraphy's log lines are progress, not results
-                engine_bytes = engine_bytes_from_network(NetworkFromOnnxPath(str(request.onnx_path)), config=config,
-                                                         save_timing_cache=str(new_cache))
-        except Exception as exc:  # Polygraphy raises PolygraphyException; TensorRT raises RuntimeError and more
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            raise HarnessError(f"building the TensorRT engine from {request.onnx_path} failed: "
-                               f"{type(exc).__name__}: {first} (the TensorRT log above says more)") from exc
-        if not engine_bytes:
-            raise HarnessError(f"TensorRT built no engine from {request.onnx_path} (the log above says why)")
-        seconds = time.perf_counter() - started
-        write_artifact(path, lambda tmp: _write_buffer(tmp, engine_bytes),
-                       dict(metadata, build_seconds=round(seconds, 1)))
-        if new_cache.stat().st_size > 0:
-            os.replace(new_cache, timing_cache)
-    finally:
-        for leftover in (new_cache, Path(f"{new_cache}.lock")):
-            if leftover.exists():
-                leftover.unlink()
-    return seconds
 
 
 def obtain_engine(request: EngineRequest, device: DeviceInfo, working_dir: str | Path, num_params: int,
