@@ -8,7 +8,7 @@ cache's past tensors by name, and reads `logits` and the presents back. Inputs a
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -23,6 +23,9 @@ class TokenState:
 
     tokens: torch.Tensor  # (rows, length) int64
     mask: torch.Tensor  # (rows, length) int64, 0 on left padding
+    # Inputs that stay the same at every step (an encoder's mask and cross-attention keys and values), one row per
+    # sequence in flight. All beams of a prompt share them, so beam reordering never touches them.
+    fixed: dict = field(default_factory=dict)
 
     def append(self, next_tokens: torch.Tensor) -> None:
         self.tokens = torch.cat([self.tokens, next_tokens[:, None]], dim=1)
@@ -48,6 +51,15 @@ class Decoder:
     @property
     def device(self) -> torch.device:
         return self.session.device
+
+    @property
+    def sessions(self) -> list:
+        """Every session this decoder runs (one graph here; an encoder-decoder has three)."""
+        return [self.session]
+
+    def start(self, input_ids: torch.Tensor, mask: torch.Tensor, beams: int) -> TokenState:
+        """The loop's first state: each prompt (and its mask) repeated once per beam, as `generate()` expands it."""
+        return TokenState(input_ids.repeat_interleave(beams, dim=0), mask.repeat_interleave(beams, dim=0))
 
     @contextlib.contextmanager
     def host_threads(self):
@@ -98,6 +110,7 @@ class Decoder:
             "position_ids": positions[:, seen:],
             "logits_to_keep": keep.to(state.tokens.device),
         }
+        feeds.update(state.fixed)
         if cache is not None:
             feeds.update(cache.past_feeds())
         outputs = self.session.run({name: feeds[name] for name in self.session.input_names})

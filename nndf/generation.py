@@ -19,20 +19,29 @@ from nndf.errors import UsageError
 
 @dataclass(frozen=True)
 class GenerationOptions:
-    """What to generate; the defaults are those of Hugging Face `generate()`."""
+    """What to generate; the defaults are those of Hugging Face `generate()`.
+
+    Lengths count the loop's own sequences: the prompt for a decoder-only model, the decoder's tokens (from its
+    start token) for an encoder-decoder model, as in `generate()`. `min_new_tokens` None leaves `min_length` (the
+    model's generation config) in charge; a number overrides it, as `generate(min_new_tokens=...)` does.
+    """
 
     max_new_tokens: int = 32
-    min_new_tokens: int = 0
+    min_new_tokens: int | None = 0
     num_beams: int = 1
     length_penalty: float = 1.0
     early_stopping: bool | str = False
     eos_token_id: int | None = None
     pad_token_id: int | None = None
+    min_length: int = 0
+    no_repeat_ngram_size: int = 0
+    forced_bos_token_id: int | None = None
+    forced_eos_token_id: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise UsageError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
-        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+        if self.min_new_tokens is not None and not 0 <= self.min_new_tokens <= self.max_new_tokens:
             raise UsageError(f"min_new_tokens must lie in 0..max_new_tokens, got {self.min_new_tokens}")
         if self.num_beams < 1:
             raise UsageError(f"--num-beams must be at least 1, got {self.num_beams}")
@@ -40,6 +49,33 @@ class GenerationOptions:
     @property
     def pad(self) -> int | None:
         return self.pad_token_id if self.pad_token_id is not None else self.eos_token_id
+
+    def processors(self, prompt_len: int):
+        """The logits processors `generate()` would apply, built from transformers' own classes in its order.
+
+        They are pure functions of (tokens so far, scores), so reusing them keeps parity exact as transformers
+        changes. `prompt_len` is the length of the loop's sequences before the first new token.
+        """
+        from transformers import (
+            ForcedBOSTokenLogitsProcessor, ForcedEOSTokenLogitsProcessor, LogitsProcessorList,
+            MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor, NoRepeatNGramLogitsProcessor,
+        )
+
+        eos = self.eos_token_id
+        max_length = prompt_len + self.max_new_tokens
+        min_length = self.min_length if self.min_new_tokens is None else prompt_len + self.min_new_tokens
+        processors = LogitsProcessorList()
+        if self.no_repeat_ngram_size > 0:
+            processors.append(NoRepeatNGramLogitsProcessor(self.no_repeat_ngram_size))
+        if eos is not None and min_length > 0:
+            processors.append(MinLengthLogitsProcessor(min_length, eos))
+        if eos is not None and self.min_new_tokens:
+            processors.append(MinNewTokensLengthLogitsProcessor(prompt_len, self.min_new_tokens, eos))
+        if self.forced_bos_token_id is not None:
+            processors.append(ForcedBOSTokenLogitsProcessor(self.forced_bos_token_id))
+        if self.forced_eos_token_id is not None:
+            processors.append(ForcedEOSTokenLogitsProcessor(max_length, self.forced_eos_token_id))
+        return processors
 
 
 def generate(
@@ -49,7 +85,8 @@ def generate(
     options: GenerationOptions = GenerationOptions(),
     on_token: Callable[[], None] | None = None,
 ) -> torch.Tensor:
-    """Whole sequences (prompt + new tokens), as Hugging Face `generate()` returns them.
+    """Whole sequences, as Hugging Face `generate()` returns them: prompt + new tokens for a decoder-only model,
+    the decoder's tokens from its start token for an encoder-decoder one (`decoder.start` prepares either).
 
     `on_token` is called once per generated position (after the token is chosen), for time-to-first-token and
     per-step timing.
@@ -59,28 +96,21 @@ def generate(
     if mask.shape != input_ids.shape:
         raise UsageError(f"attention_mask shape {tuple(mask.shape)} differs from input_ids {tuple(input_ids.shape)}")
     with torch.inference_mode(), decoder.host_threads():
+        state = decoder.start(input_ids, mask, options.num_beams)
         if options.num_beams == 1:
-            return greedy_search(decoder, input_ids, mask, options, on_token)
-        return beam_search(decoder, input_ids, mask, options, on_token)
+            return greedy_search(decoder, state, options, on_token)
+        return beam_search(decoder, state, input_ids.shape[0], options, on_token)
 
 
-def _suppress_eos(scores: torch.Tensor, generated: int, options: GenerationOptions) -> torch.Tensor:
-    """Forbid EOS until `min_new_tokens` have been generated (MinNewTokensLengthLogitsProcessor)."""
-    if options.eos_token_id is not None and generated < options.min_new_tokens:
-        scores = scores.clone()
-        scores[:, options.eos_token_id] = -float("inf")
-    return scores
-
-
-def greedy_search(decoder, input_ids, mask, options, on_token=None) -> torch.Tensor:
-    rows, prompt_len = input_ids.shape
-    state = TokenState(input_ids, mask)
+def greedy_search(decoder, state: TokenState, options, on_token=None) -> torch.Tensor:
+    rows, prompt_len = state.tokens.shape
+    processors = options.processors(prompt_len)
     cache = decoder.new_cache(rows, prompt_len + options.max_new_tokens)
     eos = options.eos_token_id
-    unfinished = torch.ones(rows, dtype=torch.bool, device=input_ids.device)
+    unfinished = torch.ones(rows, dtype=torch.bool, device=state.tokens.device)
     logits = decoder.step(state, cache)
     for generated in range(options.max_new_tokens):
-        scores = _suppress_eos(logits[:, -1, :].float(), generated, options)
+        scores = processors(state.tokens, logits[:, -1, :].float())
         next_tokens = scores.argmax(dim=-1)
         if eos is not None:
             next_tokens = torch.where(unfinished, next_tokens, torch.full_like(next_tokens, options.pad))
@@ -101,12 +131,14 @@ def _gather_beams(tensor: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
     return torch.take_along_dim(tensor, indices, dim=1)
 
 
-def beam_search(decoder, input_ids, mask, options, on_token=None) -> torch.Tensor:
-    """Hugging Face's vectorised beam search (transformers 5.x `_beam_search`), one hypothesis per prompt."""
-    batch, prompt_len = input_ids.shape
+def beam_search(decoder, state: TokenState, batch: int, options, on_token=None) -> torch.Tensor:
+    """Hugging Face's vectorised beam search (transformers 5.x `_beam_search`), one hypothesis per prompt.
+
+    `state` holds `batch` x `num_beams` rows, each prompt repeated for its beams."""
+    rows, prompt_len = state.tokens.shape
     beams = options.num_beams
-    rows = batch * beams
-    device = input_ids.device
+    device = state.tokens.device
+    processors = options.processors(prompt_len)
     max_length = prompt_len + options.max_new_tokens
     eos = options.eos_token_id
     penalty = options.length_penalty
@@ -120,7 +152,7 @@ def beam_search(decoder, input_ids, mask, options, on_token=None) -> torch.Tenso
     # The same fill value as transformers (`pad or eos if eos is set else -1`): it shows in shorter hypotheses.
     fill = (options.pad_token_id or eos) if eos is not None else -1
     running = torch.full((batch, beams, max_length), fill, dtype=torch.int64, device=device)
-    running[:, :, :prompt_len] = input_ids[:, None, :]
+    running[:, :, :prompt_len] = state.tokens.view(batch, beams, prompt_len)
     finished = running.clone()
     running_scores = torch.zeros((batch, beams), dtype=torch.float, device=device)
     running_scores[:, 1:] = -1e9
@@ -130,13 +162,11 @@ def beam_search(decoder, input_ids, mask, options, on_token=None) -> torch.Tenso
     running_origin = torch.full((batch, beams, max_length - prompt_len), -1, dtype=torch.int32, device=device)
     finished_origin = running_origin.clone()
 
-    state = TokenState(input_ids.repeat_interleave(beams, dim=0), mask.repeat_interleave(beams, dim=0))
     cache = decoder.new_cache(rows, max_length)
     cur_len = prompt_len
     logits = decoder.step(state, cache)
     while True:
-        log_probs = torch.log_softmax(logits[:, -1, :].float(), dim=-1)
-        log_probs = _suppress_eos(log_probs, cur_len - prompt_len, options)
+        log_probs = processors(state.tokens, torch.log_softmax(logits[:, -1, :].float(), dim=-1))
         vocab = log_probs.shape[-1]
         log_probs = log_probs.view(batch, beams, vocab) + running_scores[:, :, None]
         topk_scores, topk_indices = torch.topk(log_probs.view(batch, beams * vocab), k=keep)

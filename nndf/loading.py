@@ -67,7 +67,7 @@ class LoadedModel:
         folder = self.tokenizer_source if self.source.startswith("local folder") else None
         if folder and (Path(folder) / "generation_config.json").is_file():
             return GenerationConfig.from_pretrained(folder)
-        return GenerationConfig.from_model_config(self.config)
+        return known_generation_config(self.variant, self.config)
 
     @property
     def tokenizer(self):
@@ -89,6 +89,16 @@ def known_config(variant: Variant):
 
     config_args = dict(variant.config)
     return AutoConfig.for_model(config_args.pop("model_type"), **config_args)
+
+
+def known_generation_config(variant: Variant, config):
+    """The generation config a checkpoint has on the hub, as far as the registry knows it (`Variant.generation`),
+    else what transformers derives from the model config."""
+    from transformers import GenerationConfig
+
+    if variant.generation:
+        return GenerationConfig(**variant.generation)
+    return GenerationConfig.from_model_config(config)
 
 
 def load_config(spec: ModelSpec, variant: Variant, *, torch_dir: str | None = None, random_weights: bool = False):
@@ -148,7 +158,9 @@ def load_model(
 
         def loader():
             torch.manual_seed(seed)
-            return auto.from_config(known_config(variant), dtype=dtype).to(device)
+            model = auto.from_config(known_config(variant), dtype=dtype).to(device)
+            model.generation_config = known_generation_config(variant, model.config)
+            return model
     else:
         config = _hub_config(variant.hub_id)
         source = f"hub {variant.hub_id}"

@@ -4,8 +4,11 @@
     m = nndf.load("GPT2", variant="gpt2", backend="frameworks", random_weights=True)
     out = m.generate(input_ids, attention_mask=None, max_new_tokens=32, min_new_tokens=0, num_beams=1)
 
-`out` holds whole sequences (prompt + new tokens), exactly as Hugging Face `generate()` returns them, and
-`m.hf_generate(...)` runs Hugging Face `generate()` itself on the same PyTorch model, as the reference.
+`out` holds exactly what Hugging Face `generate()` returns (prompt + new tokens for a decoder-only model, the
+decoder's tokens from its start token for an encoder-decoder one such as T5), and `m.hf_generate(...)` runs
+Hugging Face `generate()` itself on the same PyTorch model, as the reference. The model's own generation config
+(beams, no-repeat n-grams, minimum length, forced tokens) applies unless an argument overrides it, as in
+`generate()`.
 """
 
 from __future__ import annotations
@@ -14,13 +17,13 @@ from typing import Callable
 
 import torch
 
-from nndf.backends import BackendOptions, backend_module
-from nndf.decoder import Decoder
+from nndf.architectures import architecture
+from nndf.backends import BackendOptions
 from nndf.errors import UsageError
 from nndf.generation import GenerationOptions, generate
 from nndf.loading import LoadedModel, load_model
 from nndf.registry import resolve
-from nndf.spec import BuildSettings, ShapeSpec
+from nndf.spec import BuildSettings
 
 
 def default_device() -> torch.device:
@@ -41,9 +44,9 @@ class Model:
         self.backend = backend
         self.settings = settings
         self.options = options
-        self.shapes = ShapeSpec.derive(settings, spec, loaded.config)
-        session = backend_module(backend).open_session(loaded, settings, options)
-        self.decoder = Decoder(session, self.shapes, spec.hooks)
+        self.architecture = architecture(spec)
+        self.shapes = self.architecture.derive_shapes(settings, spec, loaded.config)
+        self.decoder = self.architecture.open_decoder(loaded, backend, settings, options, self.shapes)
 
     @property
     def tokenizer(self):
@@ -61,42 +64,44 @@ class Model:
     def max_positions(self) -> int:
         return self.shapes.max_positions
 
-    def generation_options(self, max_new_tokens: int, min_new_tokens: int = 0, num_beams: int = 1) -> GenerationOptions:
-        """Options with the model's own EOS and pad tokens, as Hugging Face `generate()` would pick them."""
-        gen_config = self.loaded.generation_config
-        eos = gen_config.eos_token_id
+    def generation_options(self, max_new_tokens: int, min_new_tokens: int | None = 0, num_beams: int | None = 1,
+                           forced_bos_token_id: int | None = None) -> GenerationOptions:
+        """Options from the model's own generation config, as Hugging Face `generate()` would pick them; the
+        arguments override it (None: the config's value)."""
+        gen = self.loaded.generation_config
+        eos = gen.eos_token_id
         if isinstance(eos, (list, tuple)):
             eos = eos[0] if eos else None
         return GenerationOptions(
             max_new_tokens=max_new_tokens,
             min_new_tokens=min_new_tokens,
-            num_beams=num_beams,
-            length_penalty=float(gen_config.length_penalty if gen_config.length_penalty is not None else 1.0),
-            early_stopping=gen_config.early_stopping if gen_config.early_stopping is not None else False,
+            num_beams=int(num_beams if num_beams is not None else (gen.num_beams or 1)),
+            length_penalty=float(gen.length_penalty if gen.length_penalty is not None else 1.0),
+            early_stopping=gen.early_stopping if gen.early_stopping is not None else False,
             eos_token_id=eos,
-            pad_token_id=gen_config.pad_token_id,
+            pad_token_id=gen.pad_token_id,
+            min_length=int(gen.min_length or 0),
+            no_repeat_ngram_size=int(gen.no_repeat_ngram_size or 0),
+            forced_bos_token_id=forced_bos_token_id if forced_bos_token_id is not None else gen.forced_bos_token_id,
+            forced_eos_token_id=gen.forced_eos_token_id,
         )
-
-    def _check_length(self, input_ids: torch.Tensor, max_new_tokens: int) -> None:
-        total = input_ids.shape[1] + max_new_tokens
-        if total > self.max_positions:
-            raise UsageError(
-                f"a prompt of {input_ids.shape[1]} tokens plus {max_new_tokens} new tokens is {total}, "
-                f"more than the {self.max_positions} positions of this model"
-            )
 
     def generate(
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         max_new_tokens: int = 32,
-        min_new_tokens: int = 0,
-        num_beams: int = 1,
+        min_new_tokens: int | None = 0,
+        num_beams: int | None = 1,
         on_token: Callable[[], None] | None = None,
+        forced_bos_token_id: int | None = None,
     ) -> torch.Tensor:
-        """Generate with this backend through the shared loop; returns prompt + new tokens per row."""
-        self._check_length(input_ids, max_new_tokens)
-        options = self.generation_options(max_new_tokens, min_new_tokens, num_beams)
+        """Generate with this backend through the shared loop; returns what `generate()` returns (see the module).
+
+        `num_beams` / `min_new_tokens` None take the model's generation config; `forced_bos_token_id` overrides the
+        config's (mBART's target language)."""
+        self.architecture.check_length(input_ids.shape[1], max_new_tokens, self.shapes)
+        options = self.generation_options(max_new_tokens, min_new_tokens, num_beams, forced_bos_token_id)
         return generate(self.decoder, input_ids, attention_mask, options, on_token).cpu()
 
     def hf_generate(
@@ -104,13 +109,15 @@ class Model:
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         max_new_tokens: int = 32,
-        min_new_tokens: int = 0,
-        num_beams: int = 1,
+        min_new_tokens: int | None = 0,
+        num_beams: int | None = 1,
         on_token: Callable[[], None] | None = None,
+        forced_bos_token_id: int | None = None,
     ) -> torch.Tensor:
         """Hugging Face `generate()` on the PyTorch model: the reference every backend is compared with.
 
         `on_token` is called from a logits processor, i.e. once per step right after the model's forward pass.
+        Arguments left None are not passed, so `generate()` takes them from the model's generation config.
         """
         from transformers import LogitsProcessor, LogitsProcessorList
 
@@ -119,34 +126,46 @@ class Model:
                 on_token()
                 return scores
 
-        self._check_length(input_ids, max_new_tokens)
-        options = self.generation_options(max_new_tokens, min_new_tokens, num_beams)
+        self.architecture.check_length(input_ids.shape[1], max_new_tokens, self.shapes)
+        options = self.generation_options(max_new_tokens, min_new_tokens, num_beams, forced_bos_token_id)
         model = self.loaded.model
         device = next(model.parameters()).device
         mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+        given = {"min_new_tokens": min_new_tokens, "num_beams": num_beams, "forced_bos_token_id": forced_bos_token_id}
         with torch.inference_mode():
             out = model.generate(
                 input_ids.to(device),
                 attention_mask=mask.to(device),
                 max_new_tokens=max_new_tokens,
-                min_new_tokens=min_new_tokens,
-                num_beams=num_beams,
                 do_sample=False,
                 use_cache=self.settings.use_cache,
                 pad_token_id=options.pad,
                 logits_processor=LogitsProcessorList([_Tick()]) if on_token is not None else None,
+                **{k: v for k, v in given.items() if v is not None},
             )
         return out.cpu()
 
-    def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Float logits for every position of unpadded sequences, from this backend (for accuracy scoring)."""
-        return self.decoder.logits(input_ids).cpu()
+    def new_tokens(self, output: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        """The generated tokens of a `generate()` output for these inputs (what a reply or a label is made of)."""
+        return self.architecture.new_tokens(output, input_ids)
 
-    def reference_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def label_ids(self, prompt_ids: torch.Tensor, label: str) -> list[int]:
+        """The tokens a checkpoint label expects this model to generate for `prompt_ids`."""
+        return self.architecture.label_ids(self.tokenizer, prompt_ids, label)
+
+    def logits(self, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Float logits for every position of unpadded sequences, from this backend (for accuracy scoring); an
+        encoder-decoder model scores `decoder_input_ids` (teacher-forced) given `input_ids` on its encoder."""
+        extra = () if decoder_input_ids is None else (decoder_input_ids,)
+        return self.decoder.logits(input_ids, *extra).cpu()
+
+    def reference_logits(self, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor | None = None) -> torch.Tensor:
         """The same logits from the PyTorch model itself: what other backends' fidelity is judged against."""
         model = self.loaded.model
+        device = next(model.parameters()).device
+        extra = {} if decoder_input_ids is None else {"decoder_input_ids": decoder_input_ids.to(device)}
         with torch.inference_mode():
-            return model(input_ids.to(next(model.parameters()).device)).logits.float().cpu()
+            return model(input_ids.to(device), **extra).logits.float().cpu()
 
     @property
     def is_reference(self) -> bool:
@@ -156,7 +175,7 @@ class Model:
     @property
     def artifacts(self) -> list[str]:
         """Files this backend runs (exported or quantized graphs, engines); empty for PyTorch."""
-        return [str(p) for p in getattr(self.decoder.session, "artifacts", [])]
+        return [str(p) for session in self.decoder.sessions for p in getattr(session, "artifacts", [])]
 
 
 def load(

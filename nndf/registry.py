@@ -20,6 +20,8 @@ FAMILIES: dict[str, str] = {
     "CerebrasGPT": "nndf.models.cerebras",
     "OPT": "nndf.models.opt",
     "BLOOM": "nndf.models.bloom",
+    "T5": "nndf.models.t5",
+    "BART": "nndf.models.bart",
 }
 
 # NVIDIA's demo runs these families as `GPT2 --variant <hub id>`; so do we, besides their own names.

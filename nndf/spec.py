@@ -25,11 +25,16 @@ class Variant:
     hub_id: str
     config: Mapping[str, object]
     params: str = ""  # human-readable size for `list`, e.g. "124M"
+    # The hub's generation_config.json of this checkpoint (beams, no-repeat n-grams, forced tokens, ...), so that
+    # random weights generate under the same rules as the real checkpoint; empty: defaults from the config.
+    generation: Mapping[str, object] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, hub_id: str, params: str, base: Mapping[str, object], **overrides) -> "Variant":
+    def of(cls, hub_id: str, params: str, base: Mapping[str, object], generation: Mapping[str, object] | None = None,
+           **overrides) -> "Variant":
         """A variant named after its hub id's last part, with `base` config updated by `overrides`."""
-        return cls(name=hub_id.split("/")[-1], hub_id=hub_id, config=dict(base, **overrides), params=params)
+        return cls(name=hub_id.split("/")[-1], hub_id=hub_id, config=dict(base, **overrides), params=params,
+                   generation=dict(generation or {}))
 
 
 class FamilyHooks:
@@ -53,6 +58,11 @@ class FamilyHooks:
     def head_dim(self, config) -> int:
         return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
 
+    def fp32_modules(self) -> tuple[str, ...]:
+        """Module names (dotted suffixes, e.g. "DenseReluDense.wo") whose layers must stay in fp32 when a backend
+        builds in fp16, because their activations overflow fp16's range (T5's feed-forward output)."""
+        return ()
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -63,6 +73,9 @@ class ModelSpec:
     variants: tuple[Variant, ...]
     backends: tuple[str, ...]
     auto_class: str = "AutoModelForCausalLM"
+    # How the model generates: "decoder-only" (one graph, the prompt in the cache) or "encoder-decoder" (encoder,
+    # cross-attention cache generator and decoder); `nndf.architectures` maps it to the code that drives it.
+    architecture: str = "decoder-only"
     hooks: FamilyHooks = field(default_factory=FamilyHooks)
     checkpoint_file: str = ""  # path of the family's checkpoint.toml for the `run` action
     default_tokenizer: str = ""  # hub id of a tokenizer to try when the weights come from elsewhere

@@ -42,17 +42,22 @@ TINY_GPT2 = dict(n_layer=2, n_head=2, n_embd=32, n_positions=128, vocab_size=502
                  eos_token_id=50256)
 
 
-def build_tiny(tmp_root: Path, name: str, config_kwargs: dict, seed: int = 0) -> Path:
-    """Save a seeded random model of `config_kwargs` (with the real tokenizer when present) and return its folder."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+def build_tiny(tmp_root: Path, name: str, config_kwargs: dict, seed: int = 0, tokenizer_dir: Path | None = None) -> Path:
+    """Save a seeded random model of `config_kwargs` and return its folder; a decoder-only model gets the real GPT-2
+    tokenizer when it is present, an encoder-decoder model `tokenizer_dir` when given."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
     kwargs = dict(config_kwargs)
     config = AutoConfig.for_model(kwargs.pop("model_type", "gpt2"), **kwargs)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config)
+    auto = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
+    model = auto.from_config(config)
     folder = tmp_root / name
     model.save_pretrained(folder)
-    if TOKENIZER_DIR.exists():
+    if tokenizer_dir is not None:
+        for f in Path(tokenizer_dir).iterdir():
+            shutil.copy(f, folder / f.name)
+    elif TOKENIZER_DIR.exists() and not config.is_encoder_decoder:
         for f in TOKENIZER_DIR.iterdir():
             shutil.copy(f, folder / f.name)
     return folder
@@ -70,6 +75,22 @@ def family_dirs(tmp_path_factory) -> dict[str, Path]:
 
     root = tmp_path_factory.mktemp("families")
     return {name: build_tiny(root, name, config) for name, config in FAMILY_EXAMPLES.items()}
+
+
+@pytest.fixture(scope="session")
+def seq2seq_dirs(tmp_path_factory) -> dict[str, Path]:
+    """One tiny random model per encoder-decoder architecture (tests/family_examples.py SEQ2SEQ_EXAMPLES)."""
+    from family_examples import SEQ2SEQ_EXAMPLES
+
+    root = tmp_path_factory.mktemp("seq2seq")
+    return {name: build_tiny(root, name, config) for name, (_family, config) in SEQ2SEQ_EXAMPLES.items()}
+
+
+def decoder_only_families() -> list[str]:
+    """Families whose tests are about one decoder graph (ONNX position ranges, text actions with GPT-2's tokenizer)."""
+    from nndf.registry import FAMILIES, get_spec
+
+    return [name for name in FAMILIES if get_spec(name).architecture == "decoder-only"]
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,9 @@
 Each is a tiny config of the family's architecture with the quirks that matter switched on (OPT's embedding
 projection, GPT-Neo's local attention with a window shorter than the test sequences, partial rotary for
 GPT-NeoX and GPT-J), small enough to build with random weights in a fraction of a second.
+
+Encoder-decoder families have more than one architecture behind one family name (T5 and Flan-T5, BART and
+mBART); `SEQ2SEQ_EXAMPLES` holds one example of each, with the family it runs under.
 """
 
 from __future__ import annotations
@@ -26,3 +29,25 @@ FAMILY_EXAMPLES: dict[str, dict] = {
     "BLOOM": dict(model_type="bloom", n_layer=2, n_head=2, hidden_size=32, vocab_size=1000, bos_token_id=1,
                   eos_token_id=2, pad_token_id=3),
 }
+
+_T5 = dict(model_type="t5", d_model=32, d_kv=8, num_heads=4, d_ff=64, num_layers=2, num_decoder_layers=2,
+           vocab_size=1000, relative_attention_num_buckets=8, relative_attention_max_distance=16, n_positions=128,
+           decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+_BART = dict(model_type="bart", d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+             decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=1000,
+             max_position_embeddings=128, bos_token_id=0, pad_token_id=1, eos_token_id=2, decoder_start_token_id=2,
+             forced_eos_token_id=2)
+
+SEQ2SEQ_EXAMPLES: dict[str, tuple[str, dict]] = {
+    # relative attention buckets (8 buckets, distance 16: the test sequences cross both), ReLU, tied scaled head
+    "t5": ("T5", _T5),
+    # T5 v1.1: gated GELU feed-forward, untied LM head
+    "flan-t5": ("T5", dict(_T5, feed_forward_proj="gated-gelu", tie_word_embeddings=False)),
+    # learned positions with BART's offset of 2, post-norm layers; no repeated 2-grams from the generation rules
+    "bart": ("BART", dict(_BART, no_repeat_ngram_size=2)),
+    # pre-norm layers, final layer norms, scaled embeddings; the target language forced as the first token
+    "mbart": ("BART", dict(_BART, model_type="mbart", normalize_before=True, add_final_layer_norm=True,
+                           scale_embedding=True, forced_bos_token_id=250 % 1000)),
+}
+
+FAMILY_EXAMPLES.update({"T5": _T5, "BART": SEQ2SEQ_EXAMPLES["bart"][1]})

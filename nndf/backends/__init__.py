@@ -34,9 +34,13 @@ class BackendOptions:
     working_dir: str = "temp"
     threads: int | None = None  # intra-op threads (None: the runtime's default, one per core)
     decoder_onnx: str | None = None  # run this ONNX file instead of exporting one
+    encoder_onnx: str | None = None  # encoder-decoder models: the encoder graph to run instead of exporting one
+    cache_generator_onnx: str | None = None  # ... and the cross-attention cache generator's
     quantize: str | None = None  # None, "int8" or "int4": weight quantization of the ONNX graph (CPU)
     io_binding: bool = True  # ONNX Runtime: bind inputs and outputs instead of converting through numpy
     decoder_engine: str | None = None  # TensorRT: run this serialized engine instead of building one
+    encoder_engine: str | None = None  # TensorRT, encoder-decoder models: the encoder's engine
+    cache_generator_engine: str | None = None  # ... and the cross-attention cache generator's
     cuda_graph: bool = False  # TensorRT: replay CUDA graphs for decode steps
 
     def __post_init__(self) -> None:

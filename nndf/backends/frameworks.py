@@ -1,4 +1,5 @@
-"""The `frameworks` backend: the Hugging Face PyTorch model itself, driven step by step through DecoderWrapper."""
+"""The `frameworks` backend: the Hugging Face PyTorch model itself, driven step by step through the same flat-tensor
+wrappers the ONNX exporter traces (one for a decoder-only model, three for an encoder-decoder one)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,10 @@ DESCRIPTION = "PyTorch via transformers (CPU or CUDA); also measured through Hug
 
 
 class TorchSession:
-    """Runs the wrapped model under inference mode; inputs and outputs are named as in the ONNX graphs."""
+    """Runs a wrapper module under inference mode; inputs and outputs are named as in the ONNX graphs."""
 
-    def __init__(self, loaded: LoadedModel, use_cache: bool) -> None:
-        model = loaded.model
-        self.wrapper = DecoderWrapper(model, loaded.spec.hooks.num_layers(model.config), use_cache)
+    def __init__(self, wrapper: torch.nn.Module, model: torch.nn.Module) -> None:
+        self.wrapper = wrapper
         self.name = "frameworks"
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
@@ -37,7 +37,22 @@ def open_session(loaded: LoadedModel, settings: BuildSettings, options: BackendO
     ONNX-only options (quantization, a given ONNX file) leave it as it is: it stays the reference beside them."""
     if options.threads is not None:
         torch.set_num_threads(options.threads)
-    return TorchSession(loaded, settings.use_cache)
+    model = loaded.model
+    return TorchSession(DecoderWrapper(model, loaded.spec.hooks.num_layers(model.config), settings.use_cache), model)
+
+
+def open_seq2seq(loaded: LoadedModel, settings: BuildSettings, options: BackendOptions) -> dict[str, TorchSession]:
+    """An encoder-decoder model's three sessions (encoder, cross-attention cache generator, decoder)."""
+    from nndf.seq2seq.wrappers import CrossCacheWrapper, EncoderWrapper
+    from nndf.seq2seq.wrappers import DecoderWrapper as Seq2SeqDecoderWrapper
+
+    if options.threads is not None:
+        torch.set_num_threads(options.threads)
+    model = loaded.model
+    layers = loaded.spec.hooks.num_layers(model.config)
+    return {"encoder": TorchSession(EncoderWrapper(model), model),
+            "cross": TorchSession(CrossCacheWrapper(model, layers), model),
+            "decoder": TorchSession(Seq2SeqDecoderWrapper(model, layers, settings.use_cache), model)}
 
 # Benchmarks also time Hugging Face generate() on the same PyTorch model: the figure users compare against.
 MEASURE_HF_GENERATE = True

@@ -73,7 +73,8 @@ class OrtSession:
     """An InferenceSession with the same call as every backend: named tensors in, named torch tensors out."""
 
     def __init__(self, graph: Path, input_names, output_names, threads: int | None = None,
-                 io_binding: bool = True, use_gpu: bool | None = None) -> None:
+                 io_binding: bool = True, use_gpu: bool | None = None, torch_outputs: bool = False,
+                 role: str = "decoder") -> None:
         ort = _ort()
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -94,7 +95,7 @@ class OrtSession:
         graph_outputs = tuple(o.name for o in self.session.get_outputs())
         if set(graph_inputs) != set(input_names) or set(graph_outputs) != set(output_names):
             raise UsageError(
-                f"{graph} does not have the decoder's inputs and outputs: expected inputs {list(input_names)} and "
+                f"{graph} does not have the {role}'s inputs and outputs: expected inputs {list(input_names)} and "
                 f"outputs {list(output_names)}, found {list(graph_inputs)} and {list(graph_outputs)}"
             )
         self.name = "onnxrt"
@@ -103,10 +104,17 @@ class OrtSession:
         self.input_names = tuple(input_names)
         self.output_names = tuple(output_names)
         self.io_binding = io_binding
+        self.torch_outputs = torch_outputs  # every output as a torch tensor (graphs whose outputs the loop reads)
         self.host_threads = 1  # see Decoder.host_threads: the loop's small ops must not wake PyTorch's pool
 
     def new_cache(self, shapes: ShapeSpec, rows: int, max_len: int) -> PresentCache:
         return PresentCache(shapes.num_layers, rows, shapes.kv_heads, shapes.head_dim, max_len)
+
+    def as_feed(self, tensor: torch.Tensor):
+        """An input that every step feeds unchanged (cross-attention keys and values), converted once."""
+        if not self.io_binding:
+            return _as_numpy(tensor)
+        return _ort().OrtValue.ortvalue_from_numpy(np.ascontiguousarray(_as_numpy(tensor)))
 
     def run(self, feeds: Mapping[str, object]) -> dict:
         if not self.io_binding:
@@ -121,11 +129,13 @@ class OrtSession:
                 else:
                     binding.bind_cpu_input(name, np.ascontiguousarray(_as_numpy(value)))
             for name in self.output_names:
-                binding.bind_output(name, "cpu" if name == "logits" else self.output_device)
+                on_host = name == "logits" or self.torch_outputs
+                binding.bind_output(name, "cpu" if on_host else self.output_device)
             self.session.run_with_iobinding(binding)
             outputs = dict(zip(self.output_names, binding.get_outputs()))
-        logits = outputs["logits"]
-        outputs["logits"] = torch.from_numpy(logits if isinstance(logits, np.ndarray) else logits.numpy())
+        for name in self.output_names if self.torch_outputs else ("logits",):
+            value = outputs[name]
+            outputs[name] = torch.from_numpy(value if isinstance(value, np.ndarray) else value.numpy())
         return outputs
 
 
@@ -152,3 +162,37 @@ def open_session(loaded: LoadedModel, settings: BuildSettings, options: BackendO
 
         graph = quantized_decoder(export, options.quantize, options.working_dir)
     return OrtSession(graph, export.input_names, export.output_names, options.threads, options.io_binding)
+
+
+SEQ2SEQ_OVERRIDES = {"encoder": "encoder_onnx", "cross": "cache_generator_onnx", "decoder": "decoder_onnx"}
+
+
+def open_seq2seq(loaded: LoadedModel, settings: BuildSettings, options: BackendOptions) -> dict[str, OrtSession]:
+    """An encoder-decoder model's three graphs, exported (or reused) in one folder, quantized if asked, and opened.
+
+    `--encoder-onnx`, `--cache-generator-onnx` and `--decoder-onnx` run given files instead, each checked by its
+    tensor names; the graphs not given are exported. The encoder's and the cache generator's outputs are read by
+    the loop (once per generation), so they come back as torch tensors; the decoder's presents stay ORT values.
+    """
+    from nndf.seq2seq.export import export_seq2seq, seq2seq_io
+
+    if settings.fp16:
+        raise UsageError("--fp16 is not supported by the onnxrt backend (its CPU kernels are fp32); use --int8 or "
+                         "--int4 for smaller weights, or the trt backend for fp16")
+    given = {graph: getattr(options, flag) for graph, flag in SEQ2SEQ_OVERRIDES.items()}
+    for graph, path in given.items():
+        if path is not None and not Path(path).is_file():
+            raise UsageError(f"--{SEQ2SEQ_OVERRIDES[graph].replace('_', '-')} {path} does not exist")
+    io = seq2seq_io(loaded, settings.use_cache)
+    export = None if all(given.values()) else export_seq2seq(loaded, settings.use_cache, options.working_dir)
+    sessions = {}
+    for graph, (inputs, outputs) in io.items():
+        path = Path(given[graph]) if given[graph] else export.graphs[graph].graph
+        if given[graph] is None and options.quantize is not None:
+            from nndf.export.quantize import quantized_decoder
+
+            path = quantized_decoder(export.graphs[graph], options.quantize, options.working_dir)
+        role = {"cross": "cross-attention cache generator"}.get(graph, graph)
+        sessions[graph] = OrtSession(path, inputs, outputs, options.threads, options.io_binding,
+                                     torch_outputs=graph != "decoder", role=role)
+    return sessions

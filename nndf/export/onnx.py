@@ -42,15 +42,16 @@ def _versions() -> dict[str, str]:
 
 @dataclass(frozen=True)
 class DecoderExport:
-    """Where an exported decoder graph lives and what it takes and returns."""
+    """Where an exported graph lives (a file in a folder artifact) and what it takes and returns."""
 
     folder: Path
     input_names: tuple[str, ...]
     output_names: tuple[str, ...]
+    graph_file: str = GRAPH_FILE
 
     @property
     def graph(self) -> Path:
-        return self.folder / GRAPH_FILE
+        return self.folder / self.graph_file
 
 
 def export_settings(loaded: LoadedModel, use_cache: bool) -> dict:
@@ -134,6 +135,31 @@ def model_io(loaded: LoadedModel, use_cache: bool) -> tuple[tuple[str, ...], tup
     return decoder_io(loaded.model_class, loaded.spec.hooks.num_layers(loaded.config), use_cache)
 
 
+def trace_to_onnx(wrapper, args, dynamic, io: dict, path: Path, model, label: str) -> None:
+    """Trace `wrapper` with torch's dynamo exporter (eager attention, named dynamic dimensions) and save the graph
+    with its weights in one external data file beside it; any exporter failure is one HarnessError."""
+    try:
+        with contextlib.redirect_stdout(sys.stderr), eager_attention(model), warnings.catch_warnings():
+            # shared named dimensions make the exporter say, once per input, that it keeps the first name
+            warnings.filterwarnings("ignore", message=r".*axis name: .* will not be used")
+            program = torch.onnx.export(
+                wrapper, args, dynamo=True, dynamic_shapes=dynamic, input_names=list(io["input_names"]),
+                output_names=list(io["output_names"]), optimize=True, verbose=False,
+            )
+    except Exception as exc:  # the exporter raises many types; the user needs one sentence and the cause
+        raise HarnessError(f"ONNX export of {label} failed: {type(exc).__name__}: "
+                           f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+    program.save(path, external_data=True)
+
+
+def fp32_cpu_model(model):
+    """The model itself when it is fp32 on the CPU, else an fp32 CPU copy: graphs are exported from one."""
+    first = next(model.parameters())
+    if first.dtype != torch.float32 or first.device.type != "cpu":
+        return copy.deepcopy(model).to(device="cpu", dtype=torch.float32)
+    return model
+
+
 def export_decoder(loaded: LoadedModel, use_cache: bool, working_dir: str | Path) -> DecoderExport:
     """The exported decoder for these settings: reused when its metadata matches, else (re)built with a message."""
     settings = export_settings(loaded, use_cache)
@@ -146,31 +172,15 @@ def export_decoder(loaded: LoadedModel, use_cache: bool, working_dir: str | Path
         return DecoderExport(folder, input_names, output_names)
     if folder.exists():
         say(f"rebuilding {folder}: {reason}")
-    model = loaded.model
     hooks = loaded.spec.hooks
+    model = fp32_cpu_model(loaded.model)  # the graph is exported in fp32 from the CPU
     wrapper = DecoderWrapper(model, hooks.num_layers(model.config), use_cache)
-    first = next(model.parameters())
-    if first.dtype != torch.float32 or first.device.type != "cpu":
-        # The graph is exported in fp32 from the CPU; a model loaded for a GPU or in fp16 is copied for it.
-        model = copy.deepcopy(model).to(device="cpu", dtype=torch.float32)
-        wrapper = DecoderWrapper(model, hooks.num_layers(model.config), use_cache)
     args, dynamic = _example_inputs(wrapper, model.config, hooks)
     say(f"exporting {loaded.variant.name} to ONNX ({'with' if use_cache else 'without'} KV cache) ...")
     started = time.perf_counter()
 
     def build(tmp: Path) -> None:
-        try:
-            with contextlib.redirect_stdout(sys.stderr), eager_attention(model), warnings.catch_warnings():
-                # shared named dimensions make the exporter say, once per input, that it keeps the first name
-                warnings.filterwarnings("ignore", message=r".*axis name: .* will not be used")
-                program = torch.onnx.export(
-                    wrapper, args, dynamo=True, dynamic_shapes=dynamic, input_names=io["input_names"],
-                    output_names=io["output_names"], optimize=True, verbose=False,
-                )
-        except Exception as exc:  # the exporter raises many types; the user needs one sentence and the cause
-            raise HarnessError(f"ONNX export of {loaded.variant.name} failed: {type(exc).__name__}: "
-                               f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
-        program.save(tmp / GRAPH_FILE, external_data=True)
+        trace_to_onnx(wrapper, args, dynamic, io, tmp / GRAPH_FILE, model, loaded.variant.name)
 
     build_dir_artifact(folder, build, dict(settings, **io))
     say(f"exported in {time.perf_counter() - started:.1f} s to {folder}")

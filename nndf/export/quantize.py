@@ -77,7 +77,7 @@ from nndf.workspace import artifact_name, build_dir_artifact, read_metadata, sta
 
 # Bump when a change here changes the graphs produced, so that old quantized graphs are rebuilt rather than reused.
 QUANTIZER_REVISION = 2
-GRAPH_FILE = "decoder.onnx"
+GRAPH_FILE = "decoder.onnx"  # the decoder-only export's graph; an encoder-decoder export names each of its three
 
 # The parameters of each kind. Every one of them is part of the artifact's settings (and so of its name).
 INT8 = {"method": "dynamic", "weight_type": "QInt8", "per_channel": True, "reduce_range": False}
@@ -343,6 +343,7 @@ def quantize_settings(export, kind: str, params: Mapping) -> dict:
     return {
         "kind": f"onnx-decoder-{kind}",
         "source": export.folder.name,
+        "graph": export.graph.name,
         "source_files": source_meta.get("files"),
         "quantize": kind,
         "params": dict(params),
@@ -369,12 +370,14 @@ def quantized_decoder(export, kind: str, working_dir: str | Path, params: Mappin
         raise HarnessError(f"the exported graph {export.graph} is missing; delete {export.folder} to re-export it")
 
     settings = quantize_settings(export, kind, params)
-    folder = Path(working_dir) / artifact_name(f"{export.folder.name}-{kind}", settings, "")
+    graph_file = export.graph.name
+    stem = export.folder.name if graph_file == GRAPH_FILE else f"{export.folder.name}-{export.graph.stem}"
+    folder = Path(working_dir) / artifact_name(f"{stem}-{kind}", settings, "")
     io = {"input_names": list(export.input_names), "output_names": list(export.output_names)}
     metadata = dict(settings, **io)
     reason = stale_reason(folder, metadata)
     if reason is None:
-        return folder / GRAPH_FILE
+        return folder / graph_file
     if folder.exists():
         say(f"rebuilding {folder}: {reason}")
     say(f"quantizing {export.graph} to {kind}: {_describe(params)} ...")
@@ -383,7 +386,7 @@ def quantized_decoder(export, kind: str, working_dir: str | Path, params: Mappin
     def build(tmp: Path) -> None:
         import onnx
 
-        out = tmp / GRAPH_FILE
+        out = tmp / graph_file
         with _quiet_quantizers():
             try:
                 model = onnx.load(str(export.graph), load_external_data=True)
@@ -404,10 +407,10 @@ def quantized_decoder(export, kind: str, working_dir: str | Path, params: Mappin
                 if params["method"] == "dynamic":
                     prep = tmp / "prepared"
                     prep.mkdir()
-                    onnx.save_model(model, str(prep / GRAPH_FILE), save_as_external_data=True,
-                                    all_tensors_to_one_file=True, location=GRAPH_FILE + ".data")
+                    onnx.save_model(model, str(prep / graph_file), save_as_external_data=True,
+                                    all_tensors_to_one_file=True, location=graph_file + ".data")
                     del model
-                    _quantize_dynamic(prep / GRAPH_FILE, out, nodes, params)
+                    _quantize_dynamic(prep / graph_file, out, nodes, params)
                     shutil.rmtree(prep)
                 else:
                     _quantize_nbits(model, out, nodes, params)
@@ -419,11 +422,11 @@ def quantized_decoder(export, kind: str, working_dir: str | Path, params: Mappin
         _check_result(out, export, params, len(nodes))
         # quantize_dynamic leaves a shape-inferred copy behind in some versions: keep only the graph and its data.
         for extra in tmp.iterdir():
-            if extra.name not in (GRAPH_FILE, GRAPH_FILE + ".data"):
+            if extra.name not in (graph_file, graph_file + ".data"):
                 shutil.rmtree(extra) if extra.is_dir() else extra.unlink()
 
     build_dir_artifact(folder, build, metadata)
     size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file()) / 2**20
     say(f"quantized in {time.perf_counter() - started:.1f} s to {folder} ({size:.0f} MiB)")
-    return folder / GRAPH_FILE
+    return folder / graph_file
 

@@ -37,8 +37,10 @@ def past_as_cache(config, past) -> DynamicCache:
 
     `DynamicCache.update` would concatenate them to an empty tensor, i.e. copy the whole past once more per step;
     setting the layers' tensors directly leaves the model's own concatenation as the only copy, as in `generate()`.
+    `config` None makes plain layers, one per pair of tensors (an encoder-decoder's config may count the encoder's
+    layers, not the decoder's).
     """
-    cache = DynamicCache(config=config)
+    cache = DynamicCache(config=config) if config is not None else DynamicCache()
     for layer in range(len(past) // 2):
         key, value = past[2 * layer], past[2 * layer + 1]
         cache.update(key[:, :, :0], value[:, :, :0], layer)

@@ -1,0 +1,70 @@
+"""How a kind of model is driven: one small strategy object per `ModelSpec.architecture`, never a family's name.
+
+A decoder-only model keeps its prompt in the KV cache and returns prompt + new tokens; an encoder-decoder model
+runs its encoder and cross-attention cache generator once, starts the decoder from its start token and returns the
+decoder's tokens. Everything else (the generation loop, the KV caches, the measurement, the actions) is shared.
+The strategy answers the few questions where the two differ:
+
+- `derive_shapes`: the build's tensor shapes (and so the validation of the length flags);
+- `open_decoder`: the backend's sessions wrapped in the object the generation loop drives;
+- `new_tokens` / `label_ids`: which tokens of an output are generated, and a label's tokens in the same terms;
+- `reference_kwargs`: what Hugging Face `generate()` needs besides the shared arguments.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from nndf.errors import UsageError
+from nndf.spec import BuildSettings, ModelSpec, ShapeSpec
+
+# ModelSpec.architecture -> "module:class" of its strategy (imported on first use).
+ARCHITECTURES: dict[str, str] = {
+    "decoder-only": "nndf.architectures:DecoderOnly",
+    "encoder-decoder": "nndf.seq2seq.architecture:EncoderDecoder",
+}
+
+
+class DecoderOnly:
+    """One graph: the prompt goes through the decoder first, then one token per step."""
+
+    name = "decoder-only"
+
+    def derive_shapes(self, settings: BuildSettings, spec: ModelSpec, config) -> ShapeSpec:
+        return ShapeSpec.derive(settings, spec, config)
+
+    def open_decoder(self, loaded, backend: str, settings: BuildSettings, options, shapes):
+        from nndf.backends import backend_module
+        from nndf.decoder import Decoder
+
+        session = backend_module(backend).open_session(loaded, settings, options)
+        return Decoder(session, shapes, loaded.spec.hooks)
+
+    def check_length(self, prompt_len: int, max_new_tokens: int, shapes) -> None:
+        total = prompt_len + max_new_tokens
+        if total > shapes.max_positions:
+            raise UsageError(f"a prompt of {prompt_len} tokens plus {max_new_tokens} new tokens is {total}, "
+                             f"more than the {shapes.max_positions} positions of this model")
+
+    def new_tokens(self, output: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        """The generated part of `generate()`'s output: what follows the prompt."""
+        return output[:, input_ids.shape[1]:]
+
+    def label_ids(self, tokenizer, prompt_ids: torch.Tensor, label: str) -> list[int]:
+        """A label is the whole expected text (prompt included); its new tokens follow the prompt's."""
+        return list(tokenizer(label)["input_ids"][prompt_ids.shape[1]:])
+
+    def reference_kwargs(self, loaded) -> dict:
+        return {}
+
+
+def architecture(spec: ModelSpec):
+    """The strategy object for `spec.architecture`, or a UsageError naming the known ones."""
+    target = ARCHITECTURES.get(spec.architecture)
+    if target is None:
+        raise UsageError(f"{spec.family} declares architecture '{spec.architecture}'; known: "
+                         f"{', '.join(ARCHITECTURES)}")
+    module, cls = target.split(":")
+    return getattr(importlib.import_module(module), cls)()

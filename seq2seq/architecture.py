@@ -1,0 +1,55 @@
+"""The encoder-decoder strategy of `nndf.architectures`: three sessions per backend, decoder tokens out."""
+
+from __future__ import annotations
+
+import torch
+
+from nndf.errors import UsageError
+from nndf.seq2seq.decoder import Seq2SeqDecoder
+from nndf.seq2seq.shapes import Seq2SeqShapeSpec
+
+
+def start_token_id(loaded) -> int:
+    """The decoder's first token, as `generate()` picks it: the generation config's, else the model config's."""
+    for source in (loaded.generation_config, loaded.config):
+        token = getattr(source, "decoder_start_token_id", None)
+        if token is not None:
+            return int(token)
+    raise UsageError(f"{loaded.variant.name} names no decoder_start_token_id in its config; an encoder-decoder model "
+                     "needs one to start generating")
+
+
+class EncoderDecoder:
+    name = "encoder-decoder"
+
+    def derive_shapes(self, settings, spec, config) -> Seq2SeqShapeSpec:
+        return Seq2SeqShapeSpec.derive(settings, spec, config)
+
+    def open_decoder(self, loaded, backend: str, settings, options, shapes) -> Seq2SeqDecoder:
+        from nndf.backends import backend_module
+
+        opener = getattr(backend_module(backend), "open_seq2seq", None)
+        if opener is None:
+            raise UsageError(f"the {backend} backend does not run encoder-decoder models")
+        sessions = opener(loaded, settings, options)
+        return Seq2SeqDecoder(sessions["encoder"], sessions["cross"], sessions["decoder"], shapes,
+                              loaded.spec.hooks, start_token_id(loaded))
+
+    def check_length(self, prompt_len: int, max_new_tokens: int, shapes) -> None:
+        if prompt_len > shapes.max_positions:
+            raise UsageError(f"an input of {prompt_len} tokens exceeds the {shapes.max_positions} positions of this "
+                             "model's encoder")
+        if max_new_tokens + 1 > shapes.max_positions:
+            raise UsageError(f"{max_new_tokens} new tokens after the decoder's start token exceed the "
+                             f"{shapes.max_positions} positions of this model's decoder")
+
+    def new_tokens(self, output: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        """`generate()` returns the decoder's tokens; all but the start token were generated."""
+        return output[:, 1:]
+
+    def label_ids(self, tokenizer, prompt_ids: torch.Tensor, label: str) -> list[int]:
+        """A label is the expected output text; its tokens as the tokenizer encodes a target (with EOS)."""
+        return list(tokenizer(text_target=label)["input_ids"])
+
+    def reference_kwargs(self, loaded) -> dict:
+        return {}

@@ -1,0 +1,113 @@
+"""An encoder-decoder model as three modules with flat, named tensor inputs and outputs.
+
+The frameworks backend runs these modules step by step and the ONNX exporter traces the very same ones, so the two
+cannot drift apart. All three call the Hugging Face model's own forward (never a copy of its layers), so every
+family's quirks (T5's relative attention buckets and scaled tied head, BART's learned positions and final logits
+bias, mBART's pre-norm layers) stay Hugging Face's code:
+
+- `EncoderWrapper`: `input_ids, attention_mask -> encoder_hidden_states`.
+- `CrossCacheWrapper`: `encoder_hidden_states -> cross.{i}.key, cross.{i}.value` for every decoder layer. It runs
+  the decoder over one placeholder token with an empty cache and reads the cross-attention keys and values the
+  model's attention layers store there; nothing else it computes reaches an output, so the exported graph keeps
+  only the key and value projections.
+- `DecoderWrapper`: `input_ids, encoder_attention_mask, logits_to_keep, cross..., past... -> logits, present...`.
+  The cross keys and values go into the cache object as already computed (`is_updated`), so the model never
+  projects the encoder states again. The model still wants encoder hidden states to size the encoder mask; it gets
+  a zero-strided placeholder of the right batch and length (an `expand` of one zero: no memory, no data read).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache, EncoderDecoderCache
+
+from nndf.export.wrapper import accepts, past_as_cache
+from nndf.kvcache import KINDS, past_names, present_names
+
+
+def cross_name(layer: int, kind: str) -> str:
+    return f"cross.{layer}.{kind}"
+
+
+def cross_names(num_layers: int) -> list[str]:
+    return [cross_name(i, k) for i in range(num_layers) for k in KINDS]
+
+
+ENCODER_IO = (("input_ids", "attention_mask"), ("encoder_hidden_states",))
+
+
+def cross_io(num_layers: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    return ("encoder_hidden_states",), tuple(cross_names(num_layers))
+
+
+def decoder_io(num_layers: int, use_cache: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The decoder graph's names: the cross keys and values are inputs with or without the self-attention cache."""
+    inputs = ["input_ids", "encoder_attention_mask", "logits_to_keep", *cross_names(num_layers)]
+    outputs = ["logits"]
+    if use_cache:
+        inputs += past_names(num_layers)
+        outputs += present_names(num_layers)
+    return tuple(inputs), tuple(outputs)
+
+
+def graph_io(num_layers: int, use_cache: bool) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
+    """(inputs, outputs) of each of the three graphs, keyed by graph name."""
+    return {"encoder": ENCODER_IO, "cross": cross_io(num_layers), "decoder": decoder_io(num_layers, use_cache)}
+
+
+class EncoderWrapper(torch.nn.Module):
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.encoder = model.get_encoder()
+        self.input_names, self.output_names = ENCODER_IO
+        self.eval()
+
+    def forward(self, input_ids, attention_mask):
+        return (self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state,)
+
+
+class CrossCacheWrapper(torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, num_layers: int) -> None:
+        super().__init__()
+        self.model = model
+        self.num_layers = num_layers
+        self.input_names, self.output_names = cross_io(num_layers)
+        self.eval()
+
+    def forward(self, encoder_hidden_states):
+        rows = encoder_hidden_states.shape[0]
+        placeholder = torch.zeros((rows, 1), dtype=torch.long, device=encoder_hidden_states.device)
+        cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        out = self.model(encoder_outputs=(encoder_hidden_states,), decoder_input_ids=placeholder,
+                         past_key_values=cache, use_cache=True)
+        cross = out.past_key_values.cross_attention_cache
+        return tuple(getattr(cross.layers[i], kind + "s") for i in range(self.num_layers) for kind in KINDS)
+
+
+class DecoderWrapper(torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, num_layers: int, use_cache: bool) -> None:
+        super().__init__()
+        self.model = model
+        self.num_layers = num_layers
+        self.use_cache = use_cache
+        self.slices_before_head = accepts(type(model), "logits_to_keep")
+        self.input_names, self.output_names = decoder_io(num_layers, use_cache)
+        self.eval()
+
+    def forward(self, input_ids, encoder_attention_mask, logits_to_keep, *rest):
+        count = 2 * self.num_layers
+        cross, past = rest[:count], rest[count:]
+        self_cache = past_as_cache(None, past) if self.use_cache else DynamicCache()
+        cache = EncoderDecoderCache(self_cache, DynamicCache())
+        cache.cross_attention_cache = past_as_cache(None, cross)
+        cache.is_updated = {layer: True for layer in range(self.num_layers)}
+        rows, length = encoder_attention_mask.shape
+        placeholder = cross[0].new_zeros(()).expand(rows, length, 1)  # sizes the encoder mask only
+        extra = {"logits_to_keep": logits_to_keep} if self.slices_before_head else {}
+        out = self.model(encoder_outputs=(placeholder,), attention_mask=encoder_attention_mask,
+                         decoder_input_ids=input_ids, past_key_values=cache, use_cache=True, **extra)
+        logits = out.logits if self.slices_before_head else out.logits.index_select(1, logits_to_keep)
+        if not self.use_cache:
+            return (logits,)
+        present = out.past_key_values.self_attention_cache
+        return (logits, *(getattr(present.layers[i], kind + "s") for i in range(self.num_layers) for kind in KINDS))
