@@ -8,7 +8,8 @@ The strategy answers the few questions where the two differ:
 - `derive_shapes`: the build's tensor shapes (and so the validation of the length flags);
 - `open_decoder`: the backend's sessions wrapped in the object the generation loop drives;
 - `new_tokens` / `label_ids`: which tokens of an output are generated, and a label's tokens in the same terms;
-- `reference_kwargs`: what Hugging Face `generate()` needs besides the shared arguments.
+- `lambada` / `fidelity` / `lambada_note`: how LAMBADA is scored (and said to be scored) for this kind of model;
+- `pad_side`: where a batch of prompts is padded (decoder-only: left, so every row ends at the same position).
 """
 
 from __future__ import annotations
@@ -56,8 +57,27 @@ class DecoderOnly:
         """A label is the whole expected text (prompt included); its new tokens follow the prompt's."""
         return list(tokenizer(label)["input_ids"][prompt_ids.shape[1]:])
 
-    def reference_kwargs(self, loaded) -> dict:
-        return {}
+    pad_side = "left"
+
+    def benchmark_inputs(self, length: int) -> str:
+        return f"{length} prompt"
+
+    def lambada(self, texts, model, tokens_to_generate: int, top_n: int):
+        from nndf.evaluation import evaluate_lambada
+
+        return evaluate_lambada(texts, model.tokenizer, model.logits, tokens_to_generate=tokens_to_generate,
+                                top_n=top_n, max_positions=model.max_positions)
+
+    def fidelity(self, texts, model):
+        from nndf.evaluation import logit_fidelity
+
+        return logit_fidelity(texts, model.tokenizer, model.reference_logits, model.logits,
+                              max_positions=model.max_positions)
+
+    def lambada_note(self, tokens_to_generate: int) -> str:
+        return (f"top-N, token and sequence perplexity as NVIDIA's demo defines them over the last "
+                f"{tokens_to_generate} token(s); lm-eval columns as lm-evaluation-harness lambada_openai computes "
+                "them (target = last word; acc = every target token greedy; ppl per passage).")
 
 
 def architecture(spec: ModelSpec):

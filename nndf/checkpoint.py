@@ -5,8 +5,9 @@
     [gpt2]                        # a variant's own table: its labels (and, optionally, its own inputs)
     labels = ["..."]
 
-A label is the variant's whole greedy output for the prompt (prompt included). Variants without labels still
-run: `run` then reports their outputs' runtimes, and no accuracy.
+A label is the variant's whole greedy output for the prompt: prompt included for a decoder-only model, the output
+text alone for an encoder-decoder one (as `generate()` returns them; `Model.label_ids` turns either into the
+tokens to compare). Variants without labels still run: `run` then reports their outputs' runtimes, and no accuracy.
 """
 
 from __future__ import annotations

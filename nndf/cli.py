@@ -58,8 +58,11 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
                    help="reuse past keys and values between steps (default on)")
     b.add_argument("--use-mask", action=argparse.BooleanOptionalAction, default=False,
                    help="feed an attention mask; needed for batches of prompts of different lengths (default off)")
-    b.add_argument("--input-seq-len", type=int, help="prompt length in tokens")
-    b.add_argument("--output-seq-len", type=int, help="tokens to generate")
+    b.add_argument("--input-seq-len", type=int,
+                   help="prompt length in tokens (the encoder's input length for encoder-decoder models)")
+    b.add_argument("--output-seq-len", type=int, help="tokens to generate (after the decoder's start token)")
+    b.add_argument("--tgt-lang", metavar="CODE",
+                   help="mBART-50: the language to generate, forced as the first token (e.g. de_DE, ro_RO)")
     b.add_argument("--dynamic-batch", action="store_true", help="build for a range of batch sizes")
     b.add_argument("--min-dynamic-batch", type=int, help="smallest batch of the range (default 1)")
     b.add_argument("--max-dynamic-batch", type=int, help="largest batch of the range (default --batch-size)")

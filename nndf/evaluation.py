@@ -371,6 +371,19 @@ def evaluate_lambada(
     )
 
 
+def compare_logits(ref: torch.Tensor, cand: torch.Tensor) -> tuple[int, int, float]:
+    """(positions, positions whose argmax agrees, summed KL(reference || candidate)) of two (T, V) logit tensors."""
+    if ref.shape != cand.shape:
+        raise HarnessError(
+            f"reference logits have shape {tuple(ref.shape)} but candidate logits {tuple(cand.shape)}; "
+            "compare two models that share the tokenizer and vocabulary"
+        )
+    ref_logp = torch.log_softmax(ref.double(), dim=-1)
+    cand_logp = torch.log_softmax(cand.double(), dim=-1)
+    kl = (ref_logp.exp() * (ref_logp - cand_logp)).sum(dim=-1)
+    return ref.shape[0], int((ref.argmax(dim=-1) == cand.argmax(dim=-1)).sum()), float(kl.sum())
+
+
 def logit_fidelity(
     texts: Sequence[str],
     tokenizer,
@@ -395,19 +408,8 @@ def logit_fidelity(
         ids = list(tokenizer(text)["input_ids"])[:max_positions]
         if not ids:
             continue
-        ref = _forward(reference_fn, ids, torch.float64)
-        cand = _forward(candidate_fn, ids, torch.float64)
-        if ref.shape != cand.shape:
-            raise HarnessError(
-                f"reference logits have shape {tuple(ref.shape)} but candidate logits {tuple(cand.shape)}; "
-                "compare two models that share the tokenizer and vocabulary"
-            )
-        ref_logp = torch.log_softmax(ref, dim=-1)
-        cand_logp = torch.log_softmax(cand, dim=-1)
-        kl = (ref_logp.exp() * (ref_logp - cand_logp)).sum(dim=-1)
-        kl_sum += float(kl.sum())
-        agree += int((ref.argmax(dim=-1) == cand.argmax(dim=-1)).sum())
-        positions += len(ids)
+        n, a, k = compare_logits(_forward(reference_fn, ids, torch.float64), _forward(candidate_fn, ids, torch.float64))
+        positions, agree, kl_sum = positions + n, agree + a, kl_sum + k
     if positions == 0:
         raise UsageError("there are no tokens to compare; pass at least one non-empty passage")
     return FidelityMetrics(positions=positions, top1_agreement=agree / positions, mean_kl=kl_sum / positions)

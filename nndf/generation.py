@@ -84,12 +84,14 @@ def generate(
     attention_mask: torch.Tensor | None = None,
     options: GenerationOptions = GenerationOptions(),
     on_token: Callable[[], None] | None = None,
+    on_encoded: Callable[[], None] | None = None,
 ) -> torch.Tensor:
     """Whole sequences, as Hugging Face `generate()` returns them: prompt + new tokens for a decoder-only model,
     the decoder's tokens from its start token for an encoder-decoder one (`decoder.start` prepares either).
 
     `on_token` is called once per generated position (after the token is chosen), for time-to-first-token and
-    per-step timing.
+    per-step timing; `on_encoded` once the first state is ready (an encoder-decoder's encoder and cross-attention
+    cache generator have run), for the encoder's time.
     """
     input_ids = input_ids.to(decoder.device)
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(decoder.device).long()
@@ -97,6 +99,8 @@ def generate(
         raise UsageError(f"attention_mask shape {tuple(mask.shape)} differs from input_ids {tuple(input_ids.shape)}")
     with torch.inference_mode(), decoder.host_threads():
         state = decoder.start(input_ids, mask, options.num_beams)
+        if on_encoded is not None:
+            on_encoded()
         if options.num_beams == 1:
             return greedy_search(decoder, state, options, on_token)
         return beam_search(decoder, state, input_ids.shape[0], options, on_token)

@@ -187,7 +187,20 @@ class StepTimer:
     def start(self) -> None:
         """Begin a new generation; forgets the marks of the previous one."""
         self._marks = []
+        self._encoded: float | None = None
         self._start = time.perf_counter()
+
+    def mark_encoded(self) -> None:
+        """Record that an encoder-decoder model's encoder (and cross-attention cache) is done."""
+        if self._start is None:
+            raise RuntimeError("StepTimer.mark_encoded() was called before start().")
+        self._encoded = time.perf_counter()
+
+    @property
+    def encoder_time(self) -> float | None:
+        """Seconds from start to the encoder's end, or None when nothing was encoded (decoder-only models)."""
+        encoded = getattr(self, "_encoded", None)
+        return None if encoded is None else encoded - self._start
 
     def mark(self) -> None:
         """Record that one more token has been chosen."""

@@ -19,7 +19,7 @@ import torch
 
 from nndf.architectures import architecture
 from nndf.backends import BackendOptions
-from nndf.errors import UsageError
+from nndf.errors import HarnessError, UsageError
 from nndf.generation import GenerationOptions, generate
 from nndf.loading import LoadedModel, load_model
 from nndf.registry import resolve
@@ -44,6 +44,7 @@ class Model:
         self.backend = backend
         self.settings = settings
         self.options = options
+        self.forced_bos_token_id: int | None = None  # the target language of a multilingual model (--tgt-lang)
         self.architecture = architecture(spec)
         self.shapes = self.architecture.derive_shapes(settings, spec, loaded.config)
         self.decoder = self.architecture.open_decoder(loaded, backend, settings, options, self.shapes)
@@ -82,7 +83,8 @@ class Model:
             pad_token_id=gen.pad_token_id,
             min_length=int(gen.min_length or 0),
             no_repeat_ngram_size=int(gen.no_repeat_ngram_size or 0),
-            forced_bos_token_id=forced_bos_token_id if forced_bos_token_id is not None else gen.forced_bos_token_id,
+            forced_bos_token_id=next((t for t in (forced_bos_token_id, self.forced_bos_token_id,
+                                                  gen.forced_bos_token_id) if t is not None), None),
             forced_eos_token_id=gen.forced_eos_token_id,
         )
 
@@ -95,6 +97,7 @@ class Model:
         num_beams: int | None = 1,
         on_token: Callable[[], None] | None = None,
         forced_bos_token_id: int | None = None,
+        on_encoded: Callable[[], None] | None = None,
     ) -> torch.Tensor:
         """Generate with this backend through the shared loop; returns what `generate()` returns (see the module).
 
@@ -102,7 +105,7 @@ class Model:
         config's (mBART's target language)."""
         self.architecture.check_length(input_ids.shape[1], max_new_tokens, self.shapes)
         options = self.generation_options(max_new_tokens, min_new_tokens, num_beams, forced_bos_token_id)
-        return generate(self.decoder, input_ids, attention_mask, options, on_token).cpu()
+        return generate(self.decoder, input_ids, attention_mask, options, on_token, on_encoded).cpu()
 
     def hf_generate(
         self,
@@ -113,10 +116,12 @@ class Model:
         num_beams: int | None = 1,
         on_token: Callable[[], None] | None = None,
         forced_bos_token_id: int | None = None,
+        on_encoded: Callable[[], None] | None = None,
     ) -> torch.Tensor:
         """Hugging Face `generate()` on the PyTorch model: the reference every backend is compared with.
 
-        `on_token` is called from a logits processor, i.e. once per step right after the model's forward pass.
+        `on_token` is called from a logits processor, i.e. once per step right after the model's forward pass;
+        `on_encoded` from a hook after an encoder-decoder model's encoder has run.
         Arguments left None are not passed, so `generate()` takes them from the model's generation config.
         """
         from transformers import LogitsProcessor, LogitsProcessorList
@@ -131,18 +136,27 @@ class Model:
         model = self.loaded.model
         device = next(model.parameters()).device
         mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
-        given = {"min_new_tokens": min_new_tokens, "num_beams": num_beams, "forced_bos_token_id": forced_bos_token_id}
-        with torch.inference_mode():
-            out = model.generate(
-                input_ids.to(device),
-                attention_mask=mask.to(device),
-                max_new_tokens=max_new_tokens,
-                do_sample=False,
-                use_cache=self.settings.use_cache,
-                pad_token_id=options.pad,
-                logits_processor=LogitsProcessorList([_Tick()]) if on_token is not None else None,
-                **{k: v for k, v in given.items() if v is not None},
-            )
+        given = {"min_new_tokens": min_new_tokens, "num_beams": num_beams,
+                 "forced_bos_token_id": options.forced_bos_token_id}
+        encoder = model.get_encoder() if getattr(model.config, "is_encoder_decoder", False) else None
+        hook = None
+        if encoder is not None and on_encoded is not None:
+            hook = encoder.register_forward_hook(lambda *_: on_encoded())
+        try:
+            with torch.inference_mode():
+                out = model.generate(
+                    input_ids.to(device),
+                    attention_mask=mask.to(device),
+                    max_new_tokens=max_new_tokens,
+                    do_sample=False,
+                    use_cache=self.settings.use_cache,
+                    pad_token_id=options.pad,
+                    logits_processor=LogitsProcessorList([_Tick()]) if on_token is not None else None,
+                    **{k: v for k, v in given.items() if v is not None},
+                )
+        finally:
+            if hook is not None:
+                hook.remove()
         return out.cpu()
 
     def new_tokens(self, output: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
@@ -178,6 +192,16 @@ class Model:
         return [str(p) for session in self.decoder.sessions for p in getattr(session, "artifacts", [])]
 
 
+def target_language_token(loaded: LoadedModel, code: str) -> int:
+    """The forced first token for `--tgt-lang CODE`, from the model's tokenizer when one loads, else the family's
+    own table; a family without target languages says so."""
+    try:
+        tokenizer = loaded.tokenizer
+    except HarnessError:
+        tokenizer = None
+    return loaded.spec.hooks.language_token_id(code, tokenizer, loaded.config)
+
+
 def load(
     family: str,
     variant: str | None = None,
@@ -194,11 +218,13 @@ def load(
     quantize: str | None = None,
     threads: int | None = None,
     decoder_onnx: str | None = None,
+    tgt_lang: str | None = None,
 ) -> Model:
     """Load a model family's variant on a backend. `settings` overrides use_cache/fp16 when given.
 
     `quantize` ("int8" or "int4") quantizes the onnxrt backend's weights; `threads` sets intra-op threads;
     `decoder_onnx` runs a given ONNX file on onnxrt. `loaded` lets several backends share one PyTorch model.
+    `tgt_lang` (mBART-50, e.g. "de_DE") makes every generation start with that language's token.
     """
     options = BackendOptions(working_dir=working_dir, threads=threads, decoder_onnx=decoder_onnx, quantize=quantize)
     spec, var = resolve(family, variant)
@@ -211,4 +237,7 @@ def load(
             spec, var, torch_dir=torch_dir, random_weights=random_weights, tokenizer_dir=tokenizer_dir,
             dtype=dtype, device=device,
         )
-    return Model(loaded, backend, settings, options)
+    model = Model(loaded, backend, settings, options)
+    if tgt_lang is not None:
+        model.forced_bos_token_id = target_language_token(loaded, tgt_lang)
+    return model

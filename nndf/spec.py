@@ -58,6 +58,11 @@ class FamilyHooks:
     def head_dim(self, config) -> int:
         return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
 
+    def language_token_id(self, code: str, tokenizer=None, config=None) -> int:
+        """The token that makes a multilingual model generate in language `code` (`--tgt-lang`)."""
+        raise UsageError(f"--tgt-lang {code} applies to multilingual translation models (BART's mbart-large-50); "
+                         "this family has no target languages")
+
     def fp32_modules(self) -> tuple[str, ...]:
         """Module names (dotted suffixes, e.g. "DenseReluDense.wo") whose layers must stay in fp32 when a backend
         builds in fp16, because their activations overflow fp16's range (T5's feed-forward output)."""

@@ -51,5 +51,26 @@ class EncoderDecoder:
         """A label is the expected output text; its tokens as the tokenizer encodes a target (with EOS)."""
         return list(tokenizer(text_target=label)["input_ids"])
 
-    def reference_kwargs(self, loaded) -> dict:
-        return {}
+    pad_side = "right"  # the encoder sees the whole prompt at once; T5 and BART tokenizers pad on the right
+
+    def benchmark_inputs(self, length: int) -> str:
+        return f"{length} encoder"
+
+    def lambada(self, texts, model, tokens_to_generate: int, top_n: int):
+        from nndf.seq2seq.evaluation import evaluate_lambada_seq2seq
+
+        return evaluate_lambada_seq2seq(texts, model.tokenizer, model.logits, top_n=top_n,
+                                        start_token_id=model.decoder.start_token_id,
+                                        max_positions=model.max_positions)
+
+    def fidelity(self, texts, model):
+        from nndf.seq2seq.evaluation import logit_fidelity_seq2seq
+
+        return logit_fidelity_seq2seq(texts, model.tokenizer, model.reference_logits, model.logits,
+                                      start_token_id=model.decoder.start_token_id, max_positions=model.max_positions)
+
+    def lambada_note(self, tokens_to_generate: int) -> str:
+        return ("encoder-decoder scoring as lm-evaluation-harness does it: the passage without its last word goes to "
+                "the encoder, the target word's tokens (with the tokenizer's special tokens) are scored on the "
+                "decoder, teacher-forced; top-N and token ppl over those target tokens; lm-eval acc = every target "
+                "token greedy, ppl per passage; no sequence ppl (--tokens-to-generate does not apply).")

@@ -17,7 +17,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> list[Result]:
-    from nndf.evaluation import evaluate_lambada, load_lambada, logit_fidelity, sample_texts
+    from nndf.evaluation import load_lambada, sample_texts
 
     if args.num_samples is not None and args.num_samples < 0:
         from nndf.errors import UsageError
@@ -29,15 +29,11 @@ def run(args) -> list[Result]:
     rows = []
     for model in models:
         say(f"scoring {len(chosen)} LAMBADA passages on {model.backend}")
-        metrics = evaluate_lambada(
-            chosen, model.tokenizer, model.logits, tokens_to_generate=args.tokens_to_generate,
-            top_n=args.topN, max_positions=model.max_positions,
-        )
+        metrics = model.architecture.lambada(chosen, model, args.tokens_to_generate, args.topN)
         row = dict(backend=label(model), **metrics.as_dict())
         if not model.is_reference:
             say(f"comparing {label(model)} logits with PyTorch on the same passages")
-            fidelity = logit_fidelity(chosen, model.tokenizer, model.reference_logits, model.logits,
-                                      max_positions=model.max_positions)
+            fidelity = model.architecture.fidelity(chosen, model)
             row.update(top1_agreement=fidelity.top1_agreement, mean_kl=fidelity.mean_kl)
         rows.append(row)
     n = args.topN
@@ -54,11 +50,7 @@ def run(args) -> list[Result]:
     ]
     if any("top1_agreement" in row for row in rows):
         columns += [Column("top1_agreement", "top-1 = PyTorch", "{:.2%}"), Column("mean_kl", "KL vs PyTorch", "{:.2e}")]
-    notes = [
-        f"top-N, token and sequence perplexity as NVIDIA's demo defines them over the last "
-        f"{args.tokens_to_generate} token(s); lm-eval columns as lm-evaluation-harness lambada_openai "
-        "computes them (target = last word; acc = every target token greedy; ppl per passage).",
-    ]
+    notes = [models[0].architecture.lambada_note(args.tokens_to_generate)]
     if any("top1_agreement" in row for row in rows):
         notes.append("top-1 = PyTorch: share of all positions whose next-token argmax equals the PyTorch model's; "
                      "KL vs PyTorch: mean KL(PyTorch || backend) per position. On random weights the logits are "

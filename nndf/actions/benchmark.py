@@ -38,6 +38,7 @@ def run(args) -> list[Result]:
         rows.append({
             "backend": runner.label,
             "latency_ms": latency * 1e3,
+            "encoder_ms": None if t.encoder_median is None else t.encoder_median * 1e3,
             "first_token_ms": t.first_token_median * 1e3,
             "decode_ms": None if t.decode_step_median is None else t.decode_step_median * 1e3,
             "tokens_per_s": batch * new_tokens / latency,
@@ -48,6 +49,7 @@ def run(args) -> list[Result]:
     columns = [
         Column("backend", "backend"),
         Column("latency_ms", f"p{pct:g} latency", "{:.1f}", "ms"),
+        *([Column("encoder_ms", "encoder", "{:.1f}", "ms")] if any(r["encoder_ms"] is not None for r in rows) else []),
         Column("first_token_ms", "first token", "{:.1f}", "ms"),
         Column("decode_ms", "decode step", "{:.2f}", "ms"),
         Column("tokens_per_s", "throughput", "{:.1f}", "tok/s"),
@@ -61,7 +63,12 @@ def run(args) -> list[Result]:
         "first token and decode step are medians over the same runs; peak memory is the process's "
         "(resident set on the CPU, allocated on CUDA) while that backend ran.",
     ]
-    title = (f"benchmark {first.spec.family} {first.variant.name}: batch {batch}, {prompt_len} prompt + "
+    if any(r["encoder_ms"] is not None for r in rows):
+        notes.append("encoder: the encoder's run, and for our loop the cross-attention cache generator's too (Hugging "
+                     "Face computes the cross-attention keys and values inside its first decoder step); first "
+                     "token includes it.")
+    inputs = first.architecture.benchmark_inputs(prompt_len)
+    title = (f"benchmark {first.spec.family} {first.variant.name}: batch {batch}, {inputs} + "
              f"{new_tokens} new tokens, beams {args.num_beams}, {'fp16' if args.fp16 else 'fp32'}, "
              f"cache {'on' if args.use_cache else 'off'}")
     return [Result("benchmark", title, columns, rows, context, notes)]

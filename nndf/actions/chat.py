@@ -50,15 +50,16 @@ def run(args, stream=None) -> list[Result]:
           "type a prompt, or 'exit' to end", flush=True)
     try:
         for prompt in _prompts(stream):
-            ids, mask = encode_prompts(tokenizer, [prompt], use_mask=True)
+            ids, mask = encode_prompts(tokenizer, [prompt], use_mask=True, pad_side=models[0].architecture.pad_side)
             for model in models:
                 started = time.perf_counter()
                 out = model.generate(ids, mask, max_new_tokens=args.output_seq_len, num_beams=args.num_beams)
                 seconds = time.perf_counter() - started
-                reply = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+                new = model.new_tokens(out, ids)[0]
+                reply = tokenizer.decode(new, skip_special_tokens=True)
                 print(f"[{model.backend:<{width}}] {seconds * 1e3:8.1f} ms | {reply.strip()}", flush=True)
                 rows.append({"prompt": prompt, "backend": model.backend, "ms": seconds * 1e3,
-                             "new_tokens": int(out.shape[1] - ids.shape[1]), "reply": reply})
+                             "new_tokens": int(new.shape[0]), "reply": reply})
     except KeyboardInterrupt:
         print()
     columns = [Column("backend", "backend"), Column("ms", "time", "{:.1f}", "ms"),

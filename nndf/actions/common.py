@@ -7,14 +7,15 @@ import sys
 
 import torch
 
+from nndf.architectures import architecture
 from nndf.backends import RUNS_ONNX_FILES, BackendOptions, backend_module
 from nndf.errors import UsageError
 from nndf.measure import TimingSettings
-from nndf.model import Model, default_device
+from nndf.model import Model, default_device, target_language_token
 from nndf.loading import load_config, load_model
 from nndf.registry import resolve
 from nndf.results import Column, Result
-from nndf.spec import BuildSettings, ShapeSpec
+from nndf.spec import BuildSettings
 
 
 def say(message: str) -> None:
@@ -78,14 +79,17 @@ def open_models(args) -> list[Model]:
                 f"backend '{name}' does not support the {spec.family} family; allowed: {', '.join(spec.backends)}"
             )
     config = load_config(spec, variant, torch_dir=args.torch_dir, random_weights=args.random_weights)
-    ShapeSpec.derive(settings, spec, config)  # flags against the model's positions, before the slow load
+    architecture(spec).derive_shapes(settings, spec, config)  # flags against the positions, before the slow load
     loaded = load_model(
         spec, variant, torch_dir=args.torch_dir, random_weights=args.random_weights,
         tokenizer_dir=args.tokenizer_dir, dtype=torch.float16 if settings.fp16 else torch.float32,
         device=default_device(), seed=args.seed,
     )
     options = backend_options(args, backends)
+    forced_bos = target_language_token(loaded, args.tgt_lang) if getattr(args, "tgt_lang", None) else None
     models = [Model(loaded, name, settings, options) for name in backends]
+    for model in models:
+        model.forced_bos_token_id = forced_bos
     if getattr(args, "info", False):
         print(info_result(models[0]).render(verbose=True))
         print()
@@ -130,8 +134,11 @@ def random_input_ids(batch: int, length: int, vocab_size: int, seed: int) -> tor
     return torch.randint(0, vocab_size, (batch, length), generator=generator)
 
 
-def encode_prompts(tokenizer, prompts: list[str], use_mask: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Token ids of a batch of prompts, left-padded with a mask; prompts of different lengths need --use-mask."""
+def encode_prompts(tokenizer, prompts: list[str], use_mask: bool,
+                   pad_side: str = "left") -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Token ids of a batch of prompts, padded with a mask (on the left for decoder-only models, which continue
+    every row from its end; an encoder reads the whole input, so `pad_side` "right" as its tokenizer does);
+    prompts of different lengths need --use-mask."""
     encoded = [tokenizer(p)["input_ids"] for p in prompts]
     lengths = {len(e) for e in encoded}
     if min(lengths) == 0:
@@ -143,6 +150,7 @@ def encode_prompts(tokenizer, prompts: list[str], use_mask: bool) -> tuple[torch
     ids = torch.full((len(encoded), width), pad, dtype=torch.long)
     mask = torch.zeros((len(encoded), width), dtype=torch.long)
     for row, tokens in enumerate(encoded):
-        ids[row, width - len(tokens):] = torch.tensor(tokens)
-        mask[row, width - len(tokens):] = 1
+        where = slice(width - len(tokens), width) if pad_side == "left" else slice(0, len(tokens))
+        ids[row, where] = torch.tensor(tokens)
+        mask[row, where] = 1
     return ids, (mask if use_mask else None)

@@ -33,13 +33,13 @@ def checkpoint_rows(args, models) -> list[dict]:
         matched = total = 0
         full, step = [], []
         for sample in samples:
-            ids, mask = encode_prompts(tokenizer, [sample.prompt], args.use_mask)
-            label = tokenizer(sample.label)["input_ids"][ids.shape[1]:] if sample.label else None
+            ids, mask = encode_prompts(tokenizer, [sample.prompt], args.use_mask, first.architecture.pad_side)
+            label = first.label_ids(ids, sample.label) if sample.label else None
             new_tokens = len(label) if label else args.output_seq_len or DEFAULT_NEW_TOKENS
             say(f"{runner.label}: '{sample.prompt[:40]}' + {new_tokens} tokens")
-            t = time_generation(runner, ids, mask, new_tokens, 0, args.num_beams, timing, progress=False)
+            t = time_generation(runner, ids, mask, new_tokens, None, args.num_beams, timing, progress=False)
             if label:
-                new = t.output[0, ids.shape[1]:].tolist()
+                new = first.new_tokens(t.output, ids)[0].tolist()
                 matched += sum(a == b for a, b in zip(new, label))
                 total += len(label)
             full.append(t.latency.median)

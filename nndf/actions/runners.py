@@ -40,10 +40,15 @@ class GenerationTiming:
     """End-to-end latency samples and, from the same calls, time to first token and per-step decode time."""
 
     latency: Timing
+    encoder: list[float]  # an encoder-decoder model's encoder time per call (empty for decoder-only models)
     first_token: list[float]
     decode_steps: list[float]
     peak_bytes: int | None
     output: torch.Tensor
+
+    @property
+    def encoder_median(self) -> float | None:
+        return statistics.median(self.encoder) if self.encoder else None
 
     @property
     def first_token_median(self) -> float:
@@ -65,13 +70,14 @@ def time_generation(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None,
     max_new_tokens: int,
-    min_new_tokens: int,
+    min_new_tokens: int | None,
     num_beams: int,
     timing: TimingSettings,
     progress: bool = True,
 ) -> GenerationTiming:
     """Time `runner` with `timing`, collecting first-token and decode-step times from every timed call."""
     timer = StepTimer()
+    encoder: list[float] = []
     first_token: list[float] = []
     decode_steps: list[float] = []
     outputs: list[torch.Tensor] = []
@@ -80,8 +86,11 @@ def time_generation(
         timer.start()
         outputs[:] = [
             runner.generate(input_ids, attention_mask, max_new_tokens=max_new_tokens,
-                            min_new_tokens=min_new_tokens, num_beams=num_beams, on_token=timer.mark)
+                            min_new_tokens=min_new_tokens, num_beams=num_beams, on_token=timer.mark,
+                            on_encoded=timer.mark_encoded)
         ]
+        if timer.encoder_time is not None:
+            encoder.append(timer.encoder_time)
         if timer.time_to_first_token is not None:
             first_token.append(timer.time_to_first_token)
         if timer.decode_step_median is not None:
@@ -94,6 +103,7 @@ def time_generation(
     timed_calls = len(latency.samples) * timing.number
     return GenerationTiming(
         latency=latency,
+        encoder=encoder[-timed_calls:],
         first_token=first_token[-timed_calls:],
         decode_steps=decode_steps[-timed_calls:],
         peak_bytes=memory.peak_bytes,

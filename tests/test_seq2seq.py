@@ -1,0 +1,193 @@
+"""Encoder-decoder families (T5, Flan-T5, BART, mBART) on frameworks and onnxrt: parity with Hugging Face
+`generate()` token for token, the model's own generation rules, the three exported graphs and their checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import nndf
+from conftest import build_tiny
+from family_examples import SEQ2SEQ_EXAMPLES
+from nndf.errors import UsageError
+
+EXAMPLES = list(SEQ2SEQ_EXAMPLES)
+
+
+def _prompts(seed: int = 7, vocab: int = 1000):
+    """Batch 3 of prompts of different lengths (right-padded, as T5 and BART tokenizers pad) with masks."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(4, vocab - 1, (3, 11), generator=g)
+    mask = torch.ones_like(ids)
+    mask[0, 8:] = 0
+    mask[2, 4:] = 0
+    return ids.masked_fill(mask == 0, 1), mask
+
+
+def _load(example, backend, seq2seq_dirs, work, use_cache=True, **kwargs):
+    family = SEQ2SEQ_EXAMPLES[example][0]
+    return nndf.load(family, backend=backend, torch_dir=str(seq2seq_dirs[example]), use_cache=use_cache,
+                     working_dir=str(work), device="cpu", **kwargs)
+
+
+@pytest.mark.parametrize("use_cache", [True, False], ids=["cache", "no-cache"])
+@pytest.mark.parametrize("backend", ["frameworks", "onnxrt"])
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_seq2seq_parity_with_hf_generate(example, backend, use_cache, seq2seq_dirs, onnx_work_dir):
+    """Whole decoder sequences equal generate()'s: greedy and 2 and 4 beams, batch 3 with masks; once under the
+    model's own generation rules (BART's no-repeat 2-grams and forced EOS, mBART's forced first token) and once
+    with a minimum length, so that random weights cannot end every row at once."""
+    m = _load(example, backend, seq2seq_dirs, onnx_work_dir, use_cache)
+    ids, mask = _prompts()
+    for num_beams in (1, 2, 4):
+        for min_new in (None, 9):
+            ours = m.generate(ids, mask, max_new_tokens=10, min_new_tokens=min_new, num_beams=num_beams)
+            reference = m.hf_generate(ids, mask, max_new_tokens=10, min_new_tokens=min_new, num_beams=num_beams)
+            assert torch.equal(ours, reference), f"{example} {backend} beams={num_beams} min_new={min_new}"
+            if min_new:
+                assert ours.shape[1] >= 1 + min_new
+    forced = m.loaded.generation_config.forced_bos_token_id
+    if forced is not None:
+        assert bool((ours[:, 1] == forced).all())  # mBART: the target language token comes first
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_seq2seq_logits_match_pytorch(example, seq2seq_dirs, onnx_work_dir):
+    """Teacher-forced decoder logits (what LAMBADA scoring reads) from the ONNX graphs equal PyTorch's."""
+    m = _load(example, "onnxrt", seq2seq_dirs, onnx_work_dir)
+    ids = torch.randint(4, 999, (1, 9), generator=torch.Generator().manual_seed(1))
+    decoder_ids = torch.tensor([[m.decoder.start_token_id, 5, 17, 300, 42]])
+    torch.testing.assert_close(m.logits(ids, decoder_ids), m.reference_logits(ids, decoder_ids), rtol=0, atol=1e-4)
+
+
+def test_bart_large_cnn_generation_config_gives_generate_tokens(tmp_path_factory, onnx_work_dir):
+    """bart-large-cnn's own rules (4 beams, no repeated 3-grams, min length 56, length penalty 2, early stopping,
+    forced BOS and EOS) from the registry: our loop with no overrides equals plain `model.generate()`."""
+    from transformers import GenerationConfig
+
+    from nndf.registry import resolve
+
+    _spec, variant = resolve("BART", "bart-large-cnn")
+    folder = build_tiny(tmp_path_factory.mktemp("cnn"), "cnn", SEQ2SEQ_EXAMPLES["bart"][1])
+    GenerationConfig(**variant.generation).save_pretrained(folder)
+    ids, mask = _prompts(seed=3)
+    for backend in ("frameworks", "onnxrt"):
+        m = nndf.load("BART", backend=backend, torch_dir=str(folder), working_dir=str(onnx_work_dir), device="cpu")
+        assert m.generation_options(60, None, None).num_beams == 4
+        ours = m.generate(ids, mask, max_new_tokens=60, min_new_tokens=None, num_beams=None)
+        with torch.inference_mode():
+            reference = m.loaded.model.generate(ids, attention_mask=mask, max_new_tokens=60)
+        assert torch.equal(ours, reference), backend
+        assert ours.shape[1] >= 56 and bool((ours[:, 1] == 0).all())  # min length, forced BOS
+
+
+def test_python_api_needs_no_tokenizer_and_returns_decoder_tokens(seq2seq_dirs):
+    m = nndf.load("T5", torch_dir=str(seq2seq_dirs["t5"]), device="cpu")
+    ids, mask = _prompts()
+    out = m.generate(ids, attention_mask=mask, max_new_tokens=5, min_new_tokens=5)
+    assert out.shape == (3, 6) and bool((out[:, 0] == 0).all())  # T5 starts from the pad token
+    assert torch.equal(m.new_tokens(out, ids), out[:, 1:])
+    assert [s.name for s in m.decoder.sessions] == ["frameworks"] * 3
+
+
+def test_tgt_lang_forces_the_target_language(tmp_path_factory, onnx_work_dir):
+    from tokenizers_offline import mbart50_language_id, mbart50_tokenizer_dir, vocab_size
+
+    from conftest import SHARED_DATA
+
+    if not SHARED_DATA.exists():
+        pytest.skip(f"{SHARED_DATA} is absent (../shared/data is not beside this checkout)")
+    root = tmp_path_factory.mktemp("mbart")
+    tokenizer = mbart50_tokenizer_dir(root / "tok")
+    config = dict(SEQ2SEQ_EXAMPLES["mbart"][1], vocab_size=vocab_size(tokenizer))
+    config.pop("forced_bos_token_id")
+    folder = build_tiny(root, "mbart", config, tokenizer_dir=tokenizer)
+    m = nndf.load("BART", torch_dir=str(folder), backend="onnxrt", working_dir=str(onnx_work_dir), tgt_lang="de_DE",
+                  device="cpu")
+    de = mbart50_language_id("de_DE")
+    ids, mask = _prompts(vocab=1000)
+    ours = m.generate(ids, mask, max_new_tokens=6, num_beams=2)
+    assert bool((ours[:, 1] == de).all())
+    assert torch.equal(ours, m.hf_generate(ids, mask, max_new_tokens=6, num_beams=2))
+    with pytest.raises(UsageError, match="--tgt-lang xx_XX is not an mBART-50 language"):
+        nndf.load("BART", torch_dir=str(folder), tgt_lang="xx_XX", device="cpu")
+    with pytest.raises(UsageError, match="--tgt-lang de_DE applies to multilingual translation models"):
+        nndf.load("GPT2", variant="gpt2", random_weights=True, tgt_lang="de_DE", device="cpu")
+
+
+def test_export_holds_three_graphs_reused_and_rebuilt_when_truncated(seq2seq_dirs, onnx_work_dir, capsys):
+    import onnx
+
+    from nndf.seq2seq.export import export_seq2seq
+
+    m = _load("bart", "frameworks", seq2seq_dirs, onnx_work_dir)
+    export = export_seq2seq(m.loaded, True, onnx_work_dir)
+    capsys.readouterr()
+    assert export_seq2seq(m.loaded, True, onnx_work_dir) == export
+    assert capsys.readouterr().err == ""  # reused: nothing exported
+    ops = {name: [n.op_type for n in onnx.load(str(g.graph), load_external_data=False).graph.node]
+           for name, g in export.graphs.items()}
+    layers = 2
+    assert ops["cross"].count("MatMul") == 2 * layers  # only the key and value projections
+    # the decoder never projects the encoder states: per layer 4 self + 2 cross (q, o) projections, 2 + 2 attention
+    # products, 2 feed-forward; plus the LM head
+    assert ops["decoder"].count("MatMul") == 12 * layers + 1
+    data = export.folder / "decoder.onnx.data"
+    data.write_bytes(data.read_bytes()[:-8])
+    export_seq2seq(m.loaded, True, onnx_work_dir)
+    assert f"rebuilding {export.folder}: decoder.onnx.data is missing or truncated" in capsys.readouterr().err
+
+
+def test_given_graphs_are_checked_by_tensor_names(seq2seq_dirs, onnx_work_dir):
+    """--encoder-onnx / --cache-generator-onnx / --decoder-onnx run given files, each checked by its names."""
+    from nndf.backends import BackendOptions
+    from nndf.model import Model
+    from nndf.seq2seq.export import export_seq2seq
+
+    m = _load("t5", "frameworks", seq2seq_dirs, onnx_work_dir)
+    graphs = {name: str(g.graph) for name, g in export_seq2seq(m.loaded, True, onnx_work_dir).graphs.items()}
+    given = BackendOptions(working_dir="/nonexistent", encoder_onnx=graphs["encoder"],
+                           cache_generator_onnx=graphs["cross"], decoder_onnx=graphs["decoder"])
+    ours = Model(m.loaded, "onnxrt", m.settings, given)
+    assert ours.artifacts == [graphs["encoder"], graphs["cross"], graphs["decoder"]]
+    ids, mask = _prompts()
+    assert torch.equal(ours.generate(ids, mask, max_new_tokens=4), m.hf_generate(ids, mask, max_new_tokens=4))
+    swapped = BackendOptions(working_dir=str(onnx_work_dir), encoder_onnx=graphs["decoder"])
+    with pytest.raises(UsageError, match=f"{graphs['decoder']} does not have the encoder's inputs and outputs"):
+        Model(m.loaded, "onnxrt", m.settings, swapped)
+    with pytest.raises(UsageError, match="--cache-generator-onnx /missing.onnx does not exist"):
+        Model(m.loaded, "onnxrt", m.settings, BackendOptions(cache_generator_onnx="/missing.onnx"))
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_quantized_graphs_replace_every_weight_matmul(kind, seq2seq_dirs, onnx_work_dir):
+    import onnx
+
+    m = _load("flan-t5", "onnxrt", seq2seq_dirs, onnx_work_dir, quantize=kind)
+    assert len(m.artifacts) == 3 and all(kind in a for a in m.artifacts)
+    for artifact in m.artifacts:
+        model = onnx.load(artifact, load_external_data=False)
+        weights = {i.name for i in model.graph.initializer if len(i.dims) == 2 and i.data_type == onnx.TensorProto.FLOAT}
+        assert not [n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in weights], artifact
+    ids, mask = _prompts()
+    assert m.generate(ids, mask, max_new_tokens=4, min_new_tokens=4).shape == (3, 5)
+
+
+def test_length_flags_are_checked_per_side(capsys):
+    """The encoder's and the decoder's lengths are each checked against their positions, before any weights load."""
+    from nndf.cli import main
+
+    t5 = ["benchmark", "T5", "frameworks", "--variant", "t5-small", "--random-weights"]
+    assert main([*t5, "--input-seq-len", "600"]) == 2
+    assert "--input-seq-len 600 exceeds the 512 positions of this model's encoder" in capsys.readouterr().err
+    assert main([*t5, "--input-seq-len", "500", "--output-seq-len", "512"]) == 2
+    assert "--output-seq-len 512 plus the decoder's start token exceeds the 512 positions" in capsys.readouterr().err
+    from nndf.loading import known_config
+    from nndf.registry import resolve
+    from nndf.seq2seq.shapes import Seq2SeqShapeSpec
+    from nndf.spec import BuildSettings
+
+    spec, variant = resolve("BART", "bart-base")
+    shapes = Seq2SeqShapeSpec.derive(BuildSettings(input_seq_len=1000, output_seq_len=600), spec,
+                                     known_config(variant))  # 1000 + 600 is fine: the two sides have a window each
+    assert (shapes.encoder.max, shapes.total.max) == (1000, 601)
