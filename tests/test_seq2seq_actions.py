@@ -1,0 +1,100 @@
+"""Every action on the encoder-decoder families, through the command line, with real-layout tokenizers made
+offline (tests/tokenizers_offline.py): T5 with a SentencePiece model, BART with GPT-2's byte-level BPE."""
+
+from __future__ import annotations
+
+import io
+import sys
+
+import pytest
+
+from conftest import LAMBADA_FILE, SHARED_DATA, build_tiny
+from family_examples import SEQ2SEQ_EXAMPLES
+
+
+@pytest.fixture(scope="module")
+def text_models(tmp_path_factory):
+    """Tiny T5 and BART whose vocabularies hold their tokenizers' ids, with the tokenizer in the folder."""
+    if not SHARED_DATA.exists():
+        pytest.skip(f"{SHARED_DATA} is absent (../shared/data is not beside this checkout)")
+    from tokenizers_offline import bart_tokenizer_dir, t5_tokenizer_dir, vocab_size
+
+    root = tmp_path_factory.mktemp("seq2seq-text")
+    made = {}
+    for example, tokenizer in (("t5", t5_tokenizer_dir(root / "t5-tok")), ("bart", bart_tokenizer_dir(root / "bart-tok"))):
+        family, config = SEQ2SEQ_EXAMPLES[example]
+        config = dict(config, vocab_size=vocab_size(tokenizer))
+        if "max_position_embeddings" in config:
+            config["max_position_embeddings"] = 256  # BART's checkpoint prompt is 131 tokens
+        made[family] = build_tiny(root, example, config, tokenizer_dir=tokenizer)
+    return made
+
+
+@pytest.mark.parametrize("family", ["T5", "BART"])
+def test_every_action_runs_for_encoder_decoder_families(family, text_models, tmp_path, capsys, monkeypatch):
+    from nndf.cli import main
+
+    model = ["--torch-dir", str(text_models[family]), "--working-dir", str(tmp_path)]
+    fast = ["--iterations", "1", "--warmup", "0"]
+    runs = [
+        ["benchmark", family, "frameworks", "onnxrt", *model, "--input-seq-len", "6", "--output-seq-len", "3", *fast],
+        ["run", family, "frameworks", *model, "--output-seq-len", "4", *fast],
+        ["compare", family, "frameworks", "onnxrt", *model, "--output-seq-len", "4", *fast],
+        ["accuracy", family, "frameworks", "onnxrt", *model, "--dataset-file", str(LAMBADA_FILE), "--num-samples", "3"],
+        ["chat", family, "frameworks", *model, "--output-seq-len", "3"],
+        ["export", family, "onnxrt", *model],
+    ]
+    outputs = {}
+    for argv in runs:
+        monkeypatch.setattr(sys, "stdin", io.StringIO("translate English to German: Hello\nexit\n"))
+        code = main(argv)
+        out, err = capsys.readouterr()
+        assert code == 0, f"{argv[0]}: {err}"
+        assert f"{argv[0]} " in out
+        outputs[argv[0]] = out
+    bench = outputs["benchmark"]
+    assert "6 encoder + 3 new tokens" in bench and "encoder (ms)" in bench and "onnxrt" in bench
+    assert "(HF generate)" in bench
+    assert "the passage without its last word goes to the encoder" in outputs["accuracy"]
+    assert "top-1 = PyTorch" in outputs["accuracy"]
+    assert outputs["export"].count(".onnx") == 3  # encoder, cross-attention cache generator, decoder
+    assert "translate English to German: Hello" in outputs["chat"] or "[frameworks]" in outputs["chat"]
+
+
+def test_info_lists_the_three_graphs(text_models, capsys):
+    from nndf.cli import main
+
+    argv = ["benchmark", "T5", "frameworks", "--torch-dir", str(text_models["T5"]), "--input-seq-len", "6",
+            "--output-seq-len", "3", "--iterations", "1", "--warmup", "0", "--info"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    for line in ("encoder: input_ids, attention_mask", "cross: cross.{0..1}.key|value", "decoder: past_key_values"):
+        assert line in out
+
+
+def test_seq2seq_lambada_scores_the_target_word_on_the_decoder(text_models):
+    """lm-eval's seq2seq pairing: context and target encoded separately with special tokens; a model whose logits
+    put each target token first is right on every passage, with perplexity 1."""
+    import torch
+
+    from nndf.evaluation import read_jsonl_texts
+    from nndf.loading import load_tokenizer
+    from nndf.registry import get_spec
+    from nndf.seq2seq.evaluation import encode_pair, evaluate_lambada_seq2seq
+
+    tokenizer = load_tokenizer(str(text_models["T5"]), get_spec("T5"))
+    texts = read_jsonl_texts(LAMBADA_FILE)[:4]
+    context, target = encode_pair(tokenizer, texts[0], 512)
+    assert context[-1] == target[-1] == tokenizer.eos_token_id
+    assert tokenizer.decode(target, skip_special_tokens=True).strip() == texts[0].split(" ")[-1]
+
+    def oracle(encoder_ids, decoder_ids):
+        ctx = encoder_ids[0].tolist()
+        want = next(encode_pair(tokenizer, t, 512)[1] for t in texts if encode_pair(tokenizer, t, 512)[0] == ctx)
+        logits = torch.zeros(1, decoder_ids.shape[1], 1100)
+        logits[0, torch.arange(len(want)), torch.tensor(want)] = 50.0
+        return logits
+
+    metrics = evaluate_lambada_seq2seq(texts, tokenizer, oracle, start_token_id=0, max_positions=512, progress=False)
+    assert metrics.lm_eval_accuracy == 1.0 and metrics.top1 == 1.0
+    assert metrics.lm_eval_perplexity == pytest.approx(1.0, abs=1e-6)
