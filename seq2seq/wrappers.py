@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, EncoderDecoderCache
 
-from nndf.export.wrapper import accepts, past_as_cache
+from nndf.export.wrapper import StepWrapper, flat_layers, past_as_cache
 from nndf.kvcache import KINDS, past_names, present_names
 
 
@@ -80,17 +80,12 @@ class CrossCacheWrapper(torch.nn.Module):
         cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
         out = self.model(encoder_outputs=(encoder_hidden_states,), decoder_input_ids=placeholder,
                          past_key_values=cache, use_cache=True)
-        cross = out.past_key_values.cross_attention_cache
-        return tuple(getattr(cross.layers[i], kind + "s") for i in range(self.num_layers) for kind in KINDS)
+        return flat_layers(out.past_key_values.cross_attention_cache, self.num_layers)
 
 
-class DecoderWrapper(torch.nn.Module):
+class DecoderWrapper(StepWrapper):
     def __init__(self, model: torch.nn.Module, num_layers: int, use_cache: bool) -> None:
-        super().__init__()
-        self.model = model
-        self.num_layers = num_layers
-        self.use_cache = use_cache
-        self.slices_before_head = accepts(type(model), "logits_to_keep")
+        super().__init__(model, num_layers, use_cache)
         self.input_names, self.output_names = decoder_io(num_layers, use_cache)
         self.eval()
 
@@ -103,11 +98,10 @@ class DecoderWrapper(torch.nn.Module):
         cache.is_updated = {layer: True for layer in range(self.num_layers)}
         rows, length = encoder_attention_mask.shape
         placeholder = cross[0].new_zeros(()).expand(rows, length, 1)  # sizes the encoder mask only
-        extra = {"logits_to_keep": logits_to_keep} if self.slices_before_head else {}
         out = self.model(encoder_outputs=(placeholder,), attention_mask=encoder_attention_mask,
-                         decoder_input_ids=input_ids, past_key_values=cache, use_cache=True, **extra)
-        logits = out.logits if self.slices_before_head else out.logits.index_select(1, logits_to_keep)
+                         decoder_input_ids=input_ids, past_key_values=cache, use_cache=True,
+                         **self.keep_kwargs(logits_to_keep))
+        logits = self.kept_logits(out.logits, logits_to_keep)
         if not self.use_cache:
             return (logits,)
-        present = out.past_key_values.self_attention_cache
-        return (logits, *(getattr(present.layers[i], kind + "s") for i in range(self.num_layers) for kind in KINDS))
+        return (logits, *flat_layers(out.past_key_values.self_attention_cache, self.num_layers))

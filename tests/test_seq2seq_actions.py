@@ -36,14 +36,16 @@ def test_every_action_runs_for_encoder_decoder_families(family, text_models, tmp
 
     model = ["--torch-dir", str(text_models[family]), "--working-dir", str(tmp_path)]
     fast = ["--iterations", "1", "--warmup", "0"]
+    backends = ["frameworks", "onnxrt"] if family == "T5" else ["frameworks"]  # one export (~20 s) is enough
     runs = [
-        ["benchmark", family, "frameworks", "onnxrt", *model, "--input-seq-len", "6", "--output-seq-len", "3", *fast],
+        ["benchmark", family, *backends, *model, "--input-seq-len", "6", "--output-seq-len", "3", *fast],
         ["run", family, "frameworks", *model, "--output-seq-len", "4", *fast],
-        ["compare", family, "frameworks", "onnxrt", *model, "--output-seq-len", "4", *fast],
-        ["accuracy", family, "frameworks", "onnxrt", *model, "--dataset-file", str(LAMBADA_FILE), "--num-samples", "3"],
+        ["compare", family, *backends, *model, "--output-seq-len", "4", *fast],
+        ["accuracy", family, *backends, *model, "--dataset-file", str(LAMBADA_FILE), "--num-samples", "3"],
         ["chat", family, "frameworks", *model, "--output-seq-len", "3"],
-        ["export", family, "onnxrt", *model],
     ]
+    if family == "T5":
+        runs.append(["export", family, "onnxrt", *model])
     outputs = {}
     for argv in runs:
         monkeypatch.setattr(sys, "stdin", io.StringIO("translate English to German: Hello\nexit\n"))
@@ -53,11 +55,11 @@ def test_every_action_runs_for_encoder_decoder_families(family, text_models, tmp
         assert f"{argv[0]} " in out
         outputs[argv[0]] = out
     bench = outputs["benchmark"]
-    assert "6 encoder + 3 new tokens" in bench and "encoder (ms)" in bench and "onnxrt" in bench
-    assert "(HF generate)" in bench
+    assert "6 encoder + 3 new tokens" in bench and "encoder (ms)" in bench and "(HF generate)" in bench
     assert "the passage without its last word goes to the encoder" in outputs["accuracy"]
-    assert "top-1 = PyTorch" in outputs["accuracy"]
-    assert outputs["export"].count(".onnx") == 3  # encoder, cross-attention cache generator, decoder
+    if family == "T5":
+        assert "onnxrt" in bench and "top-1 = PyTorch" in outputs["accuracy"]
+        assert outputs["export"].count(".onnx") == 3  # encoder, cross-attention cache generator, decoder
     assert "translate English to German: Hello" in outputs["chat"] or "[frameworks]" in outputs["chat"]
 
 

@@ -48,16 +48,39 @@ def past_as_cache(config, past) -> DynamicCache:
     return cache
 
 
-class DecoderWrapper(torch.nn.Module):
-    """`forward(input_ids, attention_mask, [position_ids], *past) -> (logits, *present)` over a causal LM."""
+def flat_layers(cache, num_layers: int) -> tuple[torch.Tensor, ...]:
+    """A cache's keys and values as flat tensors, layer by layer, in the order of `past_names` / `present_names`."""
+    return tuple(getattr(cache.layers[layer], kind + "s") for layer in range(num_layers) for kind in KINDS)
+
+
+class StepWrapper(torch.nn.Module):
+    """What every flat-tensor decoder step shares: the model, its layer count, and `logits_to_keep`.
+
+    `logits_to_keep` (int64 positions) selects the rows of logits computed: the last one while generating (the LM
+    head over the whole prompt is wasted work), all of them when scoring a text. Models that take it slice before
+    their head; for the others the logits are sliced after it.
+    """
 
     def __init__(self, model: torch.nn.Module, num_layers: int, use_cache: bool) -> None:
         super().__init__()
         self.model = model
         self.num_layers = num_layers
         self.use_cache = use_cache
-        self.with_position_ids = accepts(type(model), "position_ids")
         self.slices_before_head = accepts(type(model), "logits_to_keep")
+
+    def keep_kwargs(self, keep: torch.Tensor) -> dict:
+        return {"logits_to_keep": keep} if self.slices_before_head else {}
+
+    def kept_logits(self, logits: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        return logits if self.slices_before_head else logits.index_select(1, keep)
+
+
+class DecoderWrapper(StepWrapper):
+    """`forward(input_ids, attention_mask, [position_ids], *past) -> (logits, *present)` over a causal LM."""
+
+    def __init__(self, model: torch.nn.Module, num_layers: int, use_cache: bool) -> None:
+        super().__init__(model, num_layers, use_cache)
+        self.with_position_ids = accepts(type(model), "position_ids")
         self.eval()
 
     @property
@@ -69,14 +92,11 @@ class DecoderWrapper(torch.nn.Module):
         return decoder_io(type(self.model), self.num_layers, self.use_cache)[1]
 
     def forward(self, input_ids, attention_mask, *rest):
-        """`logits_to_keep` (int64 positions) selects the rows of logits computed: the last one while generating
-        (the LM head over the whole prompt is wasted work), all of them when scoring a text."""
         extra = {}
         if self.with_position_ids:
             extra["position_ids"], rest = rest[0], rest[1:]
         keep, rest = rest[0], rest[1:]
-        if self.slices_before_head:
-            extra["logits_to_keep"] = keep
+        extra.update(self.keep_kwargs(keep))
         cache = None
         if self.use_cache:
             cache = past_as_cache(self.model.config, rest)
@@ -87,11 +107,7 @@ class DecoderWrapper(torch.nn.Module):
             use_cache=self.use_cache,
             **extra,
         )
-        logits = out.logits if self.slices_before_head else out.logits.index_select(1, keep)
+        logits = self.kept_logits(out.logits, keep)
         if not self.use_cache:
             return (logits,)
-        present = out.past_key_values
-        flat = []
-        for layer in range(self.num_layers):
-            flat.extend(getattr(present.layers[layer], kind + "s") for kind in KINDS)
-        return (logits, *flat)
+        return (logits, *flat_layers(out.past_key_values, self.num_layers))
