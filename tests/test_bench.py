@@ -1,5 +1,6 @@
-"""bench/decoder_cpu.py: argument parsing, the ratio and goal arithmetic on made-up numbers, the table layout, and
-one real tiny run through the worker protocol (engines hf and onnxrt; the Optimum venv is never built here)."""
+"""bench/decoder_cpu.py and bench/seq2seq_cpu.py (and their shared bench/harness/): argument parsing, the ratio and
+goal arithmetic on made-up numbers, the table layout, and one real tiny decoder run through the worker protocol
+(engines hf and onnxrt; the Optimum venv is never built here)."""
 
 from __future__ import annotations
 
@@ -14,16 +15,20 @@ import pytest
 from conftest import REPO
 
 SCRIPT = REPO / "bench" / "decoder_cpu.py"
+SEQ2SEQ_SCRIPT = REPO / "bench" / "seq2seq_cpu.py"
 
 
-def _load_bench():
-    spec = importlib.util.spec_from_file_location("decoder_cpu", SCRIPT)
+def _load_bench(path=SCRIPT):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 bench = _load_bench()
+seq2seq = _load_bench(SEQ2SEQ_SCRIPT)
+from harness import driver, render, stats  # noqa: E402  (on sys.path once a script is loaded)
+from harness.worker import CallTimer, Runner  # noqa: E402
 
 
 # ---------------------------------------------------------------------------------------------------- arguments
@@ -68,15 +73,19 @@ def _stat(value):
                                        "n": 3, "values": [value] * 3}
 
 
-def _entry(step=None, tok=None, share=1.0):
+def _entry(step=None, tok=None, share=1.0, encoder=None):
     tokens = {"equal": int(100 * share), "total": 100, "share": share, "identical": share == 1.0,
               "first_difference": None if share == 1.0 else {"row": 0, "step": 7}}
-    return {"step_ms": _stat(step), "ttft_ms": _stat(50.0), "tok_s": _stat(tok), "e2e_s": _stat(2.0), "marks": [64],
-            "tokens": tokens}
+    entry = {"step_ms": _stat(step), "ttft_ms": _stat(50.0), "tok_s": _stat(tok), "e2e_s": _stat(2.0), "marks": [64],
+             "tokens": tokens}
+    if encoder is not None:
+        entry["encoder_ms"] = _stat(encoder)
+    return entry
 
 
-def _report(batches, memory, engines=None, failed=None):
-    """A report as run_benchmark builds it, from made-up medians: batches[b][engine] = (step_ms, tok_s, share)."""
+def _report(batches, memory, engines=None, failed=None, config=None):
+    """A report as run_benchmark builds it, from made-up medians: batches[b][engine] = (step_ms, tok_s, share,
+    encoder_ms); `config` a script's Bench (default: decoder_cpu's, through its module-level functions)."""
     failed = failed or {}
     engines = engines or list(dict.fromkeys([e for per in batches.values() for e in per] + list(failed)))
     report = {
@@ -89,8 +98,13 @@ def _report(batches, memory, engines=None, failed=None):
     }
     for engine, reason in failed.items():
         report["engines"][engine] = {"status": "failed", "reason": reason}
-    report["ratios"] = bench.compute_ratios(report)
-    report["goals"] = bench.evaluate_goals(report)
+    if config is None:
+        report["ratios"] = bench.compute_ratios(report)
+        report["goals"] = bench.evaluate_goals(report)
+    else:
+        report["settings"].update(family="T5", variant="t5-small")
+        report["ratios"] = stats.compute_ratios(report, config)
+        report["goals"] = stats.evaluate_goals(report, config)
     return report
 
 
@@ -210,6 +224,131 @@ def test_stat_and_token_agreement():
     assert same["identical"] and same["share"] == 1.0 and same["first_difference"] is None
     diff = bench.token_agreement(ref, [[[1, 2, 3, 4], [5, 6, 0, 0]]])
     assert not diff["identical"] and diff["share"] == 0.75 and diff["first_difference"] == {"row": 1, "step": 2}
+
+
+# ------------------------------------------------------------------------------------------ seq2seq_cpu.py
+
+def test_the_scripts_import_neither_nndf_nor_torch():
+    """Both scripts are the Optimum worker too, in a venv without nndf: the standard library only at import time."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import decoder_cpu, seq2seq_cpu; "
+            "print(sorted({'nndf', 'torch', 'transformers', 'numpy'} & set(sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", code, str(REPO / "bench")], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr
+
+
+def test_seq2seq_defaults_and_flags():
+    args = driver.parse_args(seq2seq.BENCH, [])
+    assert (args.family, args.variant, args.random_weights) == ("T5", "t5-small", True)
+    assert args.batch_sizes == [1, 4] and (args.input_len, args.output_len) == (64, 64)
+    assert args.engines == ["hf", "onnxrt", "onnxrt-int8", "optimum"]
+    args = driver.parse_args(seq2seq.BENCH, ["--family", "BART", "--variant", "bart-base", "--rounds", "3",
+                                             "--engines", "hf", "nndf-frameworks", "hf", "--threads", "1"])
+    assert (args.family, args.variant, args.rounds, args.threads) == ("BART", "bart-base", 3, 1)
+    assert args.engines == ["hf", "nndf-frameworks"]
+
+
+def test_seq2seq_rejects_engines_it_does_not_have(capsys):
+    with pytest.raises(SystemExit) as info:
+        driver.parse_args(seq2seq.BENCH, ["--engines", "hf", "onnxrt-int4"])
+    assert info.value.code == 2
+    assert "unknown engine(s) onnxrt-int4; allowed: hf, nndf-frameworks, onnxrt, onnxrt-int8, optimum" in \
+        capsys.readouterr().err
+
+
+def test_seq2seq_lengths_must_fit_the_positions():
+    args = driver.parse_args(seq2seq.BENCH, ["--input-len", "1024", "--output-len", "1023"])
+    assert seq2seq.check_lengths({"max_position_embeddings": 1024}, args) is None
+    args = driver.parse_args(seq2seq.BENCH, ["--output-len", "1024"])
+    assert "--output-len 1024" in seq2seq.check_lengths({"max_position_embeddings": 1024}, args)
+    assert seq2seq.check_lengths({"vocab_size": 32128}, args) is None  # no bound known
+
+
+S2S_MEMORY = {"hf": 600 * MiB, "onnxrt": 500 * MiB, "onnxrt-int8": 300 * MiB, "optimum": 900 * MiB}
+
+
+def _s2s_report(b4_onnxrt_tok=130.0, optimum=True):
+    engines = {1: {"hf": (24.0, 30.0, 1.0, 21.0), "onnxrt": (12.0, 50.0, 1.0, 9.0),
+                   "onnxrt-int8": (6.0, 95.0, 0.9, 5.0), "optimum": (16.0, 40.0, 1.0, 11.0)},
+               4: {"hf": (45.0, 60.0, 1.0, 65.0), "onnxrt": (14.0, b4_onnxrt_tok, 1.0),
+                   "onnxrt-int8": (8.0, 170.0, 0.85), "optimum": (30.0, 100.0, 1.0, 40.0)}}
+    failed = {}
+    if not optimum:
+        for per in engines.values():
+            del per["optimum"]
+        failed["optimum"] = "pip install failed: no network"
+    return _report(engines, S2S_MEMORY, failed=failed, config=seq2seq.BENCH)
+
+
+def test_seq2seq_goals_on_made_up_numbers():
+    report = _s2s_report()
+    assert _statuses(report) == {
+        "batch 1 onnxrt tok/s / hf": "PASS",           # 50 / 30 = 1.67 >= 1.6
+        "batch 1 onnxrt tok/s / optimum": "PASS",      # 1.25 >= 1.15
+        "batch 4 onnxrt tok/s / hf": "PASS",           # 2.17
+        "batch 4 onnxrt tok/s / optimum": "PASS",      # 1.30
+        "batch 1 onnxrt-int8 tok/s / hf": "PASS",      # 3.17 >= 3.0
+        "batch 4 onnxrt-int8 tok/s / hf": "FAIL",      # 2.83 < 3.0
+        "onnxrt fp32 tokens equal hf's": "PASS",
+    }
+    report = _s2s_report(b4_onnxrt_tok=110.0)
+    assert _statuses(report)["batch 4 onnxrt tok/s / optimum"] == "FAIL"  # 1.10 < 1.15
+    ratios = {(r["batch"], r["metric"], r["engine"]): r for r in report["ratios"]}
+    assert ratios[(1, "tok_s", "onnxrt")]["vs_hf"] == pytest.approx(50 / 30)
+    assert ratios[(4, "step_ms", "onnxrt")]["vs_optimum"] == pytest.approx(14 / 30)
+    assert ratios[(None, "peak_rss", "optimum")]["vs_hf"] == pytest.approx(1.5)
+
+
+def test_seq2seq_goals_skip_without_optimum():
+    goals = {g["label"]: g for g in _s2s_report(optimum=False)["goals"]}
+    assert goals["batch 1 onnxrt tok/s / hf"]["status"] == "PASS"
+    skipped = goals["batch 4 onnxrt tok/s / optimum"]
+    assert skipped["status"] == "SKIP" and "optimum did not run: pip install failed" in skipped["text"]
+
+
+def test_seq2seq_report_layout():
+    report = _s2s_report()
+    report["settings"]["generation"] = {"decoder_start_token_id": 0, "eos_token_id": 1}
+    text = render.render_report(report, seq2seq.BENCH)
+    lines = text.splitlines()
+    assert lines[0].startswith("seq2seq_cpu: T5 t5-small (random weights (seed 0)), 64 encoder + 64 new tokens")
+    assert lines[1] == ("generation config of the weights (applies to every engine): decoder_start_token_id 0, "
+                        "eos_token_id 1")
+    header = next(line for line in lines if line.strip().startswith("engine") and "encoder ms" in line)
+    assert header.split() == ["engine", "encoder", "ms", "spread", "decode", "ms/step", "spread", "first", "token",
+                              "ms", "spread", "tok/s", "spread", "tokens", "vs", "hf"]
+    assert any(line.split()[:3] == ["onnxrt", "9.00", "4.0%"] for line in lines)  # batch 1: encoder timed
+    assert any(line.split()[:4] == ["onnxrt", "-", "-", "14.00"] for line in lines)  # batch 4: no encoder time
+    order = [text.index(s) for s in ("\nbatch 1\n", "\nbatch 4\n", "RATIOS", "batch 1: tok/s",
+                                     "batch 1: decode ms/step", "batch 4: tok/s", "batch 4: decode ms/step",
+                                     "peak memory of each worker", "GOALS")]
+    assert order == sorted(order)
+    assert "onnxrt-int8: batch 1: 90.0% equal (first difference: row 0, new token 7); batch 4: 85.0% equal" in text
+    assert any(line.split() == ["onnxrt", "50.0", "1.67x", "1.25x"] for line in lines)
+    assert lines[-1].startswith("  PASS  onnxrt fp32 tokens equal hf's at batch 1, 4")
+
+
+def test_seq2seq_new_tokens_follow_the_decoder_start_token_and_the_encoder_timer():
+    import torch
+
+    runner = Runner()
+    ids, mask = runner.inputs([[5, 6, 7], [8, 9, 10]])
+    out = torch.tensor([[0, 11, 12], [0, 13, 14]])
+    runner.seq2seq = True
+    assert runner.new_tokens(out, (ids, mask)) == [[11, 12], [13, 14]]
+    runner.seq2seq = False
+    assert runner.new_tokens(torch.cat([ids, out], dim=1), (ids, mask)) == [[0, 11, 12], [0, 13, 14]]
+
+    class Encoder:
+        def forward(self, x):
+            return x + 1
+
+    encoder, timer = Encoder(), CallTimer()
+    timer.wrap(encoder, "forward")
+    assert timer.seconds is None
+    assert encoder.forward(1) == 2 and encoder.forward(2) == 3
+    assert timer.seconds > 0
+    timer.reset()
+    assert timer.seconds is None
 
 
 # ------------------------------------------------------------------------------------------------ a real tiny run

@@ -1,0 +1,11 @@
+"""What bench/decoder_cpu.py and bench/seq2seq_cpu.py share: engines in worker processes driven by JSON lines,
+the Optimum virtual environment, the CPU watch, statistics, ratios and goals, and the report.
+
+- `worker`: the worker process side (runs inside the Optimum venv too: standard library only at import time);
+- `engines`: the main side of the workers, the Optimum venv and the weights folder every engine loads;
+- `stats`: CPU watch, per-round statistics, token agreement, ratios and goals;
+- `render`: the tables and the report text;
+- `driver`: the whole run (warm-up, interleaved rounds, memory, report) and the scripts' `main`.
+
+Nothing here imports nndf, torch or transformers at import time.
+"""

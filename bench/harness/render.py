@@ -1,0 +1,146 @@
+"""The report as text: header, one table per batch size, the token check, RATIOS, then GOALS."""
+
+from __future__ import annotations
+
+from harness.bench import BUSY_CORES, METRIC_LABELS, METRICS
+from harness.stats import metric
+
+
+def format_table(header: list[str], rows: list[list[str]], align: str | None = None, indent: str = "") -> str:
+    """Columns padded to their widest cell; `align` has one 'l' or 'r' per column (default: first left, rest right)."""
+    align = align or "l" + "r" * (len(header) - 1)
+    widths = [max(len(str(c)) for c in column) for column in zip(header, *rows)]
+
+    def line(cells):
+        out = [str(c).ljust(w) if a == "l" else str(c).rjust(w) for c, w, a in zip(cells, widths, align)]
+        return (indent + "  ".join(out)).rstrip()
+
+    return "\n".join([line(header)] + [line(r) for r in rows])
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _pct(s: dict | None) -> str:
+    return "-" if not s else f"{s['spread_pct']:.1f}%"
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _tokens_cell(bench, engine: str, entry: dict) -> str:
+    t = entry.get("tokens")
+    if engine == "hf":
+        return "reference" if t is None or t["identical"] else f"reference, varies ({100 * t['share']:.1f}%)"
+    if t is None:
+        return "-"
+    if t["identical"]:
+        return "identical"
+    text = f"{100 * t['share']:.1f}% equal"
+    return f"MISMATCH {text}" if engine in bench.exact_engines else text
+
+
+def _header(report: dict, bench) -> list[str]:
+    s = report["settings"]
+    out = [f"{bench.name}: {s['family']} {s['variant']} ({s['weights']}), {s['input_len']} {bench.input_word} + "
+           f"{s['output_len']} new tokens, greedy, KV cache, {s['rounds']} interleaved rounds after 1 warm-up"]
+    if s.get("generation"):
+        out.append("generation config of the weights (applies to every engine): "
+                   + ", ".join(f"{k} {v}" for k, v in s["generation"].items()))
+    env = report.get("environment", {})
+    out.append("main env: " + ", ".join(f"{k} {v}" for k, v in env.get("main", {}).items()))
+    if env.get("optimum"):
+        out.append("optimum env: " + ", ".join(f"{k} {v}" for k, v in env["optimum"]["versions"].items()))
+    threads = s.get("threads")
+    out.append(f"threads: {threads if threads else 'each runtime default'}; figures are medians over rounds, "
+               "spread = (max - min) / median")
+    machine = report.get("machine") or {}
+    foreign, cores = machine.get("foreign_cores"), machine.get("cores")
+    if foreign is not None:
+        note = f"other processes used {foreign:.2f} of {cores} cores on average while we measured"
+        if foreign >= BUSY_CORES:
+            note = ("WARNING: " + note + ": absolute figures are inflated and ratios skewed (a runtime whose step waits"
+                    " for all of its threads, like PyTorch's, loses more to a busy core"
+                    + ("" if threads == 1 else "; try --threads 1") + ")")
+        out.append(note)
+    return out
+
+
+def _batch_table(report: dict, bench, b: int) -> list[str]:
+    s = report["settings"]
+    out = ["", f"batch {b}"]
+    rows = []
+    for e in s["engines"]:
+        entry = report["batches"].get(b, {}).get(e)
+        if not entry:
+            continue
+        row = [e]
+        for name in bench.table_metrics:
+            row += [_num(metric(report, e, b, name), METRICS[name][2]), _pct(entry.get(name))]
+        rows.append(row + [_tokens_cell(bench, e, entry)])
+    header = ["engine"] + [h for name in bench.table_metrics for h in (METRIC_LABELS[name], "spread")]
+    if rows:
+        out.append(format_table(header + ["tokens vs hf"], rows, "l" + "rr" * len(bench.table_metrics) + "l",
+                                indent="  "))
+    for e in s["engines"]:
+        info = report["engines"].get(e, {})
+        if not report["batches"].get(b, {}).get(e):
+            out.append(f"  {e}: not run: {info.get('reason') or 'no result'}")
+    return out
+
+
+def _token_section(report: dict, bench) -> list[str]:
+    """Per engine and batch: identical or the share of equal tokens; loud when an exact engine differs."""
+    s = report["settings"]
+    out = ["", "tokens (greedy, every run against hf's warm-up run of the same batch)"]
+    for e in s["engines"]:
+        if e == "hf":
+            continue
+        parts, loud = [], []
+        for b in s["batch_sizes"]:
+            t = (report["batches"].get(b, {}).get(e) or {}).get("tokens")
+            if t is None:
+                continue
+            first = t["first_difference"] or {}
+            if t["identical"]:
+                parts.append(f"batch {b}: identical")
+            else:
+                parts.append(f"batch {b}: {100 * t['share']:.1f}% equal (first difference: row {first.get('row')}, "
+                             f"new token {first.get('step')})")
+            if e in bench.exact_engines and not t["identical"]:
+                loud.append(f"!!! TOKEN MISMATCH: {e} differs from hf at batch {b}: {100 * t['share']:.1f}% of "
+                            f"tokens equal, first difference at row {first.get('row')}, new token {first.get('step')}")
+        if parts:
+            out.append(f"  {e}: " + "; ".join(parts))
+        out.extend("  " + line for line in loud)
+    return out
+
+
+def _ratio_section(report: dict, bench) -> list[str]:
+    ratios = report["ratios"]
+    out = ["", "RATIOS (same run, side by side)"]
+    for b in report["settings"]["batch_sizes"]:
+        for name in bench.ratio_metrics(b):
+            label, lower, digits = METRICS[name]
+            rows = [[r["engine"], _num(r["value"], digits), _x(r.get("vs_hf")), _x(r.get("vs_optimum"))]
+                    for r in ratios if r["batch"] == b and r["metric"] == name]
+            if rows:
+                out.append(f"  batch {b}: {label} ({'lower' if lower else 'higher'} is faster)")
+                out.append(format_table(["engine", label, "/ hf", "/ optimum"], rows, indent="    "))
+    rows = [[r["engine"], f"{r['value'] / 2**20:.0f}", _x(r.get("vs_hf"))] for r in ratios if r["metric"] == "peak_rss"]
+    if rows:
+        out.append("  peak memory of each worker process (its peak RSS, VmHWM, read at the end)")
+        out.append(format_table(["engine", "MiB", "/ hf"], rows, indent="    "))
+    return out
+
+
+def render_report(report: dict, bench) -> str:
+    out = _header(report, bench)
+    for b in report["settings"]["batch_sizes"]:
+        out += _batch_table(report, bench, b)
+    out += _token_section(report, bench)
+    out += _ratio_section(report, bench)  # ratios last, then the verdicts
+    out += ["", "GOALS"] + [f"  {g['status']:4}  {g['text']}" for g in report["goals"]]
+    return "\n".join(out)
