@@ -72,7 +72,15 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
     r = p.add_argument_group("backends")
     r.add_argument("--threads", type=int, help="intra-op threads for PyTorch and ONNX Runtime (default: one per core)")
     r.add_argument("--decoder-onnx", metavar="PATH", help="onnxrt: run this decoder ONNX file instead of exporting")
+    r.add_argument("--encoder-onnx", metavar="PATH",
+                   help="onnxrt, encoder-decoder models: run this encoder ONNX file instead of exporting")
+    r.add_argument("--cache-generator-onnx", metavar="PATH", help="onnxrt, encoder-decoder models: run this "
+                   "cross-attention cache generator ONNX file instead of exporting")
     r.add_argument("--decoder-engine", metavar="PATH", help="trt: run this TensorRT engine instead of building one")
+    r.add_argument("--encoder-engine", metavar="PATH",
+                   help="trt, encoder-decoder models: run this encoder engine instead of building one")
+    r.add_argument("--cache-generator-engine", metavar="PATH", help="trt, encoder-decoder models: run this "
+                   "cross-attention cache generator engine instead of building one")
     r.add_argument("--cuda-graph", action="store_true", help="trt: capture and replay CUDA graphs for decode steps")
     q = r.add_mutually_exclusive_group()
     q.add_argument("--int8", action="store_true", help="onnxrt: int8 weights (dynamic quantization, ONNX Runtime)")

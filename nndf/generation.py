@@ -67,7 +67,9 @@ class GenerationOptions:
         processors = LogitsProcessorList()
         if self.no_repeat_ngram_size > 0:
             processors.append(NoRepeatNGramLogitsProcessor(self.no_repeat_ngram_size))
-        if eos is not None and min_length > 0:
+        if eos is not None and min_length > 0 and self.min_new_tokens is None:
+            # generate() adds this beside MinNewTokens when min_new_tokens is given, with min_length = prompt +
+            # min_new_tokens: the same EOS ban twice. Once is exact and saves a pass over the vocabulary per step.
             processors.append(MinLengthLogitsProcessor(min_length, eos))
         if eos is not None and self.min_new_tokens:
             processors.append(MinNewTokensLengthLogitsProcessor(prompt_len, self.min_new_tokens, eos))

@@ -169,6 +169,8 @@ def load_model(
 
         def loader():
             return _from_hub(auto, variant.hub_id, dtype).to(device)
+    if dtype != torch.float32:  # exports are fp32 copies of the loaded weights: fp16-rounded ones are other weights
+        weights_id += f":{str(dtype).replace('torch.', '')}"
     return LoadedModel(spec, variant, config, source, tokenizer_source, weights_id, loader)
 
 

@@ -175,11 +175,7 @@ class Model:
 
     def reference_logits(self, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor | None = None) -> torch.Tensor:
         """The same logits from the PyTorch model itself: what other backends' fidelity is judged against."""
-        model = self.loaded.model
-        device = next(model.parameters()).device
-        extra = {} if decoder_input_ids is None else {"decoder_input_ids": decoder_input_ids.to(device)}
-        with torch.inference_mode():
-            return model(input_ids.to(device), **extra).logits.float().cpu()
+        return pytorch_logits(self.loaded.model, input_ids, decoder_input_ids)
 
     @property
     def is_reference(self) -> bool:
@@ -190,6 +186,16 @@ class Model:
     def artifacts(self) -> list[str]:
         """Files this backend runs (exported or quantized graphs, engines); empty for PyTorch."""
         return [str(p) for session in self.decoder.sessions for p in getattr(session, "artifacts", [])]
+
+
+def pytorch_logits(model: torch.nn.Module, input_ids: torch.Tensor,
+                   decoder_input_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """A PyTorch model's float logits (on the CPU) for what `Model.logits` scores: every position of `input_ids`,
+    or of `decoder_input_ids` (teacher-forced) given `input_ids` on an encoder-decoder model's encoder."""
+    device = next(model.parameters()).device
+    extra = {} if decoder_input_ids is None else {"decoder_input_ids": decoder_input_ids.to(device)}
+    with torch.inference_mode():
+        return model(input_ids.to(device), **extra).logits.float().cpu()
 
 
 def target_language_token(loaded: LoadedModel, code: str) -> int:

@@ -22,6 +22,7 @@ from nndf.seq2seq.wrappers import CrossCacheWrapper, DecoderWrapper, EncoderWrap
 from nndf.workspace import artifact_name, build_dir_artifact, stale_reason
 
 GRAPHS = ("encoder", "cross", "decoder")
+ROLES = {"encoder": "encoder", "cross": "cross-attention cache generator", "decoder": "decoder"}  # in messages
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,9 @@ TensorRT optimization profiles of all three graphs derive.
 `--input-seq-len` is the encoder's length and `--output-seq-len` the number of tokens the decoder generates after
 its start token; each is checked against the model's positions on its own (the encoder and the decoder each have
 theirs), unlike a decoder-only model whose prompt and output share one window. Encoder rows are the batch (the
-encoder runs once per prompt); decoder rows are batch x beams (its inputs are expanded for the beams).
+encoder runs once per prompt); decoder rows are batch x beams (its inputs are expanded for the beams), down to the
+smallest batch with one beam: teacher-forced scoring (`Seq2SeqDecoder.logits`: accuracy, the fp16 check) runs
+encoder and decoder on the same rows.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ class Seq2SeqShapeSpec(ShapeSpec):
         beams = settings.num_beams
         total_max = new_len + 1 if new_len else positions
         return cls(
-            rows=Dim(lo * beams, settings.batch_size * beams, hi * beams),
+            rows=Dim(lo, settings.batch_size * beams, hi * beams),
             prompt=Dim(1, 1, 1),
             total=Dim(1, min(total_max, (new_len or 64) + 1), total_max),
             num_layers=hooks.num_layers(config),
@@ -60,7 +62,7 @@ class Seq2SeqShapeSpec(ShapeSpec):
 
     def graph_profiles(self, graph: str, input_names: tuple[str, ...]) -> list[dict]:
         """TensorRT profiles of one graph ("encoder", "cross" or "decoder"), each {input: (min, opt, max) shape}."""
-        b, e, kv = self.batch, self.encoder, (self.kv_heads, self.head_dim)
+        b, e = self.batch, self.encoder
         if graph == "encoder":
             return [{name: _ranges(b, e) for name in input_names}]
         if graph == "cross":
@@ -68,13 +70,14 @@ class Seq2SeqShapeSpec(ShapeSpec):
         return self.profiles(input_names)
 
     def profiles(self, input_names: tuple[str, ...]) -> list[dict]:
-        """The decoder's profiles: with cache, a first step (start token, empty past) and a generation profile
-        (one token, past 1..total-1); without, one profile over the whole decoder sequence."""
+        """The decoder's profiles: with cache, a first step (empty past: the start token when generating, or a
+        whole teacher-forced decoder sequence when scoring) and a generation profile (one token, past
+        1..total-1); without, one profile over the whole decoder sequence."""
         r, e, (heads, dim) = self.rows, self.encoder, (self.kv_heads, self.head_dim)
 
         def shapes(seq: Dim, past: Dim | None) -> dict:
             profile = {"input_ids": _ranges(r, seq), "encoder_attention_mask": _ranges(r, e),
-                       "logits_to_keep": _ranges(Dim(1, 1, 1) if past is not None else seq)}
+                       "logits_to_keep": _ranges(seq)}
             for name in input_names:
                 if name.startswith("cross."):
                     profile[name] = _ranges(r, heads, e, dim)
@@ -84,7 +87,7 @@ class Seq2SeqShapeSpec(ShapeSpec):
 
         if not self.use_cache:
             return [shapes(self.total, None)]
-        first = shapes(Dim(1, 1, 1), Dim(0, 0, 0))
+        first = shapes(Dim(1, 1, self.total.max), Dim(0, 0, 0))
         generation = shapes(Dim(1, 1, 1), Dim(1, max(1, self.total.opt - 1), max(1, self.total.max - 1)))
         return [first, generation]
 

@@ -57,7 +57,7 @@ def test_quantized_graph_has_quantized_weights_and_the_same_names(tiny, kind, tm
     loaded, export = tiny
     graph = quantized_decoder(export, kind, tmp_path)
     err = capsys.readouterr().err
-    assert "quantizing" in err and "9 weight MatMuls" in err and "quantized in" in err
+    assert "quantizing" in err and "9 weight MatMuls" in err and "done in" in err
     assert graph.parent.parent == tmp_path and graph.parent.name.startswith(f"{export.folder.name}-{kind}-")
     ops = _ops(graph)
     # 2 layers x (qkv, attention output, MLP up, MLP down) + the LM head

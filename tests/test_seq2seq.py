@@ -197,3 +197,65 @@ def test_length_flags_are_checked_per_side(capsys):
     shapes = Seq2SeqShapeSpec.derive(BuildSettings(input_seq_len=1000, output_seq_len=600), spec,
                                      known_config(variant))  # 1000 + 600 is fine: the two sides have a window each
     assert (shapes.encoder.max, shapes.total.max) == (1000, 601)
+
+
+def _fp16_decoder(m, work):
+    """The T5 example's three graphs converted to fp16 (T5's feed-forward output kept fp32), run on the CPU."""
+    from nndf.backends.onnxrt import OrtSession
+    from nndf.export.half import fp16_graph
+    from nndf.seq2seq.decoder import Seq2SeqDecoder
+    from nndf.seq2seq.export import export_seq2seq
+
+    export = export_seq2seq(m.loaded, True, work)
+    paths = {name: fp16_graph(g, m.spec.hooks.fp32_modules(), work) for name, g in export.graphs.items()}
+    sessions = {name: OrtSession(paths[name], g.input_names, g.output_names, torch_outputs=name != "decoder")
+                for name, g in export.graphs.items()}
+    decoder = Seq2SeqDecoder(sessions["encoder"], sessions["cross"], sessions["decoder"], m.shapes, m.spec.hooks,
+                             m.decoder.start_token_id)
+    return export, paths, decoder
+
+
+def test_fp16_graphs_keep_t5_feed_forward_output_in_fp32(seq2seq_dirs, onnx_work_dir):
+    """ONNX Runtime's fp16 conversion gets T5's `DenseReluDense.wo` nodes on its block list: they compute in fp32
+    (their weight is cast back to fp32), every other projection has fp16 weights; the logits stay within 1%."""
+    import onnx
+
+    from nndf.export.precision import module_nodes
+
+    m = _load("t5", "frameworks", seq2seq_dirs, onnx_work_dir)
+    export, paths, decoder = _fp16_decoder(m, onnx_work_dir)
+    for graph in ("encoder", "decoder"):
+        kept = set(module_nodes(export.graphs[graph].graph, ("DenseReluDense.wo",)))
+        assert len(kept) == 2, graph  # one per layer
+        model = onnx.load(str(paths[graph]), load_external_data=False)
+        inits = {i.name: i.data_type for i in model.graph.initializer}
+        producers = {o: n for n in model.graph.node for o in n.output}
+        for node in model.graph.node:
+            if node.op_type != "MatMul" or node.name not in kept:
+                continue
+            cast = producers[node.input[1]]
+            assert cast.op_type == "Cast" and cast.attribute[0].i == onnx.TensorProto.FLOAT, node.name
+        fp16 = [n for n in model.graph.node if n.op_type == "MatMul" and inits.get(n.input[1]) == onnx.TensorProto.FLOAT16]
+        assert len(fp16) >= 4 * 2, graph
+    ids = torch.randint(4, 999, (2, 9), generator=torch.Generator().manual_seed(2))
+    decoder_ids = torch.tensor([[0, 5, 17, 300]] * 2)
+    got, expected = decoder.logits(ids, decoder_ids), m.reference_logits(ids, decoder_ids)
+    assert float((got - expected).abs().max()) <= 0.01 * float(expected.abs().max())
+
+
+def test_fp16_on_onnxrt_without_a_gpu_is_one_clear_error(seq2seq_dirs, onnx_work_dir):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the fp16 path runs (tests marked gpu)")
+    with pytest.raises(UsageError, match="--fp16 on the onnxrt backend needs ONNX Runtime's CUDA provider"):
+        _load("t5", "onnxrt", seq2seq_dirs, onnx_work_dir, fp16=True)
+
+
+@pytest.mark.gpu
+def test_gpu_fp16_onnxrt_t5_logits_within_one_percent(seq2seq_dirs, tmp_path):
+    """On a GPU with onnxruntime-gpu: the fp16 T5 graphs on the CUDA provider, against fp32 PyTorch."""
+    m = nndf.load("T5", backend="onnxrt", torch_dir=str(seq2seq_dirs["t5"]), fp16=True, working_dir=str(tmp_path))
+    reference = nndf.load("T5", torch_dir=str(seq2seq_dirs["t5"]), device="cpu")
+    ids = torch.randint(4, 999, (2, 9), generator=torch.Generator().manual_seed(2))
+    decoder_ids = torch.tensor([[0, 5, 17, 300]] * 2)
+    got, expected = m.logits(ids, decoder_ids), reference.reference_logits(ids, decoder_ids)
+    assert float((got - expected).abs().max()) <= 0.01 * float(expected.abs().max())

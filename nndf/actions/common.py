@@ -47,18 +47,26 @@ def timing_settings(args) -> TimingSettings:
     )
 
 
+GIVEN_ONNX = ("decoder_onnx", "encoder_onnx", "cache_generator_onnx")  # BackendOptions fields, flags with dashes
+GIVEN_ENGINES = ("decoder_engine", "encoder_engine", "cache_generator_engine")
+
+
+def _flag(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
 def backend_options(args, backends: list[str]) -> BackendOptions:
-    """Backend options from the flags; --int8/--int4/--decoder-onnx need a backend that can use them."""
+    """Backend options from the flags; --int8/--int4 and given ONNX files need a backend that runs ONNX files,
+    given engines and --cuda-graph the trt backend."""
     quantize = "int8" if args.int8 else "int4" if args.int4 else None
-    if quantize or args.decoder_onnx:
-        flag = f"--{quantize}" if quantize else "--decoder-onnx"
-        if not any(b in RUNS_ONNX_FILES for b in backends):
-            raise UsageError(f"{flag} applies to the {', '.join(RUNS_ONNX_FILES)} backend(s); add one of them")
-    if (args.decoder_engine or args.cuda_graph) and "trt" not in backends:
-        raise UsageError(f"{'--decoder-engine' if args.decoder_engine else '--cuda-graph'} applies to the trt backend; "
-                         "add trt")
-    return BackendOptions(working_dir=args.working_dir, threads=args.threads, decoder_onnx=args.decoder_onnx,
-                          quantize=quantize, decoder_engine=args.decoder_engine, cuda_graph=args.cuda_graph)
+    onnx_flags = [f"--{quantize}"] * bool(quantize) + [_flag(f) for f in GIVEN_ONNX if getattr(args, f)]
+    if onnx_flags and not any(b in RUNS_ONNX_FILES for b in backends):
+        raise UsageError(f"{onnx_flags[0]} applies to the {', '.join(RUNS_ONNX_FILES)} backend(s); add one of them")
+    trt_flags = [_flag(f) for f in (*GIVEN_ENGINES, "cuda_graph") if getattr(args, f)]
+    if trt_flags and "trt" not in backends:
+        raise UsageError(f"{trt_flags[0]} applies to the trt backend; add trt")
+    return BackendOptions(working_dir=args.working_dir, threads=args.threads, quantize=quantize,
+                          cuda_graph=args.cuda_graph, **{f: getattr(args, f) for f in (*GIVEN_ONNX, *GIVEN_ENGINES)})
 
 
 def open_models(args) -> list[Model]:
@@ -124,7 +132,7 @@ def info_result(model: Model) -> Result:
         columns=[Column("tensor", "tensor"), Column("shape", "shape")],
         rows=rows,
         context=describe(model),
-        notes=list(getattr(model.decoder.session, "info_notes", [])),
+        notes=[note for session in model.decoder.sessions for note in getattr(session, "info_notes", [])],
     )
 
 

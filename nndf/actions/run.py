@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import statistics
 
-import torch
-
 from nndf.actions.common import describe, encode_prompts, open_models, say, timing_settings
 from nndf.actions.runners import runners_for, time_generation
 from nndf.checkpoint import DEFAULT_NEW_TOKENS, read_samples

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import sys
 import tempfile
@@ -36,7 +37,8 @@ def trtexec_command(request: EngineRequest, engine: str | Path, timing_cache: st
 
     With several profiles, each set of --minShapes/--optShapes/--maxShapes follows its `--profile=N`, as in
     NVIDIA's demo. TF32 is trtexec's default (`--noTF32` turns it off); the faster-dynamic-shapes preview feature
-    is named only for TensorRT versions that have it (8.5 to 9.x).
+    is named only for TensorRT versions that have it (8.5 to 9.x). Layers kept in fp32 in an fp16 build are named
+    by their ONNX nodes (`--layerPrecisions`, `--layerOutputTypes`, obeyed with `--precisionConstraints=obey`).
     """
     parts = ["trtexec", f"--onnx={shlex.quote(str(request.onnx_path))}", f"--saveEngine={shlex.quote(str(engine))}"]
     several = len(request.profiles) > 1
@@ -50,6 +52,9 @@ def trtexec_command(request: EngineRequest, engine: str | Path, timing_cache: st
         parts.append("--noTF32")
     if request.fp16:
         parts.append("--fp16")
+        if request.fp32_layers:
+            spec = shlex.quote(",".join(f"{name}:fp32" for name in request.fp32_layers))
+            parts += ["--precisionConstraints=obey", f"--layerPrecisions={spec}", f"--layerOutputTypes={spec}"]
     if preview_feature_available:
         parts.append(f"--preview={'+' if request.preview_dynamic_shapes else '-'}fasterDynamicShapes0805")
     if timing_cache is not None:
@@ -58,15 +63,16 @@ def trtexec_command(request: EngineRequest, engine: str | Path, timing_cache: st
 
 
 def describe_profiles(profiles: list[dict]) -> str:
-    """One line per profile for progress messages: the ranges of input_ids and the first past tensor."""
+    """One line per profile for progress messages: the ranges of input_ids and the first past tensor (of the first
+    input for graphs that have neither, as a cross-attention cache generator)."""
     names = ("context", "generation") if len(profiles) == 2 else tuple(f"profile {i}" for i in range(len(profiles)))
     lines = []
     for label, profile in zip(names, profiles):
         bits = []
-        for name, dims in profile.items():
-            if name == "input_ids" or name.endswith(".0.key"):
-                lo, _, hi = dims
-                bits.append(f"{name} {'x'.join(map(str, lo))}..{'x'.join(map(str, hi))}")
+        shown = [n for n in profile if n == "input_ids" or n.endswith(".0.key")] or list(profile)[:1]
+        for name in shown:
+            lo, _, hi = profile[name]
+            bits.append(f"{name} {'x'.join(map(str, lo))}..{'x'.join(map(str, hi))}")
         lines.append(f"{label}: {', '.join(bits)}")
     return "; ".join(lines)
 
@@ -112,6 +118,33 @@ def progress_monitor(trt, report: Callable[[str], None] = say):
     return _Monitor()
 
 
+def keep_layers_fp32(network, node_names, trt) -> list[str]:
+    """Pin the layers of the named ONNX nodes to fp32 (precision and float outputs); returns the layers marked.
+
+    The ONNX parser names a node's layer after the node, and further layers it needs for that node after the node
+    with a numeric suffix (`node_linear_7`, `node_linear_7_12`): both are marked. Only layers with a floating
+    output are touched (a shape computation stays as it is). The builder obeys the marks only with
+    `OBEY_PRECISION_CONSTRAINTS` set (Polygraphy: `CreateConfig(precision_constraints="obey")`).
+    """
+    if not node_names:
+        return []
+    floats = [getattr(trt, name) for name in ("float32", "float16", "bfloat16") if hasattr(trt, name)]
+    pattern = re.compile(f"(?:{'|'.join(re.escape(n) for n in node_names)})(?:_[0-9]+)?")
+    marked = []
+    for index in range(network.num_layers):
+        layer = network.get_layer(index)
+        if not pattern.fullmatch(layer.name):
+            continue
+        outputs = [i for i in range(layer.num_outputs) if any(layer.get_output(i).dtype == f for f in floats)]
+        if not outputs:
+            continue
+        layer.precision = trt.float32
+        for i in outputs:
+            layer.set_output_type(i, trt.float32)
+        marked.append(layer.name)
+    return marked
+
+
 def _write_buffer(path: Path, buffer) -> None:
     """Write bytes or a buffer-protocol object (TensorRT's IHostMemory) without another copy in memory."""
     with open(path, "wb") as f:
@@ -125,7 +158,8 @@ def build_engine(request: EngineRequest, path: Path, timing_cache: Path, metadat
     Polygraphy's `CreateConfig` gets the profiles, TF32 (on unless asked otherwise) and fp16; the faster-dynamic-
     shapes preview feature is set on the config, alone, where TensorRT has it (Polygraphy's own `preview_features`
     list would switch every other preview feature off), and a progress monitor reports the phases. The timing
-    cache is read from the working dir and the grown one replaces it only after a successful build.
+    cache is read from the working dir and the grown one replaces it only after a successful build. In an fp16
+    build the request's `fp32_layers` are pinned to fp32 (`keep_layers_fp32`) and the builder obeys it.
     """
     try:
         import tensorrt as trt
@@ -144,12 +178,17 @@ def build_engine(request: EngineRequest, path: Path, timing_cache: Path, metadat
             profile.add(name, min=tuple(lo), opt=tuple(opt), max=tuple(hi))
         profiles.append(profile)
     timing_cache = Path(timing_cache)
+    fp32_layers = request.fp32_layers if request.fp16 else ()
     create = CreateConfig(tf32=request.tf32, fp16=request.fp16, profiles=profiles,
-                          load_timing_cache=str(timing_cache) if timing_cache.is_file() else None)
+                          load_timing_cache=str(timing_cache) if timing_cache.is_file() else None,
+                          **({"precision_constraints": "obey"} if fp32_layers else {}))
     feature = faster_dynamic_shapes_feature(trt)
     monitor = progress_monitor(trt, report)
 
     def config(builder, network):
+        if fp32_layers:
+            marked = keep_layers_fp32(network, fp32_layers, trt)
+            report(f"  {len(marked)} layers of {len(fp32_layers)} ONNX nodes kept in fp32")
         built = create(builder, network)
         if feature is not None:
             built.set_preview_feature(feature, bool(request.preview_dynamic_shapes))

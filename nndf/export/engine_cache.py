@@ -61,9 +61,14 @@ class DeviceInfo:
 
 @dataclass(frozen=True)
 class EngineRequest:
-    """One decoder engine to build: the ONNX graph it comes from and how (profiles come from `ShapeSpec.profiles`)."""
+    """One engine to build: the exported graph it comes from and how (profiles come from the ShapeSpec).
 
-    stem: str  # e.g. "GPT2-gpt2-decoder"
+    A decoder-only model has one (`graph` "decoder"); an encoder-decoder model three, one per graph ("encoder",
+    "cross", "decoder"), each with its own stem, names and profiles. `fp32_layers` are the ONNX nodes whose layers
+    stay fp32 in an fp16 build (`nndf.export.precision.module_nodes` of the family's `fp32_modules`).
+    """
+
+    stem: str  # e.g. "GPT2-gpt2-decoder", "T5-t5-small-encoder"
     onnx_path: Path
     onnx_id: str  # the export's artifact name: it already hashes the weights, exporter versions and use_cache
     input_names: tuple[str, ...]
@@ -74,6 +79,8 @@ class EngineRequest:
     preview_dynamic_shapes: bool = True
     postfix: str = ""
     extra: Mapping[str, object] = field(default_factory=dict)  # anything else that shaped the engine
+    graph: str = "decoder"
+    fp32_layers: tuple[str, ...] = ()
 
     @property
     def precision(self) -> str:
@@ -87,9 +94,12 @@ def validate_postfix(postfix: str) -> None:
 
 
 def engine_settings(request: EngineRequest, device: DeviceInfo) -> dict:
-    """Everything that shaped an engine and where it can run: its metadata, and (hashed) its name."""
+    """Everything that shaped an engine and where it can run: its metadata, and (hashed) its name.
+
+    Layers kept in fp32 are named only when there are some, so engines without any keep the names they had.
+    """
     return {
-        "kind": "trt-decoder-engine",
+        "kind": f"trt-{request.graph}-engine",
         "onnx": request.onnx_id,
         "input_names": list(request.input_names),
         "output_names": list(request.output_names),
@@ -98,6 +108,7 @@ def engine_settings(request: EngineRequest, device: DeviceInfo) -> dict:
         "tf32": request.tf32,
         "preview_dynamic_shapes": request.preview_dynamic_shapes,
         "builder_revision": ENGINE_BUILDER_REVISION,
+        **({"fp32_layers": list(request.fp32_layers)} if request.fp32_layers else {}),
         **as_json(dict(request.extra)),
         **device.as_dict(),
     }
@@ -120,6 +131,7 @@ _LABELS = {
     "tensorrt_version": "TensorRT version", "gpu_name": "GPU", "compute_capability": "compute capability",
     "onnx": "ONNX export", "profiles": "set of optimization profiles", "fp16": "precision", "tf32": "TF32 setting",
     "preview_dynamic_shapes": "preview-dynamic-shapes setting", "builder_revision": "builder revision",
+    "fp32_layers": "set of layers kept in fp32",
 }
 
 
@@ -169,19 +181,20 @@ def glob_escape(text: str) -> str:
     return re.sub(r"([*?\[])", r"[\1]", text)
 
 
-def check_given_engine(path: str | Path, device: DeviceInfo) -> Path:
-    """`--decoder-engine PATH`: the file must exist, and its metadata (when it has ours) must name this setup."""
+def check_given_engine(path: str | Path, device: DeviceInfo, flag: str = "--decoder-engine") -> Path:
+    """`--decoder-engine PATH` (or `flag`, e.g. --encoder-engine): the file must exist, and its metadata (when it
+    has ours) must name this setup."""
     path = Path(path)
     if not path.is_file():
-        raise UsageError(f"--decoder-engine {path} does not exist")
+        raise UsageError(f"{flag} {path} does not exist")
     meta = read_metadata(path)
     if meta:
         mine = device.as_dict()
         differs = [k for k in DEVICE_KEYS if meta.get(k) is not None and str(meta.get(k)) != mine[k]]
         if differs:
             built = DeviceInfo(*(str(meta.get(k, "?")) for k in DEVICE_KEYS))
-            raise UsageError(f"--decoder-engine {path} was built with {built.describe()} and this machine has "
-                             f"{device.describe()}; rebuild it here, or drop --decoder-engine to build one")
+            raise UsageError(f"{flag} {path} was built with {built.describe()} and this machine has "
+                             f"{device.describe()}; rebuild it here, or drop {flag} to build one")
     return path
 
 

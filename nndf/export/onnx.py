@@ -15,10 +15,11 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
-from nndf.errors import HarnessError, UsageError
+from nndf.errors import HarnessError
 from nndf.export.wrapper import DecoderWrapper, decoder_io
 from nndf.loading import LoadedModel
 from nndf.workspace import artifact_name, build_dir_artifact, stale_reason
@@ -185,3 +186,26 @@ def export_decoder(loaded: LoadedModel, use_cache: bool, working_dir: str | Path
     build_dir_artifact(folder, build, dict(settings, **io))
     say(f"exported in {time.perf_counter() - started:.1f} s to {folder}")
     return DecoderExport(folder, wrapper.input_names, wrapper.output_names)
+
+
+def derived_graph(export: DecoderExport, label: str, settings: dict, working_dir: str | Path,
+                  build: Callable[[Path], None], doing: str) -> Path:
+    """A graph made from an exported one (quantized, fp16), as a folder artifact of its own: named from its
+    settings, the source's tensor names in its metadata, reused while all of it matches, else rebuilt with the
+    reason. `build(path)` writes the graph (and its external data beside it) to `path`; `doing` is the progress line.
+    """
+    graph_file = export.graph.name
+    stem = export.folder.name if graph_file == GRAPH_FILE else f"{export.folder.name}-{export.graph.stem}"
+    folder = Path(working_dir) / artifact_name(f"{stem}-{label}", settings, "")
+    metadata = dict(settings, input_names=list(export.input_names), output_names=list(export.output_names))
+    reason = stale_reason(folder, metadata)
+    if reason is None:
+        return folder / graph_file
+    if folder.exists():
+        say(f"rebuilding {folder}: {reason}")
+    say(doing)
+    started = time.perf_counter()
+    build_dir_artifact(folder, lambda tmp: build(tmp / graph_file), metadata)
+    size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file()) / 2**20
+    say(f"done in {time.perf_counter() - started:.1f} s: {folder} ({size:.0f} MiB)")
+    return folder / graph_file

@@ -68,16 +68,15 @@ import contextlib
 import logging
 import shutil
 import sys
-import time
 from pathlib import Path
 from typing import Mapping
 
 from nndf.errors import HarnessError, UsageError
-from nndf.workspace import artifact_name, build_dir_artifact, read_metadata, stale_reason
+from nndf.export.onnx import derived_graph
+from nndf.workspace import read_metadata
 
 # Bump when a change here changes the graphs produced, so that old quantized graphs are rebuilt rather than reused.
 QUANTIZER_REVISION = 2
-GRAPH_FILE = "decoder.onnx"  # the decoder-only export's graph; an encoder-decoder export names each of its three
 
 # The parameters of each kind. Every one of them is part of the artifact's settings (and so of its name).
 INT8 = {"method": "dynamic", "weight_type": "QInt8", "per_channel": True, "reduce_range": False}
@@ -370,23 +369,11 @@ def quantized_decoder(export, kind: str, working_dir: str | Path, params: Mappin
         raise HarnessError(f"the exported graph {export.graph} is missing; delete {export.folder} to re-export it")
 
     settings = quantize_settings(export, kind, params)
-    graph_file = export.graph.name
-    stem = export.folder.name if graph_file == GRAPH_FILE else f"{export.folder.name}-{export.graph.stem}"
-    folder = Path(working_dir) / artifact_name(f"{stem}-{kind}", settings, "")
-    io = {"input_names": list(export.input_names), "output_names": list(export.output_names)}
-    metadata = dict(settings, **io)
-    reason = stale_reason(folder, metadata)
-    if reason is None:
-        return folder / graph_file
-    if folder.exists():
-        say(f"rebuilding {folder}: {reason}")
-    say(f"quantizing {export.graph} to {kind}: {_describe(params)} ...")
-    started = time.perf_counter()
 
-    def build(tmp: Path) -> None:
+    def build(out: Path) -> None:
         import onnx
 
-        out = tmp / graph_file
+        tmp, graph_file = out.parent, out.name
         with _quiet_quantizers():
             try:
                 model = onnx.load(str(export.graph), load_external_data=True)
@@ -425,8 +412,6 @@ def quantized_decoder(export, kind: str, working_dir: str | Path, params: Mappin
             if extra.name not in (graph_file, graph_file + ".data"):
                 shutil.rmtree(extra) if extra.is_dir() else extra.unlink()
 
-    build_dir_artifact(folder, build, metadata)
-    size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file()) / 2**20
-    say(f"quantized in {time.perf_counter() - started:.1f} s to {folder} ({size:.0f} MiB)")
-    return folder / graph_file
+    return derived_graph(export, kind, settings, working_dir, build,
+                         f"quantizing {export.graph} to {kind}: {_describe(params)} ...")
 

@@ -1,8 +1,9 @@
-"""What an engine declares, and whether it fits the decoder: plain data and torch, tested without a GPU.
+"""What an engine declares, and whether it fits its graph: plain data and torch, tested without a GPU.
 
 - `EngineIO`: the engine's tensor names, dtypes and profile ranges, read once through the TensorRT 10 API
   (`num_io_tensors`, `get_tensor_name`, `get_tensor_mode`, `get_tensor_dtype`, `get_tensor_profile_shape`);
-  `check_engine_io` compares them with the decoder's names and the profiles `ShapeSpec` asks for.
+  `check_engine_io` compares them with the names of the graph it stands for (a decoder, an encoder-decoder
+  model's encoder or cross-attention cache generator) and the profiles the ShapeSpec asks for.
 - `choose_profile`: the context profile while the cache is empty, the generation profile afterwards (in general
   the first profile whose ranges hold every input shape).
 """
@@ -79,7 +80,7 @@ def choose_profile(profiles: tuple[Ranges, ...], shapes: Mapping[str, tuple[int,
     for index, profile in enumerate(profiles):
         if profile_accepts(profile, shapes):
             return index
-    shown = {n: s for n, s in shapes.items() if n == "input_ids" or n.endswith(".0.key")}
+    shown = {n: s for n, s in shapes.items() if n == "input_ids" or n.endswith(".0.key")} or dict(shapes)
     raise HarnessError(
         f"no optimization profile of the engine accepts this step's shapes ({', '.join(f'{n} {s}' for n, s in shown.items())}); "
         "it was built for other batch sizes or sequence lengths: rebuild it with flags that cover them"
@@ -91,19 +92,21 @@ def _range_text(ranges) -> str:
     return f"{'x'.join(map(str, lo))}..{'x'.join(map(str, hi))}"
 
 
-def check_engine_io(io: EngineIO, input_names, output_names, required: list[Ranges], source: str) -> None:
-    """A given engine must have the decoder's tensor names and profiles covering every range the settings need.
+def check_engine_io(io: EngineIO, input_names, output_names, required: list[Ranges], source: str,
+                    role: str = "decoder", flag: str = "--decoder-engine") -> None:
+    """An engine must have the tensor names of its graph (`role`: "decoder", "encoder", ...) and profiles covering
+    every range the settings need; `flag` is the option that gave it, named in the hint.
 
-    `required` is `ShapeSpec.profiles(...)`: each must fit inside one profile of the engine (min >= engine min,
-    max <= engine max for every input).
+    `required` comes from the ShapeSpec (`profiles(...)`, or `graph_profiles(...)` for an encoder-decoder model's
+    graphs): each must fit inside one profile of the engine (min >= engine min, max <= engine max for every input).
     """
     if set(io.inputs) != set(input_names) or set(io.outputs) != set(output_names):
         raise UsageError(
-            f"{source} does not have the decoder's inputs and outputs: expected inputs {list(input_names)} and "
+            f"{source} does not have the {role}'s inputs and outputs: expected inputs {list(input_names)} and "
             f"outputs {list(output_names)}, found {list(io.inputs)} and {list(io.outputs)}"
         )
     if io.shape_inputs:
-        raise UsageError(f"{source} takes shape tensors ({', '.join(io.shape_inputs)}), which the decoder never feeds")
+        raise UsageError(f"{source} takes shape tensors ({', '.join(io.shape_inputs)}), which the {role} never feeds")
     labels = ("context", "generation") if len(required) == 2 else ("whole-sequence",) * len(required)
     for label, need in zip(labels, required):
         if any(all(_covers(profile[n], r) for n, r in need.items()) for profile in io.profiles):
@@ -114,7 +117,7 @@ def check_engine_io(io: EngineIO, input_names, output_names, required: list[Rang
         raise UsageError(
             f"{source} has no optimization profile for the {label} step of these settings: {name} needs "
             f"{_range_text(need[name])} and the engine's profiles allow {have}; match --batch-size, --num-beams, "
-            "--input-seq-len and --output-seq-len to the engine, or drop --decoder-engine to build one"
+            f"--input-seq-len and --output-seq-len to the engine, or drop {flag} to build one"
         )
 
 

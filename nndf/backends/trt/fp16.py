@@ -1,4 +1,8 @@
-"""The fp16 check: after an fp16 build, the engine's logits are compared with an fp32 copy of the PyTorch model."""
+"""The fp16 check: after an fp16 build, the engines' logits are compared with an fp32 copy of the PyTorch model.
+
+It scores through the same `logits` the accuracy action uses (`Decoder.logits` for a decoder-only model,
+`Seq2SeqDecoder.logits` for an encoder-decoder one, whose encoder and cross-attention engines then count too).
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,6 @@ import copy
 from dataclasses import dataclass
 
 import torch
-
-from nndf.spec import ShapeSpec
 
 FP16_LOGIT_BOUND = 0.01
 """The largest logit difference an fp16 engine may show against fp32 PyTorch, relative to the logits' scale.
@@ -71,20 +73,18 @@ def fp32_cpu_copy(model: torch.nn.Module) -> torch.nn.Module:
     return clone.eval()
 
 
-def fp16_check(session, shapes: ShapeSpec, hooks, model: torch.nn.Module, lengths=(8, 16, 32),
-               seed: int = 0) -> Fidelity:
-    """Score seeded prompts with `session` (through the shared Decoder) and with fp32 PyTorch; compare."""
-    from nndf.decoder import Decoder
-
-    decoder = Decoder(session, shapes, hooks)
-    reference = fp32_cpu_copy(model)
+def seeded_prompts(rows: int, limit: int, vocab: int, lengths=(8, 16, 32), seed: int = 0) -> list[torch.Tensor]:
+    """Seeded random token ids (rows, n), one batch per length in `lengths` capped at `limit`, shortest first."""
     generator = torch.Generator().manual_seed(seed)
-    rows = shapes.rows.min
-    pairs = []
-    for length in sorted({min(n, shapes.prompt.max) for n in lengths}):
-        ids = torch.randint(0, shapes.vocab_size, (rows, length), generator=generator)
-        got = decoder.logits(ids).float().cpu().clone()
-        with torch.inference_mode():
-            expected = reference(ids).logits.float()
-        pairs.append((got, expected))
+    return [torch.randint(0, vocab, (rows, n), generator=generator) for n in sorted({min(n, limit) for n in lengths})]
+
+
+def fp16_check(decoder, model: torch.nn.Module, batches) -> Fidelity:
+    """Score each batch of inputs through `decoder.logits(*inputs)` (a `Decoder`, or a `Seq2SeqDecoder` given
+    encoder and decoder ids, over the engines) and through an fp32 CPU copy of `model`; compare."""
+    from nndf.model import pytorch_logits
+
+    reference = fp32_cpu_copy(model)
+    pairs = [(decoder.logits(*inputs).float().cpu().clone(), pytorch_logits(reference, *inputs))
+             for inputs in batches]
     return logit_fidelity(pairs)

@@ -5,6 +5,11 @@ and, per step, picks the optimization profile, sets input shapes and tensor addr
 `execute_async_v3` on a torch CUDA stream. What it decides with is plain data (`engine_io`) and the memory it binds
 is preallocated (`buffers`). It takes the `tensorrt` module as an argument and never imports it.
 
+One class serves every graph: a decoder (with its ping-pong KV cache) and an encoder-decoder model's encoder and
+cross-attention cache generator (no cache; their outputs are new torch tensors that the loop reads). Inputs a
+decoder gets unchanged at every step (an encoder's mask, cross-attention keys and values) are handed over once
+through `as_feed` and then bound where they are, not copied per step.
+
 `--cuda-graph` captures each decode step's `execute_async_v3` once per set of shapes and addresses and replays it
 afterwards (the context is run once normally first, as TensorRT requires after a shape change); repeated
 generations of the same lengths, as in benchmarks, then replay every decode step.
@@ -21,7 +26,7 @@ from typing import Mapping
 import torch
 
 from nndf.backends.trt.buffers import PingPongCache, Staging, tensor_address
-from nndf.backends.trt.engine_io import EngineIO, check_engine_io, choose_profile
+from nndf.backends.trt.engine_io import EngineIO, Ranges, check_engine_io, choose_profile
 from nndf.errors import HarnessError
 from nndf.kvcache import present_name
 from nndf.spec import ShapeSpec
@@ -32,11 +37,15 @@ def say(message: str) -> None:
 
 
 class TrtSession:
-    """A deserialized engine with one execution context: named torch tensors in, named torch tensors out."""
+    """A deserialized engine with one execution context: named torch tensors in, named torch tensors out.
 
-    def __init__(self, engine_path: str | Path, input_names, output_names, shapes: ShapeSpec, *, trt,
-                 device: torch.device, cuda_graph: bool = False, source: str | None = None,
-                 trtexec: str | None = None) -> None:
+    `profiles` are the ranges the settings need (from the ShapeSpec), checked against the engine's own profiles;
+    `role` ("decoder", "encoder", ...) and `flag` (the option that gave the engine) name it in those checks.
+    """
+
+    def __init__(self, engine_path: str | Path, input_names, output_names, profiles: list[Ranges], *, trt,
+                 device: torch.device, role: str = "decoder", flag: str = "--decoder-engine",
+                 cuda_graph: bool = False, source: str | None = None, trtexec: str | None = None) -> None:
         engine_path = Path(engine_path)
         source = source or str(engine_path)
         self._logger = trt.Logger(trt.Logger.WARNING)
@@ -49,15 +58,16 @@ class TrtSession:
         self.io = EngineIO.read(engine, trt)
         self.input_names = tuple(input_names)
         self.output_names = tuple(output_names)
-        check_engine_io(self.io, self.input_names, self.output_names, shapes.profiles(self.input_names), source)
+        check_engine_io(self.io, self.input_names, self.output_names, profiles, source, role, flag)
         context = engine.create_execution_context()
         if context is None:
             raise HarnessError(f"TensorRT could not create an execution context for {source} (out of GPU memory?)")
         self._context = context
         self.name = "trt"
         self.device = torch.device(device)
-        pasts = [n for n in self.input_names if n.startswith("past_key_values.")]
-        self.dtype = self.io.inputs[pasts[0]] if pasts else self.io.outputs["logits"]
+        pasts = [self.io.inputs[n] for n in self.input_names if n.startswith("past_key_values.")]
+        floats = [self.io.outputs[n] for n in self.output_names if self.io.outputs[n].is_floating_point]
+        self.dtype = (pasts or floats or [torch.float32])[0]  # the KV cache's, else the first float output's
         self.artifacts = [engine_path]
         self.info_notes = [f"TensorRT engine: {engine_path}"] + ([f"equivalent trtexec command: {trtexec}"]
                                                                    if trtexec else [])
@@ -72,6 +82,7 @@ class TrtSession:
         self._fallback = torch.zeros(1, dtype=torch.float32, device=self.device)
         self._cache_storage: torch.Tensor | None = None
         self._cache_ref = None
+        self._fixed: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
 
     # The engine must go before the runtime that made it, and the context before the engine.
     def __del__(self) -> None:
@@ -87,6 +98,23 @@ class TrtSession:
         self._cache_storage = cache.storage
         self._cache_ref = weakref.ref(cache)
         return cache
+
+    def as_feed(self, tensor: torch.Tensor) -> torch.Tensor:
+        """An input fed unchanged at every step (an encoder's mask, cross-attention keys and values), made
+        contiguous on the device once; `run` binds it as it is whenever the engine takes its dtype."""
+        tensor = tensor.to(self.device).contiguous()
+        self._fixed[id(tensor)] = tensor
+        return tensor
+
+    def _bound_as_is(self, name: str, value: torch.Tensor, dtype: torch.dtype, cache: PingPongCache | None) -> bool:
+        """Whether an input is bound where it is: the cache's own contiguous pasts and the fixed inputs of
+        `as_feed`, when the engine takes their dtype. Everything else is copied into staging buffers, whose
+        addresses stay put from step to step (CUDA graphs replay only on the same addresses)."""
+        if value.dtype != dtype:
+            return False
+        if cache is not None and name.startswith("past_key_values."):
+            return True
+        return self._fixed.get(id(value)) is value
 
     def _owning_cache(self, feeds) -> PingPongCache | None:
         cache = self._cache_ref() if self._cache_ref is not None else None
@@ -190,8 +218,8 @@ class TrtSession:
             bound = {}
             for name in self.input_names:
                 value, dtype = feeds[name], self.io.inputs[name]
-                if cache is not None and name.startswith("past_key_values.") and value.dtype == dtype:
-                    bound[name] = value  # the cache's own contiguous view, bound as it is
+                if self._bound_as_is(name, value, dtype, cache):
+                    bound[name] = value
                 else:
                     bound[name] = self._staging.stage(name, value, dtype)  # cast to what the engine declares
             addresses = tuple(self._set_address(n, t) for n, t in (*bound.items(), *outputs.items()))
