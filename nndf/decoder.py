@@ -101,15 +101,15 @@ class Decoder:
         """Logits for the tokens after `cache.length` (all tokens without a cache): (rows, 1, vocab) for the last
         of them, or (rows, new tokens, vocab) with `all_logits`."""
         seen = cache.length if cache is not None else 0
-        positions = self.hooks.position_ids(state.mask)
         new = state.tokens.shape[1] - seen
         keep = torch.arange(new) if all_logits else torch.tensor([new - 1])
         feeds = {
             "input_ids": state.tokens[:, seen:],
             "attention_mask": state.mask,
-            "position_ids": positions[:, seen:],
             "logits_to_keep": keep.to(state.tokens.device),
         }
+        if "position_ids" in self.session.input_names:  # ALiBi models and encoder-decoders take none
+            feeds["position_ids"] = self.hooks.position_ids(state.mask)[:, seen:]
         feeds.update(state.fixed)
         if cache is not None:
             feeds.update(cache.past_feeds())

@@ -14,13 +14,10 @@ Two LAMBADA metric families are reported side by side because people compare aga
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import random
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -34,87 +31,6 @@ LogitsFn = Callable[[torch.Tensor], torch.Tensor]
 # perplexity with `min(math.exp(avg_log_ppl), 100000.0)`.
 MAX_LOG_PPL = 12.0
 MAX_PPL = 100000.0
-
-_JSONL_HINT = 'pass a jsonl file with one {"text": ...} object per line'
-_LAMBADA_HUB = ("EleutherAI/lambada_openai", "default", "test")
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Data
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def read_jsonl_texts(path: str | Path) -> list[str]:
-    """Read the "text" field of every line of a jsonl file, failing with the file and line a user must fix.
-
-    Blank lines are skipped, so a trailing newline or a gap does not count as a malformed passage.
-    """
-    p = Path(path)
-    if not p.exists():
-        raise UsageError(f"dataset file {p} does not exist; {_JSONL_HINT}")
-    if not p.is_file():
-        raise UsageError(f"dataset file {p} is not a regular file; {_JSONL_HINT}")
-    try:
-        lines = p.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"dataset file {p} is not UTF-8 text ({exc.reason}); {_JSONL_HINT}") from exc
-    except OSError as exc:
-        raise UsageError(f"dataset file {p} cannot be read ({exc.strerror}); {_JSONL_HINT}") from exc
-
-    texts: list[str] = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        where = f"dataset file {p} line {number}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"{where} is not valid JSON ({exc.msg}); {_JSONL_HINT}") from exc
-        if not isinstance(record, dict):
-            raise UsageError(f"{where} is a JSON {type(record).__name__}, not an object; {_JSONL_HINT}")
-        text = record.get("text")
-        if not isinstance(text, str):
-            raise UsageError(f'{where} has no string "text" field; {_JSONL_HINT}')
-        if not text.strip():
-            raise UsageError(f'{where} has an empty "text"; every passage needs words to score')
-        texts.append(text)
-    if not texts:
-        raise UsageError(f"dataset file {p} contains no passages; {_JSONL_HINT}")
-    return texts
-
-
-def load_lambada(dataset_file: str | None) -> list[str]:
-    """LAMBADA passages from `dataset_file` if given, else the `lambada_openai` test split from the Hugging Face hub."""
-    if dataset_file is not None:
-        return read_jsonl_texts(dataset_file)
-    name, config, split = _LAMBADA_HUB
-    try:
-        import datasets
-
-        texts = list(datasets.load_dataset(name, config, split=split)["text"])
-    except Exception as exc:  # any hub/cache/network failure means the same thing to the user
-        raise HarnessError(
-            f"the LAMBADA dataset {name} could not be loaded from the Hugging Face hub (offline? {exc}); "
-            'pass --dataset-file PATH with a jsonl file that has a "text" field per line, '
-            "e.g. LAMBADA's lambada_test.jsonl"
-        ) from exc
-    if not texts:
-        raise HarnessError(f"the LAMBADA dataset {name} loaded from the hub is empty; pass --dataset-file PATH instead")
-    return texts
-
-
-def sample_texts(texts: Sequence[str], num_samples: int | None, seed: int = 0) -> list[tuple[int, str]]:
-    """A reproducible subset of `(index, text)` pairs, kept in dataset order so runs are easy to compare.
-
-    None or 0 means every passage; asking for more than exist also gives every passage.
-    """
-    if num_samples is not None and num_samples < 0:
-        raise UsageError(f"--num-samples must be 0 (all passages) or a positive count, got {num_samples}")
-    if not num_samples or num_samples >= len(texts):
-        return list(enumerate(texts))
-    chosen = sorted(random.Random(seed).sample(range(len(texts)), num_samples))
-    return [(i, texts[i]) for i in chosen]
-
 
 # ----------------------------------------------------------------------------------------------------------------
 # Results
@@ -247,7 +163,7 @@ def _demo_scores(
     return seq_log_ppl, token_log_ppl, hits
 
 
-def _lm_eval_score(logits: torch.Tensor | None, target: list[int]) -> tuple[float, bool]:
+def lm_eval_score(logits: torch.Tensor | None, target: list[int]) -> tuple[float, bool]:
     """(summed log-likelihood, every target token is the argmax) from logits whose last rows predict `target`."""
     if not target:
         return 0.0, True
@@ -331,7 +247,7 @@ def evaluate_lambada(
             lm_logits = _forward(logits_fn, window) if target else None
             demo_logits = _forward(logits_fn, demo[:-1]) if demo_usable else None
 
-        loglik, greedy = _lm_eval_score(lm_logits, target)
+        loglik, greedy = lm_eval_score(lm_logits, target)
         logliks.append(loglik)
         greedy_count += greedy
 

@@ -157,6 +157,12 @@ class Dim:
     max: int
 
 
+def cache_dims(hooks: FamilyHooks, config) -> dict[str, int]:
+    """The model's sizes every ShapeSpec carries: decoder layers, KV heads, head size and vocabulary."""
+    return {"num_layers": hooks.num_layers(config), "kv_heads": hooks.kv_heads(config),
+            "head_dim": hooks.head_dim(config), "vocab_size": int(config.vocab_size)}
+
+
 @dataclass(frozen=True)
 class ShapeSpec:
     """The tensor shapes of one decoder build, derived once from the model's config and the user's settings.
@@ -198,12 +204,9 @@ class ShapeSpec:
             rows=Dim(lo * beams, settings.batch_size * beams, hi * beams),
             prompt=Dim(1, opt_prompt, max_prompt),
             total=Dim(1, min(max_total, opt_prompt + (new_len or 1)), max_total),
-            num_layers=hooks.num_layers(config),
-            kv_heads=hooks.kv_heads(config),
-            head_dim=hooks.head_dim(config),
-            vocab_size=int(config.vocab_size),
             max_positions=max_positions,
             use_cache=settings.use_cache,
+            **cache_dims(hooks, config),
         )
 
     def profiles(self, input_names: tuple[str, ...]) -> list[dict[str, tuple[tuple[int, ...], ...]]]:

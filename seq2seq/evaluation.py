@@ -19,7 +19,7 @@ import torch
 from tqdm import tqdm
 
 from nndf.errors import UsageError
-from nndf.evaluation import (MAX_LOG_PPL, MAX_PPL, FidelityMetrics, LambadaMetrics, _lm_eval_score, compare_logits,
+from nndf.evaluation import (MAX_LOG_PPL, MAX_PPL, FidelityMetrics, LambadaMetrics, lm_eval_score, compare_logits,
                              lm_eval_context_target)
 
 # (encoder ids (1, S), decoder ids (1, T)) -> logits (1, T, V)
@@ -63,7 +63,7 @@ def evaluate_lambada_seq2seq(texts: Sequence[str], tokenizer, logits_fn: Seq2Seq
     for text in tqdm(texts, desc="LAMBADA", unit="passage", file=sys.stderr, disable=not progress):
         context, target = encode_pair(tokenizer, text, max_positions)
         logits = _teacher_forced(logits_fn, context, target, start_token_id)
-        loglik, greedy = _lm_eval_score(logits, target)
+        loglik, greedy = lm_eval_score(logits, target)
         logliks.append(loglik)
         greedy_count += greedy
         token_log_ppls.append(min(-loglik / len(target), MAX_LOG_PPL))

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nndf.errors import UsageError
-from nndf.spec import BuildSettings, Dim, ModelSpec, ShapeSpec
+from nndf.spec import BuildSettings, Dim, ModelSpec, ShapeSpec, cache_dims
 
 
 def _ranges(*dims: tuple[int | Dim, ...]) -> tuple[tuple[int, ...], ...]:
@@ -49,15 +49,12 @@ class Seq2SeqShapeSpec(ShapeSpec):
             rows=Dim(lo, settings.batch_size * beams, hi * beams),
             prompt=Dim(1, 1, 1),
             total=Dim(1, min(total_max, (new_len or 64) + 1), total_max),
-            num_layers=hooks.num_layers(config),
-            kv_heads=hooks.kv_heads(config),
-            head_dim=hooks.head_dim(config),
-            vocab_size=int(config.vocab_size),
             max_positions=positions,
             use_cache=settings.use_cache,
             encoder=Dim(1, enc_len or max(1, positions // 2), enc_len or positions),
             batch=Dim(lo, settings.batch_size, hi),
-            hidden_size=int(config.d_model if hasattr(config, "d_model") else config.hidden_size),
+            hidden_size=int(config.hidden_size),  # T5's and BART's configs map it to d_model
+            **cache_dims(hooks, config),
         )
 
     def graph_profiles(self, graph: str, input_names: tuple[str, ...]) -> list[dict]:

@@ -20,11 +20,9 @@ from nndf.evaluation import (
     LambadaMetrics,
     evaluate_lambada,
     lm_eval_context_target,
-    load_lambada,
     logit_fidelity,
-    read_jsonl_texts,
-    sample_texts,
 )
+from nndf.lambada import load_lambada, read_jsonl_texts, sample_texts
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 

@@ -17,7 +17,8 @@ from conftest import LAMBADA_FILE, TRAINED_TINY_GPT2, build_tiny, needs_shared
 from family_examples import FAMILY_EXAMPLES
 from nndf.errors import HarnessError, UsageError
 from nndf.export.onnx import export_decoder
-from nndf.export.quantize import KINDS, prepare_graph, quantized_decoder
+from nndf.export.quantize import KINDS, quantized_decoder
+from nndf.export.weight_graph import prepare_graph
 from nndf.workspace import metadata_path
 
 QUANT_OPS = {"int8": "MatMulInteger", "int4": "MatMulNBits"}
@@ -235,7 +236,7 @@ FIDELITY_BOUNDS = {
 
 @pytest.fixture(scope="module")
 def trained(onnx_work_dir):
-    from nndf.evaluation import read_jsonl_texts
+    from nndf.lambada import read_jsonl_texts
 
     reference = nndf.load("GPT2", torch_dir=str(TRAINED_TINY_GPT2), backend="frameworks", device="cpu")
     texts = read_jsonl_texts(LAMBADA_FILE)

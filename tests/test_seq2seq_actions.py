@@ -79,7 +79,7 @@ def test_seq2seq_lambada_scores_the_target_word_on_the_decoder(text_models):
     put each target token first is right on every passage, with perplexity 1."""
     import torch
 
-    from nndf.evaluation import read_jsonl_texts
+    from nndf.lambada import read_jsonl_texts
     from nndf.loading import load_tokenizer
     from nndf.registry import get_spec
     from nndf.seq2seq.evaluation import encode_pair, evaluate_lambada_seq2seq

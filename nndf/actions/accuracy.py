@@ -17,7 +17,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> list[Result]:
-    from nndf.evaluation import load_lambada, sample_texts
+    from nndf.lambada import load_lambada, sample_texts
 
     if args.num_samples is not None and args.num_samples < 0:
         from nndf.errors import UsageError
