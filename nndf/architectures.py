@@ -2,11 +2,14 @@
 
 A decoder-only model keeps its prompt in the KV cache and returns prompt + new tokens; an encoder-decoder model
 runs its encoder and cross-attention cache generator once, starts the decoder from its start token and returns the
-decoder's tokens. Everything else (the generation loop, the KV caches, the measurement, the actions) is shared.
+decoder's tokens; an image-to-text model (BLIP) does the same with a vision encoder, and its text decoder starts
+from a text prompt, as a decoder-only model does. Everything else (the generation loop, the KV caches, the measurement, the actions) is shared.
 The strategy answers the few questions where the two differ:
 
 - `derive_shapes`: the build's tensor shapes (and so the validation of the length flags);
 - `open_decoder`: the backend's sessions wrapped in the object the generation loop drives;
+- `prompt` / `hf_inputs`: what the loop and Hugging Face `generate()` take from a caller's input ids, mask and
+  images (an image-to-text model's vision encoder reads the images, its text decoder starts from a prompt);
 - `new_tokens` / `label_ids`: which tokens of an output are generated, and a label's tokens in the same terms;
 - `lambada` / `fidelity` / `lambada_note`: how LAMBADA is scored (and said to be scored) for this kind of model;
 - `pad_side`: where a batch of prompts is padded (decoder-only: left, so every row ends at the same position).
@@ -25,10 +28,45 @@ from nndf.spec import BuildSettings, ModelSpec, ShapeSpec
 ARCHITECTURES: dict[str, str] = {
     "decoder-only": "nndf.architectures:DecoderOnly",
     "encoder-decoder": "nndf.seq2seq.architecture:EncoderDecoder",
+    "image-to-text": "nndf.seq2seq.captioning:ImageToText",
 }
 
 
-class DecoderOnly:
+class TextInputs:
+    """What models with text in share: `generate()` takes token ids and a mask, and no images."""
+
+    takes_images = False
+    has_encoder = False  # a module of its own that reads the input first (timed apart in benchmarks)
+
+    def prompt(self, loaded, input_ids, attention_mask, pixel_values):
+        """The loop's `(input_ids, attention_mask, encoder inputs)` from what a caller of `generate()` gave."""
+        if pixel_values is not None:
+            raise UsageError(f"{loaded.spec.family} reads text, not images: pixel_values (--image) apply to "
+                             "image-to-text families such as BLIP")
+        if input_ids is None:
+            raise UsageError(f"{loaded.spec.family} generates from text: give input_ids")
+        return input_ids, attention_mask, {}
+
+    def hf_inputs(self, input_ids, attention_mask, encoder_inputs: dict, pad_token_id) -> dict:
+        """What Hugging Face `generate()` takes for the same inputs."""
+        return {"inputs": input_ids, "attention_mask": attention_mask, "pad_token_id": pad_token_id}
+
+    def new_tokens(self, output: torch.Tensor, input_ids: torch.Tensor | None, loaded) -> torch.Tensor:
+        """The generated part of a `generate()` output for these inputs: what follows the loop's prompt."""
+        return output[:, self.prompt_length(input_ids, loaded):]
+
+    def check_lambada(self, spec) -> None:
+        """LAMBADA scores text; every text model can be scored."""
+
+    @staticmethod
+    def reference_logits(model, *inputs) -> torch.Tensor:
+        """The PyTorch model's float logits for what `decoder.logits(*inputs)` scores (the fp16 check)."""
+        from nndf.model import pytorch_logits
+
+        return pytorch_logits(model, *inputs)
+
+
+class DecoderOnly(TextInputs):
     """One graph: the prompt goes through the decoder first, then one token per step."""
 
     name = "decoder-only"
@@ -49,9 +87,14 @@ class DecoderOnly:
             raise UsageError(f"a prompt of {prompt_len} tokens plus {max_new_tokens} new tokens is {total}, "
                              f"more than the {shapes.max_positions} positions of this model")
 
-    def new_tokens(self, output: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-        """The generated part of `generate()`'s output: what follows the prompt."""
-        return output[:, input_ids.shape[1]:]
+    def prompt_length(self, input_ids, loaded) -> int:
+        return input_ids.shape[1]
+
+    def check_batches(self, shapes, loaded) -> list[tuple[torch.Tensor, ...]]:
+        """Seeded prompts for the fp16 check, scored through `decoder.logits`."""
+        from nndf.backends.trt.fp16 import seeded_prompts
+
+        return [(ids,) for ids in seeded_prompts(shapes.rows.min, shapes.prompt.max, shapes.vocab_size)]
 
     def label_ids(self, tokenizer, prompt_ids: torch.Tensor, label: str) -> list[int]:
         """A label is the whole expected text (prompt included); its new tokens follow the prompt's."""

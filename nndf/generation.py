@@ -87,9 +87,11 @@ def generate(
     options: GenerationOptions = GenerationOptions(),
     on_token: Callable[[], None] | None = None,
     on_encoded: Callable[[], None] | None = None,
+    encoder_inputs: dict | None = None,
 ) -> torch.Tensor:
     """Whole sequences, as Hugging Face `generate()` returns them: prompt + new tokens for a decoder-only model,
-    the decoder's tokens from its start token for an encoder-decoder one (`decoder.start` prepares either).
+    the decoder's tokens from its start token for an encoder-decoder one (`decoder.start` prepares either), the
+    text prompt + caption for an image-to-text one (`encoder_inputs`: its `pixel_values`).
 
     `on_token` is called once per generated position (after the token is chosen), for time-to-first-token and
     per-step timing; `on_encoded` once the first state is ready (an encoder-decoder's encoder and cross-attention
@@ -100,7 +102,7 @@ def generate(
     if mask.shape != input_ids.shape:
         raise UsageError(f"attention_mask shape {tuple(mask.shape)} differs from input_ids {tuple(input_ids.shape)}")
     with torch.inference_mode(), decoder.host_threads():
-        state = decoder.start(input_ids, mask, options.num_beams)
+        state = decoder.start(input_ids, mask, options.num_beams, **(encoder_inputs or {}))
         if on_encoded is not None:
             on_encoded()
         if options.num_beams == 1:

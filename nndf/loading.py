@@ -38,6 +38,7 @@ class LoadedModel:
     loader: Callable[[], torch.nn.Module]
     _model: torch.nn.Module | None = None
     _tokenizer: object = None
+    _processor: object = None
 
     @property
     def model(self) -> torch.nn.Module:
@@ -75,6 +76,14 @@ class LoadedModel:
         if self._tokenizer is None:
             self._tokenizer = load_tokenizer(self.tokenizer_source, self.spec)
         return self._tokenizer
+
+    @property
+    def processor(self):
+        """The model's processor (images and text for BLIP): the hub's or the folder's, else the family's own
+        built from its config around `tokenizer` (`FamilyHooks.build_processor`)."""
+        if self._processor is None:
+            self._processor = load_processor(self.tokenizer_source, self.spec, self.config, lambda: self.tokenizer)
+        return self._processor
 
 
 def _transformers_class(name: str):
@@ -220,7 +229,22 @@ def load_tokenizer(source: str | None, spec: ModelSpec):
             return AutoTokenizer.from_pretrained(candidate)
         except (OSError, ValueError):
             continue
+    fallback = spec.hooks.offline_tokenizer()
+    if fallback is not None:
+        return fallback
     tried = ", ".join(candidates) or "nothing"
     raise HarnessError(
         f"no tokenizer could be loaded (tried {tried}); pass --tokenizer-dir DIR with a Hugging Face tokenizer folder"
     )
+
+
+def load_processor(source: str | None, spec: ModelSpec, config, tokenizer: Callable[[], object]):
+    """A processor from a folder or hub id that has one, else the family's own around the tokenizer."""
+    from transformers import AutoProcessor
+
+    for candidate in [s for s in (source, spec.default_tokenizer) if s]:
+        try:
+            return AutoProcessor.from_pretrained(candidate)
+        except (OSError, ValueError, TypeError):
+            continue
+    return spec.hooks.build_processor(config, tokenizer())

@@ -70,7 +70,8 @@ class Model:
         """Options from the model's own generation config, as Hugging Face `generate()` would pick them; the
         arguments override it (None: the config's value)."""
         gen = self.loaded.generation_config
-        eos = gen.eos_token_id
+        defaults = self.spec.hooks.generation_defaults(self.loaded.config)  # what the model's generate() passes
+        eos = defaults.get("eos_token_id", gen.eos_token_id)
         if isinstance(eos, (list, tuple)):
             eos = eos[0] if eos else None
         return GenerationOptions(
@@ -80,7 +81,7 @@ class Model:
             length_penalty=float(gen.length_penalty if gen.length_penalty is not None else 1.0),
             early_stopping=gen.early_stopping if gen.early_stopping is not None else False,
             eos_token_id=eos,
-            pad_token_id=gen.pad_token_id,
+            pad_token_id=defaults.get("pad_token_id", gen.pad_token_id),
             min_length=int(gen.min_length or 0),
             no_repeat_ngram_size=int(gen.no_repeat_ngram_size or 0),
             forced_bos_token_id=next((t for t in (forced_bos_token_id, self.forced_bos_token_id,
@@ -90,7 +91,7 @@ class Model:
 
     def generate(
         self,
-        input_ids: torch.Tensor,
+        input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         max_new_tokens: int = 32,
         min_new_tokens: int | None = 0,
@@ -98,18 +99,21 @@ class Model:
         on_token: Callable[[], None] | None = None,
         forced_bos_token_id: int | None = None,
         on_encoded: Callable[[], None] | None = None,
+        pixel_values: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Generate with this backend through the shared loop; returns what `generate()` returns (see the module).
 
         `num_beams` / `min_new_tokens` None take the model's generation config; `forced_bos_token_id` overrides the
-        config's (mBART's target language)."""
-        self.architecture.check_length(input_ids.shape[1], max_new_tokens, self.shapes)
+        config's (mBART's target language); `pixel_values` are an image-to-text model's images (BLIP), and its
+        `input_ids` an optional text prefix, as its `generate()` takes them."""
+        ids, mask, encoder_inputs = self.architecture.prompt(self.loaded, input_ids, attention_mask, pixel_values)
+        self.architecture.check_length(ids.shape[1], max_new_tokens, self.shapes)
         options = self.generation_options(max_new_tokens, min_new_tokens, num_beams, forced_bos_token_id)
-        return generate(self.decoder, input_ids, attention_mask, options, on_token, on_encoded).cpu()
+        return generate(self.decoder, ids, mask, options, on_token, on_encoded, encoder_inputs).cpu()
 
     def hf_generate(
         self,
-        input_ids: torch.Tensor,
+        input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         max_new_tokens: int = 32,
         min_new_tokens: int | None = 0,
@@ -117,6 +121,7 @@ class Model:
         on_token: Callable[[], None] | None = None,
         forced_bos_token_id: int | None = None,
         on_encoded: Callable[[], None] | None = None,
+        pixel_values: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Hugging Face `generate()` on the PyTorch model: the reference every backend is compared with.
 
@@ -131,26 +136,28 @@ class Model:
                 on_token()
                 return scores
 
-        self.architecture.check_length(input_ids.shape[1], max_new_tokens, self.shapes)
+        ids, _, encoder_inputs = self.architecture.prompt(self.loaded, input_ids, attention_mask, pixel_values)
+        self.architecture.check_length(ids.shape[1], max_new_tokens, self.shapes)
         options = self.generation_options(max_new_tokens, min_new_tokens, num_beams, forced_bos_token_id)
         model = self.loaded.model
         device = next(model.parameters()).device
-        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+        if input_ids is not None and attention_mask is None and not self.architecture.takes_images:
+            attention_mask = torch.ones_like(input_ids)
         given = {"min_new_tokens": min_new_tokens, "num_beams": num_beams,
                  "forced_bos_token_id": options.forced_bos_token_id}
-        encoder = model.get_encoder() if getattr(model.config, "is_encoder_decoder", False) else None
+        inputs = self.architecture.hf_inputs(input_ids, attention_mask, encoder_inputs, options.pad)
+        inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+        encoder = self.spec.hooks.encoder_module(model) if self.architecture.has_encoder else None
         hook = None
         if encoder is not None and on_encoded is not None:
             hook = encoder.register_forward_hook(lambda *_: on_encoded())
         try:
             with torch.inference_mode():
                 out = model.generate(
-                    input_ids.to(device),
-                    attention_mask=mask.to(device),
+                    **inputs,
                     max_new_tokens=max_new_tokens,
                     do_sample=False,
                     use_cache=self.settings.use_cache,
-                    pad_token_id=options.pad,
                     logits_processor=LogitsProcessorList([_Tick()]) if on_token is not None else None,
                     **{k: v for k, v in given.items() if v is not None},
                 )
@@ -159,9 +166,9 @@ class Model:
                 hook.remove()
         return out.cpu()
 
-    def new_tokens(self, output: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    def new_tokens(self, output: torch.Tensor, input_ids: torch.Tensor | None) -> torch.Tensor:
         """The generated tokens of a `generate()` output for these inputs (what a reply or a label is made of)."""
-        return self.architecture.new_tokens(output, input_ids)
+        return self.architecture.new_tokens(output, input_ids, self.loaded)
 
     def label_ids(self, prompt_ids: torch.Tensor, label: str) -> list[int]:
         """The tokens a checkpoint label expects this model to generate for `prompt_ids`."""

@@ -22,6 +22,7 @@ FAMILIES: dict[str, str] = {
     "BLOOM": "nndf.models.bloom",
     "T5": "nndf.models.t5",
     "BART": "nndf.models.bart",
+    "BLIP": "nndf.models.blip",
 }
 
 # NVIDIA's demo runs these families as `GPT2 --variant <hub id>`; so do we, besides their own names.

@@ -58,6 +58,26 @@ class FamilyHooks:
     def head_dim(self, config) -> int:
         return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
 
+    def vocab_size(self, config) -> int:
+        return int(config.vocab_size)
+
+    def encoder_module(self, model):
+        """The module that encodes the input of an encoder-decoder model (timed on its own in benchmarks)."""
+        return model.get_encoder()
+
+    def generation_defaults(self, config) -> dict:
+        """Generation settings the model's own `generate()` passes beside its generation config (BLIP ends captions
+        at [SEP], not at the config's EOS); empty for most families."""
+        return {}
+
+    def offline_tokenizer(self):
+        """A tokenizer to fall back on when neither the hub nor --tokenizer-dir gives one (None: no fallback)."""
+        return None
+
+    def build_processor(self, config, tokenizer):
+        """The model's processor when no folder or hub id gives one: text models' is their tokenizer."""
+        return tokenizer
+
     def language_token_id(self, code: str, tokenizer=None, config=None) -> int:
         """The token that makes a multilingual model generate in language `code` (`--tgt-lang`)."""
         raise UsageError(f"--tgt-lang {code} applies to multilingual translation models (BART's mbart-large-50); "
@@ -160,7 +180,7 @@ class Dim:
 def cache_dims(hooks: FamilyHooks, config) -> dict[str, int]:
     """The model's sizes every ShapeSpec carries: decoder layers, KV heads, head size and vocabulary."""
     return {"num_layers": hooks.num_layers(config), "kv_heads": hooks.kv_heads(config),
-            "head_dim": hooks.head_dim(config), "vocab_size": int(config.vocab_size)}
+            "head_dim": hooks.head_dim(config), "vocab_size": hooks.vocab_size(config)}
 
 
 @dataclass(frozen=True)

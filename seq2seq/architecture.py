@@ -5,8 +5,10 @@ from __future__ import annotations
 import torch
 
 from nndf.errors import UsageError
+from nndf.architectures import TextInputs
 from nndf.seq2seq.decoder import Seq2SeqDecoder
 from nndf.seq2seq.shapes import Seq2SeqShapeSpec
+from nndf.seq2seq.wrappers import TextGraphs
 
 
 def start_token_id(loaded) -> int:
@@ -19,8 +21,10 @@ def start_token_id(loaded) -> int:
                      "needs one to start generating")
 
 
-class EncoderDecoder:
+class EncoderDecoder(TextInputs):
     name = "encoder-decoder"
+    has_encoder = True
+    graphs = TextGraphs()  # the three graphs' names, wrappers and tracing examples
 
     def derive_shapes(self, settings, spec, config) -> Seq2SeqShapeSpec:
         return Seq2SeqShapeSpec.derive(settings, spec, config)
@@ -31,9 +35,27 @@ class EncoderDecoder:
         opener = getattr(backend_module(backend), "open_seq2seq", None)
         if opener is None:
             raise UsageError(f"the {backend} backend does not run encoder-decoder models")
-        sessions = opener(loaded, settings, options)
+        return self.decoder_over(opener(loaded, settings, options), shapes, loaded)
+
+    def decoder_over(self, sessions: dict, shapes, loaded) -> Seq2SeqDecoder:
+        """The object the loop drives over a backend's three sessions."""
         return Seq2SeqDecoder(sessions["encoder"], sessions["cross"], sessions["decoder"], shapes,
                               loaded.spec.hooks, start_token_id(loaded))
+
+    def check_batches(self, shapes, loaded) -> list[tuple[torch.Tensor, ...]]:
+        """Seeded inputs of `decoder.logits` for the fp16 check: encoder ids and teacher-forced decoder ids."""
+        from nndf.backends.trt.fp16 import seeded_prompts
+
+        start, generator = start_token_id(loaded), torch.Generator().manual_seed(1)
+        batches = []
+        for ids in seeded_prompts(shapes.batch.min, shapes.encoder.max, shapes.vocab_size):
+            targets = torch.randint(0, shapes.vocab_size, (ids.shape[0], min(ids.shape[1], shapes.total.max)),
+                                    generator=generator)
+            batches.append((ids, targets.index_fill(1, torch.tensor([0]), start)))  # teacher-forced from the start
+        return batches
+
+    def prompt_length(self, input_ids, loaded) -> int:
+        return 1  # the decoder's start token
 
     def check_length(self, prompt_len: int, max_new_tokens: int, shapes) -> None:
         if prompt_len > shapes.max_positions:
@@ -42,10 +64,6 @@ class EncoderDecoder:
         if max_new_tokens + 1 > shapes.max_positions:
             raise UsageError(f"{max_new_tokens} new tokens after the decoder's start token exceed the "
                              f"{shapes.max_positions} positions of this model's decoder")
-
-    def new_tokens(self, output: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-        """`generate()` returns the decoder's tokens; all but the start token were generated."""
-        return output[:, 1:]
 
     def label_ids(self, tokenizer, prompt_ids: torch.Tensor, label: str) -> list[int]:
         """A label is the expected output text; its tokens as the tokenizer encodes a target (with EOS)."""

@@ -28,23 +28,25 @@ def as_tensor(value) -> torch.Tensor:
 class Seq2SeqDecoder(Decoder):
     """Drives three sessions: encoder and cross-attention cache generator once, the decoder step by step."""
 
-    def __init__(self, encoder, cross, decoder, shapes, hooks, start_token_id: int) -> None:
+    def __init__(self, encoder, cross, decoder, shapes, hooks, start_token_id: int | None = None) -> None:
         super().__init__(decoder, shapes, hooks)
         self.encoder = encoder
         self.cross = cross
-        self.start_token_id = int(start_token_id)
+        self.start_token_id = None if start_token_id is None else int(start_token_id)
 
     @property
     def sessions(self) -> list:
         return [self.encoder, self.cross, self.session]
 
+    def cross_feeds(self, encoder_feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Every decoder layer's cross-attention keys and values: the encoder, then the cache generator, once."""
+        hidden = as_tensor(self.encoder.run(encoder_feeds)["encoder_hidden_states"])
+        cross = self.cross.run({"encoder_hidden_states": hidden.to(self.cross.device)})
+        return {name: as_tensor(value) for name, value in cross.items()}
+
     def encode(self, input_ids: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
         """The decoder's fixed inputs for these prompts: the encoder's mask and every layer's cross keys/values."""
-        hidden = as_tensor(self.encoder.run({"input_ids": input_ids, "attention_mask": mask})["encoder_hidden_states"])
-        cross = self.cross.run({"encoder_hidden_states": hidden.to(self.cross.device)})
-        fixed = {"encoder_attention_mask": mask}
-        fixed.update({name: as_tensor(value) for name, value in cross.items()})
-        return fixed
+        return {"encoder_attention_mask": mask, **self.cross_feeds({"input_ids": input_ids, "attention_mask": mask})}
 
     def _fixed_feeds(self, fixed: Mapping[str, torch.Tensor], beams: int) -> dict:
         """Repeat each row for its beams and hand the tensors to the decoder session in its own form, once."""
@@ -71,7 +73,10 @@ class Seq2SeqDecoder(Decoder):
             decoder_input_ids = torch.full((input_ids.shape[0], 1), self.start_token_id, dtype=torch.long)
         decoder_input_ids = decoder_input_ids.to(self.device)
         with torch.inference_mode(), self.host_threads():
-            fixed = self._fixed_feeds(self.encode(input_ids, torch.ones_like(input_ids)), 1)
-            state = TokenState(decoder_input_ids, torch.ones_like(decoder_input_ids), fixed)
-            cache = self.new_cache(decoder_input_ids.shape[0], decoder_input_ids.shape[1])
-            return self.step(state, cache, all_logits=True).float()
+            return self.teacher_forced(self.encode(input_ids, torch.ones_like(input_ids)), decoder_input_ids)
+
+    def teacher_forced(self, fixed: Mapping[str, torch.Tensor], decoder_input_ids: torch.Tensor) -> torch.Tensor:
+        """Float logits of every position of `decoder_input_ids` (unpadded) with these fixed inputs, in one pass."""
+        state = TokenState(decoder_input_ids, torch.ones_like(decoder_input_ids), self._fixed_feeds(fixed, 1))
+        cache = self.new_cache(decoder_input_ids.shape[0], decoder_input_ids.shape[1])
+        return self.step(state, cache, all_logits=True).float()

@@ -74,13 +74,26 @@ class CrossCacheWrapper(torch.nn.Module):
         self.input_names, self.output_names = cross_io(num_layers)
         self.eval()
 
+    def run_decoder(self, input_ids, encoder_hidden_states, cache):
+        """One decoder step over `encoder_hidden_states` that fills `cache` (the model's own call)."""
+        return self.model(encoder_outputs=(encoder_hidden_states,), decoder_input_ids=input_ids,
+                          past_key_values=cache, use_cache=True)
+
     def forward(self, encoder_hidden_states):
         rows = encoder_hidden_states.shape[0]
         placeholder = torch.zeros((rows, 1), dtype=torch.long, device=encoder_hidden_states.device)
         cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
-        out = self.model(encoder_outputs=(encoder_hidden_states,), decoder_input_ids=placeholder,
-                         past_key_values=cache, use_cache=True)
+        out = self.run_decoder(placeholder, encoder_hidden_states, cache)
         return flat_layers(out.past_key_values.cross_attention_cache, self.num_layers)
+
+
+def cross_attention_cache(cross, past, use_cache: bool, num_layers: int) -> EncoderDecoderCache:
+    """A cache whose cross-attention part holds the given keys and values as already computed (`is_updated`), so
+    the model reads them instead of projecting encoder states, and whose self-attention part holds `past`."""
+    cache = EncoderDecoderCache(past_as_cache(None, past) if use_cache else DynamicCache(), DynamicCache())
+    cache.cross_attention_cache = past_as_cache(None, cross)
+    cache.is_updated = {layer: True for layer in range(num_layers)}
+    return cache
 
 
 class DecoderWrapper(StepWrapper):
@@ -91,17 +104,53 @@ class DecoderWrapper(StepWrapper):
 
     def forward(self, input_ids, encoder_attention_mask, logits_to_keep, *rest):
         count = 2 * self.num_layers
-        cross, past = rest[:count], rest[count:]
-        self_cache = past_as_cache(None, past) if self.use_cache else DynamicCache()
-        cache = EncoderDecoderCache(self_cache, DynamicCache())
-        cache.cross_attention_cache = past_as_cache(None, cross)
-        cache.is_updated = {layer: True for layer in range(self.num_layers)}
+        cache = cross_attention_cache(rest[:count], rest[count:], self.use_cache, self.num_layers)
         rows, length = encoder_attention_mask.shape
-        placeholder = cross[0].new_zeros(()).expand(rows, length, 1)  # sizes the encoder mask only
+        placeholder = rest[0].new_zeros(()).expand(rows, length, 1)  # sizes the encoder mask only
         out = self.model(encoder_outputs=(placeholder,), attention_mask=encoder_attention_mask,
                          decoder_input_ids=input_ids, past_key_values=cache, use_cache=True,
                          **self.keep_kwargs(logits_to_keep))
-        logits = self.kept_logits(out.logits, logits_to_keep)
-        if not self.use_cache:
-            return (logits,)
-        return (logits, *flat_layers(out.past_key_values.self_attention_cache, self.num_layers))
+        return self.step_outputs(out, logits_to_keep)
+
+
+class TextGraphs:
+    """The three graphs of a text encoder-decoder model (T5, BART): names, wrappers and tracing examples."""
+
+    kind = "seq2seq"  # names the export folder
+    encoder_role = "encoder"  # how messages name the first graph
+
+    def io(self, hooks, config, use_cache: bool) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
+        return graph_io(hooks.num_layers(config), use_cache)
+
+    def wrappers(self, model, hooks, use_cache: bool) -> dict[str, torch.nn.Module]:
+        layers = hooks.num_layers(model.config)
+        return {"encoder": EncoderWrapper(model), "cross": CrossCacheWrapper(model, layers),
+                "decoder": DecoderWrapper(model, layers, use_cache)}
+
+    def examples(self, model, hooks, use_cache: bool) -> dict[str, tuple[tuple, dict]]:
+        """Example inputs (batch 2, 5 encoder tokens, 3 new decoder tokens, 4 past) and dynamic shapes per graph,
+        with named dimensions whose ranges keep every length within the model's positions (tracing facts only)."""
+        from torch.export import Dim
+
+        config = model.config
+        layers, heads, head_dim = hooks.num_layers(config), hooks.kv_heads(config), hooks.head_dim(config)
+        positions = hooks.max_positions(config)
+        new_max = max(positions // 2, 3) if use_cache else positions
+        batch_dim, encoder_dim = Dim("batch"), Dim("encoder_sequence", max=max(positions, 5))
+        sequence, kept = Dim("sequence", max=new_max), Dim("kept", max=new_max)
+        past_dim = Dim("past_sequence", max=max(positions - new_max, 4))
+        batch, enc, new, past = 2, 5, 3, 4 if use_cache else 0
+        ids = torch.randint(0, int(config.vocab_size), (batch, enc))
+        mask = torch.ones(batch, enc, dtype=torch.long)
+        hidden = EncoderWrapper(model)(ids, mask)[0].detach()
+        cross = [torch.randn(batch, heads, enc, head_dim) for _ in range(2 * layers)]
+        pasts = [torch.randn(batch, heads, past, head_dim) for _ in range(2 * layers)] if use_cache else []
+        seq = {0: batch_dim, 1: encoder_dim}
+        rest = tuple([{0: batch_dim, 2: encoder_dim}] * len(cross) + [{0: batch_dim, 2: past_dim}] * len(pasts))
+        decoder_args = (torch.randint(0, int(config.vocab_size), (batch, new)), mask, torch.arange(new), *cross, *pasts)
+        return {
+            "encoder": ((ids, mask), {"input_ids": seq, "attention_mask": seq}),
+            "cross": ((hidden,), {"encoder_hidden_states": seq}),
+            "decoder": (decoder_args, {"input_ids": {0: batch_dim, 1: sequence}, "encoder_attention_mask": seq,
+                                       "logits_to_keep": {0: kept}, "rest": rest}),
+        }

@@ -79,7 +79,7 @@ def test_family_parity_with_hf_generate(family, backend, use_cache, family_dirs,
 
 @pytest.mark.parametrize("family", decoder_only_families())
 def test_onnx_graph_is_exact_up_to_the_last_position(family, family_dirs, onnx_work_dir):
-    """The export traces with past and new lengths of at most half the positions each (see `_dynamic_dims`); the
+    """The export traces with past and new lengths of at most half the positions each (see `dynamic_dims`); the
     graph must stay exact beyond that: a prompt of 3/4 of the positions, decoding to the very last one, and logits
     for a whole max-length text at once."""
     m = nndf.load(family, backend="onnxrt", torch_dir=str(family_dirs[family]), working_dir=str(onnx_work_dir),

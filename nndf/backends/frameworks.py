@@ -42,17 +42,15 @@ def open_session(loaded: LoadedModel, settings: BuildSettings, options: BackendO
 
 
 def open_seq2seq(loaded: LoadedModel, settings: BuildSettings, options: BackendOptions) -> dict[str, TorchSession]:
-    """An encoder-decoder model's three sessions (encoder, cross-attention cache generator, decoder)."""
-    from nndf.seq2seq.wrappers import CrossCacheWrapper, EncoderWrapper
-    from nndf.seq2seq.wrappers import DecoderWrapper as Seq2SeqDecoderWrapper
+    """An encoder-decoder model's three sessions (encoder, cross-attention cache generator, decoder): the modules
+    of its graph set, the very ones the ONNX exporter traces."""
+    from nndf.seq2seq.export import graph_set
 
     if options.threads is not None:
         torch.set_num_threads(options.threads)
     model = loaded.model
-    layers = loaded.spec.hooks.num_layers(model.config)
-    return {"encoder": TorchSession(EncoderWrapper(model), model),
-            "cross": TorchSession(CrossCacheWrapper(model, layers), model),
-            "decoder": TorchSession(Seq2SeqDecoderWrapper(model, layers, settings.use_cache), model)}
+    wrappers = graph_set(loaded).wrappers(model, loaded.spec.hooks, settings.use_cache)
+    return {graph: TorchSession(wrapper, model) for graph, wrapper in wrappers.items()}
 
 # Benchmarks also time Hugging Face generate() on the same PyTorch model: the figure users compare against.
 MEASURE_HF_GENERATE = True

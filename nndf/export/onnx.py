@@ -67,7 +67,7 @@ def export_settings(loaded: LoadedModel, use_cache: bool) -> dict:
     }
 
 
-def _dynamic_dims(max_positions: int, use_cache: bool) -> dict[str, object]:
+def dynamic_dims(max_positions: int, use_cache: bool) -> dict[str, object]:
     """Named dynamic dimensions shared by every input, with ranges that keep past + new within the model's positions.
 
     Each past tensor with a dimension of its own, or ranges that allow past + new beyond the model's positions, make
@@ -89,7 +89,7 @@ def _dynamic_dims(max_positions: int, use_cache: bool) -> dict[str, object]:
 
 def _example_inputs(wrapper: DecoderWrapper, config, hooks) -> tuple[tuple, dict]:
     """Example tensors (batch 2, 3 new tokens, 4 past positions) and their dynamic dimensions."""
-    dims = _dynamic_dims(hooks.max_positions(config), wrapper.use_cache)
+    dims = dynamic_dims(hooks.max_positions(config), wrapper.use_cache)
     batch_dim, new_dim = dims["batch"], dims["sequence"]
     batch, new, past_len = 2, 3, 4 if wrapper.use_cache else 0
     ids = torch.randint(0, int(config.vocab_size), (batch, new))

@@ -74,6 +74,14 @@ class StepWrapper(torch.nn.Module):
     def kept_logits(self, logits: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         return logits if self.slices_before_head else logits.index_select(1, keep)
 
+    def step_outputs(self, out, keep: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """`logits, present...` of a step whose cache also held cross-attention keys and values (only the
+        self-attention part is new each step)."""
+        logits = self.kept_logits(out.logits, keep)
+        if not self.use_cache:
+            return (logits,)
+        return (logits, *flat_layers(out.past_key_values.self_attention_cache, self.num_layers))
+
 
 class DecoderWrapper(StepWrapper):
     """`forward(input_ids, attention_mask, [position_ids], *past) -> (logits, *present)` over a causal LM."""

@@ -152,16 +152,17 @@ def _open_engines(loaded: LoadedModel, settings: BuildSettings, options: Backend
     return sessions, built
 
 
-def _check_fp16(session: TrtSession, built: bool, decoder, loaded: LoadedModel, batches) -> None:
-    """The fp16 check of freshly built engines (or of engines whose metadata lacks it), through `decoder.logits`;
-    stored in the decoder engine's metadata, and its warning repeated whenever the engines are reused."""
+def _check_fp16(session: TrtSession, built: bool, decoder, loaded: LoadedModel, batches, reference) -> None:
+    """The fp16 check of freshly built engines (or of engines whose metadata lacks it), through `decoder.logits`
+    and `reference(model, *batch)`; stored in the decoder engine's metadata, and its warning repeated whenever the
+    engines are reused."""
     from nndf.workspace import atomic_write_json, metadata_path, read_metadata
 
     path = session.artifacts[0]
     meta = read_metadata(path) or {}
     if built or "fp16_check" not in meta:
         say("checking the fp16 engine's logits against fp32 PyTorch ...")
-        fidelity = fp16_check(decoder, loaded.model, batches)
+        fidelity = fp16_check(decoder, loaded.model, batches, reference)
         meta["fp16_check"] = fidelity.as_dict()
         atomic_write_json(metadata_path(path), meta)
     else:
@@ -175,8 +176,10 @@ def _check_fp16(session: TrtSession, built: bool, decoder, loaded: LoadedModel, 
 def open_session(loaded: LoadedModel, settings: BuildSettings, options: BackendOptions) -> TrtSession:
     """Build (or reuse) the decoder's engine for these settings on this GPU and open it; `--decoder-engine` runs a
     given one."""
+    from nndf.architectures import DecoderOnly
     from nndf.decoder import Decoder
     from nndf.export.onnx import export_decoder, model_io
+    from nndf.model import pytorch_logits
 
     gpu = _gpu()
     shapes = ShapeSpec.derive(settings, loaded.spec, loaded.config)
@@ -187,8 +190,8 @@ def open_session(loaded: LoadedModel, settings: BuildSettings, options: BackendO
         "decoder": export_decoder(loaded, settings.use_cache, options.working_dir)})
     session = sessions["decoder"]
     if settings.fp16 and graph.given is None:
-        batches = [(ids,) for ids in seeded_prompts(shapes.rows.min, shapes.prompt.max, shapes.vocab_size)]
-        _check_fp16(session, built, Decoder(session, shapes, loaded.spec.hooks), loaded, batches)
+        _check_fp16(session, built, Decoder(session, shapes, loaded.spec.hooks), loaded,
+                    DecoderOnly().check_batches(shapes, loaded), pytorch_logits)
     return session
 
 
@@ -198,27 +201,20 @@ SEQ2SEQ_ENGINES = {"encoder": "encoder_engine", "cross": "cache_generator_engine
 def open_seq2seq(loaded: LoadedModel, settings: BuildSettings, options: BackendOptions) -> dict[str, TrtSession]:
     """An encoder-decoder model's three engines (encoder, cross-attention cache generator, decoder), each built
     (or reused) from the one export of the three graphs, or given with its flag and checked by tensor names and
-    profile ranges. The fp16 check scores teacher-forced decoder ids through all three (`Seq2SeqDecoder.logits`)."""
-    from nndf.seq2seq.architecture import start_token_id
-    from nndf.seq2seq.decoder import Seq2SeqDecoder
+    profile ranges. The fp16 check scores teacher-forced decoder ids through all three (the strategy's decoder
+    and `check_batches`: encoder ids for T5 and BART, images for BLIP)."""
+    from nndf.architectures import architecture
     from nndf.seq2seq.export import ROLES, export_seq2seq, seq2seq_io
-    from nndf.seq2seq.shapes import Seq2SeqShapeSpec
 
     gpu = _gpu()
-    shapes = Seq2SeqShapeSpec.derive(settings, loaded.spec, loaded.config)
+    strategy = architecture(loaded.spec)
+    shapes = strategy.derive_shapes(settings, loaded.spec, loaded.config)
     graphs = [GraphEngine(name, ROLES[name], "--" + SEQ2SEQ_ENGINES[name].replace("_", "-"),
                           getattr(options, SEQ2SEQ_ENGINES[name]), inputs, outputs, shapes.graph_profiles(name, inputs))
               for name, (inputs, outputs) in seq2seq_io(loaded, settings.use_cache).items()]
     sessions, built = _open_engines(loaded, settings, options, gpu, graphs, lambda: export_seq2seq(
         loaded, settings.use_cache, options.working_dir).graphs)
     if settings.fp16 and all(graph.given is None for graph in graphs):
-        start, generator = start_token_id(loaded), torch.Generator().manual_seed(1)
-        batches = []
-        for ids in seeded_prompts(shapes.batch.min, shapes.encoder.max, shapes.vocab_size):
-            targets = torch.randint(0, shapes.vocab_size, (ids.shape[0], min(ids.shape[1], shapes.total.max)),
-                                    generator=generator)
-            batches.append((ids, targets.index_fill(1, torch.tensor([0]), start)))  # teacher-forced from the start
-        decoder = Seq2SeqDecoder(sessions["encoder"], sessions["cross"], sessions["decoder"], shapes,
-                                 loaded.spec.hooks, start)
-        _check_fp16(sessions["decoder"], built, decoder, loaded, batches)
+        _check_fp16(sessions["decoder"], built, strategy.decoder_over(sessions, shapes, loaded), loaded,
+                    strategy.check_batches(shapes, loaded), strategy.reference_logits)
     return sessions

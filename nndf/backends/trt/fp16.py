@@ -79,12 +79,14 @@ def seeded_prompts(rows: int, limit: int, vocab: int, lengths=(8, 16, 32), seed:
     return [torch.randint(0, vocab, (rows, n), generator=generator) for n in sorted({min(n, limit) for n in lengths})]
 
 
-def fp16_check(decoder, model: torch.nn.Module, batches) -> Fidelity:
+def fp16_check(decoder, model: torch.nn.Module, batches, reference_logits=None) -> Fidelity:
     """Score each batch of inputs through `decoder.logits(*inputs)` (a `Decoder`, or a `Seq2SeqDecoder` given
-    encoder and decoder ids, over the engines) and through an fp32 CPU copy of `model`; compare."""
-    from nndf.model import pytorch_logits
+    encoder and decoder ids, over the engines) and through `reference_logits(copy, *inputs)` on an fp32 CPU copy
+    of `model` (default `nndf.model.pytorch_logits`); compare."""
+    if reference_logits is None:
+        from nndf.model import pytorch_logits as reference_logits
 
     reference = fp32_cpu_copy(model)
-    pairs = [(decoder.logits(*inputs).float().cpu().clone(), pytorch_logits(reference, *inputs))
+    pairs = [(decoder.logits(*inputs).float().cpu().clone(), reference_logits(reference, *inputs))
              for inputs in batches]
     return logit_fidelity(pairs)
