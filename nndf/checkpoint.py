@@ -8,6 +8,9 @@
 A label is the variant's whole greedy output for the prompt: prompt included for a decoder-only model, the output
 text alone for an encoder-decoder one (as `generate()` returns them; `Model.label_ids` turns either into the
 tokens to compare). Variants without labels still run: `run` then reports their outputs' runtimes, and no accuracy.
+
+An image-to-text family also lists `images = ["..."]`, one per input (the input is then the caption's text prefix,
+empty for none); relative paths are read from the repository root (the folder that holds `models/`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ DEFAULT_NEW_TOKENS = 32  # tokens generated for a prompt without a label
 class Sample:
     prompt: str
     label: str | None
+    image: Path | None = None
 
 
 def read_samples(spec: ModelSpec, variant: Variant) -> list[Sample]:
@@ -42,8 +46,10 @@ def read_samples(spec: ModelSpec, variant: Variant) -> list[Sample]:
         raise HarnessError(f"the {spec.family} checkpoint file {path} cannot be read: {exc}") from None
     table = dict(data.get("default", {}))
     table.update(data.get(variant.name, {}))
-    inputs, labels = table.get("inputs", []), table.get("labels")
-    if not inputs or (labels is not None and len(inputs) != len(labels)):
-        raise HarnessError(f"{path} must give at least one input, and as many labels as inputs where it gives "
-                           f"labels, for {variant.name}")
-    return [Sample(p, labels[i] if labels else None) for i, p in enumerate(inputs)]
+    inputs, labels, images = table.get("inputs", []), table.get("labels"), table.get("images")
+    if not inputs or any(given is not None and len(inputs) != len(given) for given in (labels, images)):
+        raise HarnessError(f"{path} must give at least one input, and as many labels and images as inputs where it "
+                           f"gives them, for {variant.name}")
+    root = path.resolve().parents[2]  # models/<family>/checkpoint.toml -> the repository root
+    return [Sample(p, labels[i] if labels else None, root / images[i] if images else None)
+            for i, p in enumerate(inputs)]

@@ -54,6 +54,11 @@ class Model:
         return self.loaded.tokenizer
 
     @property
+    def processor(self):
+        """The model's processor (BLIP: images and text); a text model's is its tokenizer."""
+        return self.loaded.processor
+
+    @property
     def spec(self):
         return self.loaded.spec
 
@@ -165,6 +170,20 @@ class Model:
             if hook is not None:
                 hook.remove()
         return out.cpu()
+
+    def caption(self, images, prompt: str | None = None, max_new_tokens: int = 30,
+                num_beams: int | None = None) -> list[str]:
+        """Captions of image files (or folders of them) through this backend: the processor's pixels, `prompt` as
+        the text prefix of every caption (None: none), decoded as Hugging Face's examples decode them (prefix and
+        caption, without special tokens)."""
+        from nndf.images import caption_inputs, image_files
+
+        if not self.architecture.takes_images:
+            raise UsageError(f"{self.spec.family} reads text; caption() applies to image-to-text families (BLIP)")
+        paths = [images] if isinstance(images, (str, bytes)) or hasattr(images, "__fspath__") else list(images)
+        inputs = caption_inputs(self.processor, image_files(paths, flag="image"), prompt)
+        out = self.generate(**inputs, max_new_tokens=max_new_tokens, num_beams=num_beams)
+        return [text.strip() for text in self.tokenizer.batch_decode(out, skip_special_tokens=True)]
 
     def new_tokens(self, output: torch.Tensor, input_ids: torch.Tensor | None) -> torch.Tensor:
         """The generated tokens of a `generate()` output for these inputs (what a reply or a label is made of)."""

@@ -158,7 +158,7 @@ class ImageToText(EncoderDecoder):
             return model(pixel_values=pixel_values.to(device), input_ids=input_ids.to(device)).logits.float().cpu()
 
     def benchmark_inputs(self, length: int) -> str:
-        return f"1 image + {length} prompt"
+        return "images + " + (f"{length}-token text prefix" if length else "no text prefix")
 
     def check_lambada(self, spec) -> None:
         raise UsageError(f"LAMBADA is a text benchmark and {spec.family} captions images, so accuracy does not apply "

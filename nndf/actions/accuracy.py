@@ -17,7 +17,11 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> list[Result]:
+    from nndf.architectures import architecture
     from nndf.lambada import load_lambada, sample_texts
+    from nndf.registry import resolve
+
+    architecture(resolve(args.model, args.variant)[0]).check_lambada(resolve(args.model, args.variant)[0])
 
     if args.num_samples is not None and args.num_samples < 0:
         from nndf.errors import UsageError

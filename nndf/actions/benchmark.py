@@ -8,9 +8,16 @@ from __future__ import annotations
 
 import dataclasses
 
-from nndf.actions.common import describe, open_models, random_input_ids, say, timing_settings
+import torch
+
+from nndf.actions.common import (
+    add_image_argument, describe, given_images, open_models, random_input_ids, say, timing_settings,
+)
 from nndf.actions.runners import runners_for, time_generation
+from nndf.architectures import architecture
+from nndf.images import caption_inputs
 from nndf.measure import format_bytes
+from nndf.registry import resolve
 from nndf.results import Column, Result
 
 TIMED = True
@@ -19,21 +26,52 @@ DEFAULT_OUTPUT_LEN = 64
 
 
 def add_arguments(parser) -> None:
-    parser.set_defaults(input_seq_len=DEFAULT_INPUT_LEN, output_seq_len=DEFAULT_OUTPUT_LEN)
+    add_image_argument(parser, "image-to-text families (BLIP): these PNG/JPEG files instead of random pixels (their "
+                       "count is the batch)")
+    parser.set_defaults(output_seq_len=DEFAULT_OUTPUT_LEN)
+
+
+def image_inputs(args, model, images) -> dict:
+    """An image-to-text model's inputs: seeded random pixels of its image size (or the given images), and with
+    --input-seq-len a text prefix of that many seeded random tokens (else none: unconditional captioning)."""
+    shapes = model.shapes
+    if images is not None:
+        inputs = caption_inputs(model.processor, images)
+    else:
+        generator = torch.Generator().manual_seed(args.seed)
+        size = shapes.image_size
+        inputs = {"pixel_values": torch.randn(args.batch_size, 3, size, size, generator=generator)}
+    if args.input_seq_len:  # the processor's [CLS] ... [SEP] form: the text decoder gets --input-seq-len tokens
+        rows = inputs["pixel_values"].shape[0]
+        inputs["input_ids"] = random_input_ids(rows, args.input_seq_len + 1, shapes.vocab_size, args.seed)
+    return inputs
 
 
 def run(args) -> list[Result]:
     timing = timing_settings(args)
+    spec, _ = resolve(args.model, args.variant)
+    images = given_images(args, spec)
+    takes_images = architecture(spec).takes_images
+    if args.input_seq_len is None and not takes_images:
+        args.input_seq_len = DEFAULT_INPUT_LEN
+    if images is not None:
+        args.batch_size = len(images)
     models = open_models(args)
     first = models[0]
-    batch, prompt_len, new_tokens = args.batch_size, args.input_seq_len, args.output_seq_len
-    input_ids = random_input_ids(batch, prompt_len, first.shapes.vocab_size, args.seed)
-    mask = input_ids.new_ones(input_ids.shape) if args.use_mask else None
+    prompt_len, new_tokens = args.input_seq_len or 0, args.output_seq_len
+    if takes_images:
+        inputs = image_inputs(args, first, images)
+    else:
+        input_ids = random_input_ids(args.batch_size, prompt_len, first.shapes.vocab_size, args.seed)
+        inputs = {"input_ids": input_ids, "attention_mask": input_ids.new_ones(input_ids.shape) if args.use_mask
+                  else None}
+    batch = args.batch_size
     pct = timing.percentile
     rows = []
     for runner in runners_for(models):
-        say(f"benchmarking {runner.label}: batch {batch}, {prompt_len} + {new_tokens} tokens, beams {args.num_beams}")
-        t = time_generation(runner, input_ids, mask, new_tokens, new_tokens, args.num_beams, timing)
+        say(f"benchmarking {runner.label}: batch {batch}, {first.architecture.benchmark_inputs(prompt_len)} + "
+            f"{new_tokens} tokens, beams {args.num_beams}")
+        t = time_generation(runner, inputs, new_tokens, new_tokens, args.num_beams, timing)
         latency = t.latency.percentile(pct)
         rows.append({
             "backend": runner.label,
@@ -64,9 +102,9 @@ def run(args) -> list[Result]:
         "(resident set on the CPU, allocated on CUDA) while that backend ran.",
     ]
     if any(r["encoder_ms"] is not None for r in rows):
-        notes.append("encoder: the encoder's run, and for our loop the cross-attention cache generator's too (Hugging "
-                     "Face computes the cross-attention keys and values inside its first decoder step); first "
-                     "token includes it.")
+        notes.append("encoder: the encoder's run (a vision encoder's for images), and for our loop the "
+                     "cross-attention cache generator's too (Hugging Face computes the cross-attention keys and "
+                     "values inside its first decoder step); first token includes it.")
     inputs = first.architecture.benchmark_inputs(prompt_len)
     title = (f"benchmark {first.spec.family} {first.variant.name}: batch {batch}, {inputs} + "
              f"{new_tokens} new tokens, beams {args.num_beams}, {'fp16' if args.fp16 else 'fp32'}, "

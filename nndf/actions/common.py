@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from pathlib import Path
 
 import torch
 
 from nndf.architectures import architecture
 from nndf.backends import RUNS_ONNX_FILES, BackendOptions, backend_module
 from nndf.errors import UsageError
+from nndf.images import caption_inputs, image_files
 from nndf.measure import TimingSettings
 from nndf.model import Model, default_device, target_language_token
 from nndf.loading import load_config, load_model
@@ -69,12 +71,28 @@ def backend_options(args, backends: list[str]) -> BackendOptions:
                           cuda_graph=args.cuda_graph, **{f: getattr(args, f) for f in (*GIVEN_ONNX, *GIVEN_ENGINES)})
 
 
+def add_image_argument(parser, help_text: str) -> None:
+    parser.add_argument("--image", nargs="+", metavar="PATH", help=help_text)
+
+
+def given_images(args, spec) -> list[Path] | None:
+    """The image files of `--image` (folders expanded), checked to be readable PNG or JPEG files; None when no
+    --image was given. Only image-to-text families read images."""
+    paths = getattr(args, "image", None)
+    if not paths:
+        return None
+    if not architecture(spec).takes_images:
+        raise UsageError(f"--image applies to image-to-text families (BLIP); {spec.family} reads text")
+    return image_files(paths)
+
+
 def open_models(args) -> list[Model]:
     """One Model per backend named on the command line, sharing one loaded PyTorch model.
 
-    Names, flags and the family are all checked before the (possibly slow) load.
+    Names, flags, image files and the family are all checked before the (possibly slow) load.
     """
     spec, variant = resolve(args.model, args.variant)
+    given_images(args, spec)
     backends = list(dict.fromkeys(args.backends))
     for name in backends:
         check = getattr(backend_module(name), "check_available", None)
@@ -162,3 +180,12 @@ def encode_prompts(tokenizer, prompts: list[str], use_mask: bool,
         ids[row, where] = torch.tensor(tokens)
         mask[row, where] = 1
     return ids, (mask if use_mask else None)
+
+
+def generation_inputs(model: Model, prompt: str, image: Path | None = None, use_mask: bool = False) -> dict:
+    """`Model.generate`'s inputs for one prompt: its token ids (and mask), or for an image-to-text model the
+    processor's pixels of `image` with `prompt` as the caption's text prefix (empty: none)."""
+    if model.architecture.takes_images:
+        return caption_inputs(model.processor, [image], prompt or None)
+    ids, mask = encode_prompts(model.tokenizer, [prompt], use_mask, model.architecture.pad_side)
+    return {"input_ids": ids, "attention_mask": mask}

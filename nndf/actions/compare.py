@@ -2,25 +2,29 @@
 
 from __future__ import annotations
 
-from nndf.actions.common import describe, open_models
-from nndf.actions.run import COLUMNS, checkpoint_rows
+from nndf.actions.common import add_image_argument, describe, open_models
+from nndf.actions.run import COLUMNS, checkpoint_rows, checkpoint_samples, outputs_result
 from nndf.results import Column, Result
 
 TIMED = True
 
 
 def add_arguments(parser) -> None:
+    add_image_argument(parser, "image-to-text families (BLIP): caption these PNG/JPEG files or folders instead of "
+                       "the checkpoint's photos")
     parser.set_defaults(warmup=1, iterations=3)
 
 
 def run(args) -> list[Result]:
+    samples = checkpoint_samples(args)
     models = open_models(args)
     first = models[0]
-    rows = checkpoint_rows(args, models)
+    rows, outputs = checkpoint_rows(args, models, samples)
     base = rows[0]["generation_ms"]
     for row in rows:
         row["speedup"] = base / row["generation_ms"]
     columns = COLUMNS + [Column("speedup", f"speed vs {rows[0]['backend']}", "{:.2f}", "x")]
     title = f"compare {first.spec.family} {first.variant.name}: {', '.join(r['backend'] for r in rows)}"
     notes = ["speed: full-generation time of the first row divided by each row's (higher is faster)."]
-    return [Result("compare", title, columns, rows, describe(first), notes)]
+    return [Result("compare", title, columns, rows, describe(first), notes),
+            outputs_result(f"outputs {first.spec.family} {first.variant.name}", outputs, describe(first))]

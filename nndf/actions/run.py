@@ -1,48 +1,83 @@
 """`run`: the family's sample prompts from checkpoint.toml on each backend, scored against the labels.
 
 Accuracy is the share of the label's new tokens that the backend reproduces at the same position (greedy, or
-beam search with --num-beams); runtimes are medians of the full generation and of one decode step.
+beam search with --num-beams); runtimes are medians of the full generation and of one decode step. A second table
+shows what each backend generated for each sample. An image-to-text family (BLIP) captions the checkpoint's photos,
+or the files given with `--image`.
 """
 
 from __future__ import annotations
 
 import statistics
 
-from nndf.actions.common import describe, encode_prompts, open_models, say, timing_settings
+from nndf.actions.common import (
+    add_image_argument, describe, generation_inputs, given_images, open_models, say, timing_settings,
+)
 from nndf.actions.runners import runners_for, time_generation
-from nndf.checkpoint import DEFAULT_NEW_TOKENS, read_samples
+from nndf.checkpoint import DEFAULT_NEW_TOKENS, Sample, read_samples
+from nndf.errors import UsageError
+from nndf.images import image_files
+from nndf.registry import resolve
 from nndf.results import Column, Result
 
 TIMED = True
 
 
 def add_arguments(parser) -> None:
+    add_image_argument(parser, "image-to-text families (BLIP): caption these PNG/JPEG files or folders instead of "
+                       "the checkpoint's photos (no text prefix, no labels)")
     parser.set_defaults(warmup=1, iterations=3)
 
 
-def checkpoint_rows(args, models) -> list[dict]:
-    """One row per runner: token accuracy against the labels and median runtimes over all samples."""
+def checkpoint_samples(args) -> list[Sample]:
+    """The samples to run, checked before any model loads: the given images, or the checkpoint's inputs (whose
+    images must exist)."""
+    spec, variant = resolve(args.model, args.variant)
+    given = given_images(args, spec)
+    if given is not None:
+        return [Sample("", None, path) for path in given]
+    samples = read_samples(spec, variant)
+    for sample in samples:
+        if sample.image is not None and not sample.image.exists():
+            raise UsageError(f"the {spec.family} checkpoint's image {sample.image} does not exist (../shared/data "
+                             "is not beside this checkout?); give images with --image PATH...")
+        if sample.image is not None:
+            image_files([sample.image], flag="checkpoint image")
+    return samples
+
+
+def _describe_sample(sample: Sample) -> str:
+    if sample.image is None:
+        return sample.prompt
+    return f"{sample.image.name}" + (f" + '{sample.prompt}'" if sample.prompt else "")
+
+
+def checkpoint_rows(args, models, samples: list[Sample]) -> tuple[list[dict], list[dict]]:
+    """One row per runner (token accuracy against the labels, median runtimes over all samples), and one row per
+    runner and sample with the generated text."""
     timing = timing_settings(args)
     first = models[0]
     tokenizer = first.tokenizer
-    samples = read_samples(first.spec, first.variant)
-    rows = []
+    rows, outputs = [], []
     for runner in runners_for(models):
         matched = total = 0
         full, step = [], []
         for sample in samples:
-            ids, mask = encode_prompts(tokenizer, [sample.prompt], args.use_mask, first.architecture.pad_side)
+            inputs = generation_inputs(first, sample.prompt, sample.image, args.use_mask)
+            ids = inputs.get("input_ids")
             label = first.label_ids(ids, sample.label) if sample.label else None
             new_tokens = len(label) if label else args.output_seq_len or DEFAULT_NEW_TOKENS
-            say(f"{runner.label}: '{sample.prompt[:40]}' + {new_tokens} tokens")
-            t = time_generation(runner, ids, mask, new_tokens, None, args.num_beams, timing, progress=False)
+            say(f"{runner.label}: '{_describe_sample(sample)[:40]}' + {new_tokens} tokens")
+            t = time_generation(runner, inputs, new_tokens, None, args.num_beams, timing, progress=False)
+            new = first.new_tokens(t.output, ids)[0].tolist()
             if label:
-                new = first.new_tokens(t.output, ids)[0].tolist()
                 matched += sum(a == b for a, b in zip(new, label))
                 total += len(label)
             full.append(t.latency.median)
             if t.decode_step_median is not None:
                 step.append(t.decode_step_median)
+            outputs.append({"backend": runner.label, "input": _describe_sample(sample),
+                            "output": tokenizer.decode(new, skip_special_tokens=True).strip()})
         rows.append({
             "backend": runner.label,
             "samples": len(samples),
@@ -50,7 +85,7 @@ def checkpoint_rows(args, models) -> list[dict]:
             "generation_ms": statistics.median(full) * 1e3,
             "decode_ms": statistics.median(step) * 1e3 if step else None,
         })
-    return rows
+    return rows, outputs
 
 
 COLUMNS = [
@@ -62,12 +97,20 @@ COLUMNS = [
 ]
 
 
+def outputs_result(title: str, outputs: list[dict], context: dict) -> Result:
+    columns = [Column("backend", "backend"), Column("input", "input"), Column("output", "output")]
+    return Result("outputs", title, columns, outputs, context,
+                  ["output: the generated tokens after the prompt (a caption after its text prefix), decoded."])
+
+
 def run(args) -> list[Result]:
+    samples = checkpoint_samples(args)
     models = open_models(args)
     first = models[0]
-    rows = checkpoint_rows(args, models)
+    rows, outputs = checkpoint_rows(args, models, samples)
     notes = ["label accuracy: share of the label's new tokens reproduced at the same position; labels are the "
              "real weights' outputs, so random weights score near 0; '-' where checkpoint.toml has no labels for "
              "this variant."]
     title = f"run {first.spec.family} {first.variant.name}: checkpoint samples"
-    return [Result("run", title, COLUMNS, rows, describe(first), notes)]
+    return [Result("run", title, COLUMNS, rows, describe(first), notes),
+            outputs_result(f"outputs {first.spec.family} {first.variant.name}", outputs, describe(first))]

@@ -67,15 +67,15 @@ def _sync(device: torch.device) -> Callable[[], None] | None:
 
 def time_generation(
     runner: Runner,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor | None,
+    inputs: dict,
     max_new_tokens: int,
     min_new_tokens: int | None,
     num_beams: int,
     timing: TimingSettings,
     progress: bool = True,
 ) -> GenerationTiming:
-    """Time `runner` with `timing`, collecting first-token and decode-step times from every timed call."""
+    """Time `runner` on `inputs` (`generate()`'s: input_ids, attention_mask, pixel_values) with `timing`,
+    collecting first-token and decode-step times from every timed call."""
     timer = StepTimer()
     encoder: list[float] = []
     first_token: list[float] = []
@@ -85,7 +85,7 @@ def time_generation(
     def call() -> None:
         timer.start()
         outputs[:] = [
-            runner.generate(input_ids, attention_mask, max_new_tokens=max_new_tokens,
+            runner.generate(**inputs, max_new_tokens=max_new_tokens,
                             min_new_tokens=min_new_tokens, num_beams=num_beams, on_token=timer.mark,
                             on_encoded=timer.mark_encoded)
         ]
