@@ -45,19 +45,21 @@ TINY_GPT2 = dict(n_layer=2, n_head=2, n_embd=32, n_positions=128, vocab_size=502
 def build_tiny(tmp_root: Path, name: str, config_kwargs: dict, seed: int = 0, tokenizer_dir: Path | None = None) -> Path:
     """Save a seeded random model of `config_kwargs` and return its folder; a decoder-only model gets the real GPT-2
     tokenizer when it is present, an encoder-decoder model `tokenizer_dir` when given."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForSeq2SeqLM
 
     kwargs = dict(config_kwargs)
     config = AutoConfig.for_model(kwargs.pop("model_type", "gpt2"), **kwargs)
     torch.manual_seed(seed)
     auto = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
+    if hasattr(config, "vision_config"):
+        auto = AutoModelForImageTextToText
     model = auto.from_config(config)
     folder = tmp_root / name
     model.save_pretrained(folder)
     if tokenizer_dir is not None:
         for f in Path(tokenizer_dir).iterdir():
             shutil.copy(f, folder / f.name)
-    elif TOKENIZER_DIR.exists() and not config.is_encoder_decoder:
+    elif TOKENIZER_DIR.exists() and not config.is_encoder_decoder and auto is AutoModelForCausalLM:
         for f in TOKENIZER_DIR.iterdir():
             shutil.copy(f, folder / f.name)
     return folder
@@ -84,6 +86,18 @@ def seq2seq_dirs(tmp_path_factory) -> dict[str, Path]:
 
     root = tmp_path_factory.mktemp("seq2seq")
     return {name: build_tiny(root, name, config) for name, (_family, config) in SEQ2SEQ_EXAMPLES.items()}
+
+
+@pytest.fixture(scope="session")
+def blip_dir(tmp_path_factory) -> Path:
+    """A tiny random BLIP captioner (tests/family_examples.py BLIP_EXAMPLE), built once per session."""
+    from family_examples import BLIP_EXAMPLE
+
+    return build_tiny(tmp_path_factory.mktemp("blip"), "tiny-blip", BLIP_EXAMPLE)
+
+
+IMAGES_DIR = SHARED_DATA / "images"
+PHOTOS = [IMAGES_DIR / "skimage_chelsea.png", IMAGES_DIR / "coco_000000039769.png"]
 
 
 def decoder_only_families() -> list[str]:

@@ -51,3 +51,18 @@ SEQ2SEQ_EXAMPLES: dict[str, tuple[str, dict]] = {
 }
 
 FAMILY_EXAMPLES.update({"T5": _T5, "BART": SEQ2SEQ_EXAMPLES["bart"][1]})
+
+# BLIP: a ViT over 32 x 32 images in 8 x 8 patches (17 encoder positions) and a 2-layer BERT text decoder with BERT's
+# real uncased vocabulary size and BLIP's special ids ([DEC] 30522 starts, [SEP] 102 ends, [PAD] 0), so that the
+# offline BERT tokenizer and the processor's text prefixes fit. Weights drawn wide enough for the images to steer
+# the captions (vision 0.02: the hub config's 1e-10 makes every image alike; text 0.2: at 0.02 the cross-attention
+# moves the logits by under 1%, and both photos get one caption), so that the parity tests see the images.
+BLIP_EXAMPLE = dict(
+    model_type="blip",
+    text_config=dict(vocab_size=30524, hidden_size=32, encoder_hidden_size=48, intermediate_size=64,
+                     num_attention_heads=4, num_hidden_layers=2, max_position_embeddings=64, bos_token_id=30522,
+                     eos_token_id=2, sep_token_id=102, pad_token_id=0, initializer_range=0.2),
+    vision_config=dict(hidden_size=48, intermediate_size=96, num_attention_heads=4, num_hidden_layers=2,
+                       image_size=32, patch_size=8, initializer_range=0.02),
+)
+FAMILY_EXAMPLES["BLIP"] = BLIP_EXAMPLE

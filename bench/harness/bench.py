@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 # Metric name -> (label, lower is better, digits shown). step_ms: median gap between token ticks of one generation;
 # ttft_ms: start to first tick (for an encoder-decoder model, encoder included); tok_s: batch * new tokens / whole
@@ -22,6 +22,34 @@ BUSY_CORES = 0.25  # foreign CPU use (in cores) during the measurement above whi
 
 
 @dataclass(frozen=True)
+class Family:
+    """What a model family changes in a script: None keeps the script's own (its Bench's `family`).
+
+    engines, output_len, goals: the defaults of --engines and --output-len, and the goals;
+    inputs: how the inputs are made (harness.inputs: "tokens", seeded random ids of --input-len; "pixels", seeded
+    random images of the model's image size);
+    hf_class: the transformers auto class a plain-transformers hf worker loads the weights folder with;
+    hf_encoder(model): the module whose forward that worker times as the encoder;
+    hf_pad: whether that worker passes pad_token_id to generate() (BLIP's generate() passes its own);
+    note: why the defaults differ, for the help.
+    """
+
+    engines: tuple[str, ...] | None = None
+    output_len: int | None = None
+    goals: tuple | None = None
+    inputs: str | None = None
+    hf_class: str | None = None
+    hf_encoder: Callable | None = None
+    hf_pad: bool | None = None
+    note: str | None = None
+
+
+def family_key(name: str) -> str:
+    """Family names match as nndf's registry matches them: ignoring case, '-' and '_'."""
+    return name.lower().replace("-", "").replace("_", "")
+
+
+@dataclass(frozen=True)
 class Bench:
     """One benchmark script.
 
@@ -30,6 +58,8 @@ class Bench:
     input_word: what the input tokens are called in the header ("prompt", "encoder").
     check_lengths(config, args): a sentence when the lengths do not fit the model's config, else None.
     make_runner(args): the worker-side runner of args.worker (see harness.worker).
+    family: the script's own family data (inputs "tokens" unless it says otherwise); families: the families that
+    change it (name -> Family), applied by for_family().
     """
 
     name: str
@@ -49,7 +79,30 @@ class Bench:
     exact_engines: tuple[str, ...] = ("nndf-frameworks", "onnxrt")  # must give hf's tokens exactly (fp32)
     unprepared: tuple[str, ...] = ("hf", "nndf-frameworks")  # engines with nothing to export or quantize first
     generation_keys: tuple[str, ...] = ()  # entries of the weights' generation_config.json the header shows
+    default_output_len: int = 64
+    family: Family = Family(inputs="tokens")
+    families: Mapping[str, Family] = field(default_factory=dict)
 
     @property
     def engines(self) -> tuple[str, ...]:
         return tuple(self.engine_help)
+
+    def for_family(self, name: str) -> Bench:
+        """This script as it runs `name`: that family's defaults, goals and data over the script's own."""
+        own = next((f for n, f in self.families.items() if family_key(n) == family_key(name)), None)
+        if own is None:
+            return self
+        given = {f.name: getattr(own, f.name) for f in fields(own) if getattr(own, f.name) is not None}
+        return replace(self, family=replace(self.family, **given), default_engines=own.engines or self.default_engines,
+                       goals=self.goals if own.goals is None else own.goals,
+                       default_output_len=own.output_len or self.default_output_len)
+
+    def family_defaults(self, what: str) -> str:
+        """'; BLIP: 20' for each family that changes `what` (a Family field), with its note, for the help."""
+        parts = []
+        for name, own in self.families.items():
+            value = getattr(own, what)
+            if value is not None:
+                shown = " ".join(value) if isinstance(value, tuple) else value
+                parts.append(f"; {name}: {shown}" + (f" ({own.note})" if own.note and what == "engines" else ""))
+        return "".join(parts)

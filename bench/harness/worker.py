@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from harness.inputs import read_inputs
+
 # The Optimum environment's packages whose versions the report shows.
 OPTIMUM_PACKAGES = ("torch", "transformers", "optimum", "optimum-onnx", "onnxruntime", "onnx", "accelerate", "numpy")
 
@@ -119,7 +121,8 @@ def versions(names) -> dict:
 
 
 class Runner:
-    """What every runner shares: prompts as torch tensors with a full mask, and the new tokens of an output.
+    """What every runner shares: a `generate` command's inputs as generate()'s keyword arguments (harness.inputs),
+    and the new tokens of an output.
 
     A decoder-only model returns prompt + new tokens; an encoder-decoder one (`seq2seq`) the decoder's sequence from
     its start token. `encoder` times the encoder where the runner can reach it (None: not available).
@@ -133,12 +136,11 @@ class Runner:
 
         self.torch = torch
 
-    def inputs(self, rows):
-        ids = self.torch.tensor(rows, dtype=self.torch.long)
-        return ids, self.torch.ones_like(ids)
+    def inputs(self, command: dict) -> dict:
+        return read_inputs(command)
 
-    def new_tokens(self, out, inputs) -> list[list[int]]:
-        return out[:, 1 if self.seq2seq else inputs[0].shape[1]:].tolist()
+    def new_tokens(self, out, inputs: dict) -> list[list[int]]:
+        return out[:, 1 if self.seq2seq else inputs["input_ids"].shape[1]:].tolist()
 
 
 class NndfRunner(Runner):
@@ -163,26 +165,25 @@ class NndfRunner(Runner):
         self.versions = versions(["torch", "transformers", "onnxruntime", "nndf"])
         self.versions["torch_threads"] = torch.get_num_threads()
 
-    def generate(self, inputs, new_tokens: int, tick):
-        ids, mask = inputs
-        return self.run(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                        num_beams=1, on_token=tick)
+    def generate(self, inputs: dict, new_tokens: int, tick):
+        return self.run(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, num_beams=1, on_token=tick)
 
 
 class GenerateRunner(Runner):
     """A model with Hugging Face's generate(): Optimum's ORTModelFor* or a plain transformers model. No nndf here.
 
     Greedy, exactly `new_tokens` new tokens, KV cache on; every other rule comes from the model's generation config.
-    A logits processor ticks once per step right after the forward pass, as nndf's hf_generate does.
+    A logits processor ticks once per step right after the forward pass, as nndf's hf_generate does. `pad`: pass
+    the config's pad token (else eos) as pad_token_id; False for a model whose generate() passes its own (BLIP).
     """
 
-    def __init__(self, model, seq2seq: bool) -> None:
+    def __init__(self, model, seq2seq: bool, pad: bool = True) -> None:
         super().__init__()
         self.model = model
         self.seq2seq = seq2seq
         gen = model.generation_config
         eos = gen.eos_token_id[0] if isinstance(gen.eos_token_id, (list, tuple)) else gen.eos_token_id
-        self.pad = gen.pad_token_id if gen.pad_token_id is not None else eos
+        self.pad = {"pad_token_id": gen.pad_token_id if gen.pad_token_id is not None else eos} if pad else {}
 
     def generate(self, inputs, new_tokens: int, tick):
         from transformers import LogitsProcessor, LogitsProcessorList
@@ -192,11 +193,10 @@ class GenerateRunner(Runner):
                 tick()
                 return scores
 
-        ids, mask = inputs
         with self.torch.inference_mode():
             return self.model.generate(
-                ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens, num_beams=1,
-                do_sample=False, use_cache=True, pad_token_id=self.pad, logits_processor=LogitsProcessorList([Tick()]),
+                **inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, num_beams=1, do_sample=False,
+                use_cache=True, logits_processor=LogitsProcessorList([Tick()]), **self.pad,
             )
 
 
@@ -273,7 +273,7 @@ def worker_main(args, make_runner) -> int:
             command = json.loads(line)
             kind = command.get("cmd")
             if kind == "generate":
-                inputs = runner.inputs(command["input_ids"])
+                inputs = runner.inputs(command)
                 if runner.encoder is not None:
                     runner.encoder.reset()
                 ticks.start()
