@@ -40,6 +40,11 @@ def graph_set(loaded: LoadedModel):
     return architecture(loaded.spec).graphs
 
 
+def graph_roles(loaded: LoadedModel) -> dict[str, str]:
+    """How messages name each graph ("vision encoder" for an image model's encoder)."""
+    return dict(ROLES, encoder=graph_set(loaded).encoder_role)
+
+
 def seq2seq_io(loaded: LoadedModel, use_cache: bool) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
     """Every graph's (inputs, outputs), known without loading the weights."""
     return graph_set(loaded).io(loaded.spec.hooks, loaded.config, use_cache)

@@ -31,7 +31,7 @@ class Family:
     hf_class: the transformers auto class a plain-transformers hf worker loads the weights folder with;
     hf_encoder(model): the module whose forward that worker times as the encoder;
     hf_pad: whether that worker passes pad_token_id to generate() (BLIP's generate() passes its own);
-    note: why the defaults differ, for the help.
+    note: why its engines differ, for the help ("Optimum does not export BLIP").
     """
 
     engines: tuple[str, ...] | None = None
@@ -98,11 +98,11 @@ class Bench:
                        default_output_len=own.output_len or self.default_output_len)
 
     def family_defaults(self, what: str) -> str:
-        """'; BLIP: 20' for each family that changes `what` (a Family field), with its note, for the help."""
+        """'; BLIP: 20' for each family that changes `what` (a Family field; engines with the note), for the help."""
         parts = []
         for name, own in self.families.items():
             value = getattr(own, what)
             if value is not None:
                 shown = " ".join(value) if isinstance(value, tuple) else value
-                parts.append(f"; {name}: {shown}" + (f" ({own.note})" if own.note and what == "engines" else ""))
+                parts.append(f"; {name}: {shown}" + (f", as {own.note}" if own.note and what == "engines" else ""))
         return "".join(parts)

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from harness.engines import EngineError, Worker, close_all, elapsed, prepare_weights, say, start_engine
+from harness.inputs import describe, make_inputs
 from harness.render import render_report
 from harness.stats import CpuWatch, compute_ratios, evaluate_goals, summarize
 from harness.worker import versions, worker_main
@@ -42,12 +43,15 @@ def build_parser(bench) -> argparse.ArgumentParser:
     source.add_argument("--hub", action="store_true", help="the variant's hub weights (needs the hub or its cache)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights and of the inputs (default 0)")
     p.add_argument("--batch-sizes", type=_positive, nargs="+", default=[1, 4], metavar="N")
-    p.add_argument("--input-len", type=_positive, default=64, help=f"{bench.input_word} tokens (default 64)")
-    p.add_argument("--output-len", type=_positive, default=64, help="new tokens, no early stop (default 64)")
+    images = ", ".join(n for n, f in bench.families.items() if f.inputs == "pixels")
+    unused = f"; {images}: seeded random pixels of the model's image size instead" if images else ""
+    p.add_argument("--input-len", type=_positive, default=64, help=f"{bench.input_word} tokens (default 64{unused})")
+    p.add_argument("--output-len", type=_positive, default=None, help="new tokens, no early stop (default "
+                   f"{bench.default_output_len}{bench.family_defaults('output_len')})")
     p.add_argument("--rounds", type=_positive, default=5, help="timed rounds after the warm-up (default 5)")
-    p.add_argument("--engines", nargs="+", default=list(bench.default_engines), metavar="ENGINE",
+    p.add_argument("--engines", nargs="+", default=None, metavar="ENGINE",
                    help=f"engines to compare, from {', '.join(bench.engines)} "
-                        f"(default: {' '.join(bench.default_engines)})")
+                        f"(default: {' '.join(bench.default_engines)}{bench.family_defaults('engines')})")
     p.add_argument("--threads", type=_positive, default=None,
                    help="intra-op threads of every engine (default: each runtime's own, one per core)")
     p.add_argument("--working-dir", default="temp", help="weights, exports, the Optimum venv and logs (default temp)")
@@ -63,6 +67,9 @@ def build_parser(bench) -> argparse.ArgumentParser:
 def parse_args(bench, argv: list[str] | None = None) -> argparse.Namespace:
     parser = build_parser(bench)
     args = parser.parse_args(argv)
+    own = bench.for_family(args.family)  # the family's defaults where the flags are not given
+    args.output_len = args.output_len or own.default_output_len
+    args.engines = args.engines or list(own.default_engines)
     if args.worker:
         return args
     unknown = [e for e in args.engines if e not in bench.engines]
@@ -106,8 +113,6 @@ def _rounds(args, workers: dict, generate, warm: dict, runs: dict) -> None:
 
 
 def run_benchmark(args, bench) -> dict:
-    from nndf.actions.common import random_input_ids
-
     working_dir = Path(args.working_dir).resolve()
     logs = working_dir / "bench-logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -131,14 +136,14 @@ def run_benchmark(args, bench) -> dict:
             with contextlib.suppress(Exception):
                 worker.close()
 
-    prompts = {b: random_input_ids(b, args.input_len, int(config["vocab_size"]), args.seed).tolist()
-               for b in args.batch_sizes}
+    kind = bench.family.inputs
+    inputs = {b: make_inputs(kind, config, args, b, working_dir / "bench-inputs") for b in args.batch_sizes}
     warm: dict[int, dict] = {b: {} for b in args.batch_sizes}
     runs: dict[int, dict] = {b: {} for b in args.batch_sizes}
 
     def generate(engine: str, b: int, what: str) -> dict | None:
         try:
-            command = {"cmd": "generate", "input_ids": prompts[b], "new_tokens": args.output_len}
+            command = {"cmd": "generate", **inputs[b], "new_tokens": args.output_len}
             result = workers[engine].request(command)
         except (EngineError, ValueError) as exc:
             fail(engine, f"{what} at batch {b}: {exc}")
@@ -180,7 +185,9 @@ def run_benchmark(args, bench) -> dict:
     report = {
         "settings": {
             "family": args.family, "variant": args.variant, "weights": weights_what, "weights_dir": str(weights),
-            "input_len": args.input_len, "output_len": args.output_len, "rounds": args.rounds,
+            "inputs": describe(kind, config, args, bench.input_word),
+            "input_len": args.input_len if kind == "tokens" else None, "output_len": args.output_len,
+            "rounds": args.rounds,
             "batch_sizes": args.batch_sizes, "engines": args.engines, "threads": args.threads, "seed": args.seed,
             "working_dir": str(working_dir),
         },
@@ -210,6 +217,7 @@ def write_json(path: str, report: dict) -> None:
 def main(bench, argv: list[str] | None = None) -> int:
     """The script's entry point: a worker when started with --worker, else the whole run with the report."""
     args = parse_args(bench, argv)
+    bench = bench.for_family(args.family)
     if args.worker:
         return worker_main(args, bench.make_runner)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -44,7 +44,8 @@ def _tokens_cell(bench, engine: str, entry: dict) -> str:
 
 def _header(report: dict, bench) -> list[str]:
     s = report["settings"]
-    out = [f"{bench.name}: {s['family']} {s['variant']} ({s['weights']}), {s['input_len']} {bench.input_word} + "
+    inputs = s.get("inputs") or f"{s['input_len']} {bench.input_word}"  # "64 encoder", "random 384x384 images"
+    out = [f"{bench.name}: {s['family']} {s['variant']} ({s['weights']}), {inputs} + "
            f"{s['output_len']} new tokens, greedy, KV cache, {s['rounds']} interleaved rounds after 1 warm-up"]
     if s.get("generation"):
         out.append("generation config of the weights (applies to every engine): "

@@ -199,7 +199,7 @@ def open_seq2seq(loaded: LoadedModel, settings: BuildSettings, options: BackendO
     (t5-small, 64 + 64 tokens, 1 thread, same process, interleaved: 888 vs 1016 ms at batch 4, 601 vs 638 ms at
     batch 1). `io_binding=False` in the options forces plain runs on CUDA too.
     """
-    from nndf.seq2seq.export import ROLES, export_seq2seq, seq2seq_io
+    from nndf.seq2seq.export import export_seq2seq, graph_roles, seq2seq_io
 
     check_fp16(settings, options)
     given = {graph: getattr(options, flag) for graph, flag in SEQ2SEQ_OVERRIDES.items()}
@@ -212,5 +212,5 @@ def open_seq2seq(loaded: LoadedModel, settings: BuildSettings, options: BackendO
     for graph, (inputs, outputs) in io.items():
         path = Path(given[graph]) if given[graph] else runnable_graph(export.graphs[graph], loaded, settings, options)
         sessions[graph] = OrtSession(path, inputs, outputs, options.threads, None if options.io_binding else False,
-                                     torch_outputs=graph != "decoder", role=ROLES[graph])
+                                     torch_outputs=graph != "decoder", role=graph_roles(loaded)[graph])
     return sessions

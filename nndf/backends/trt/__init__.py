@@ -204,12 +204,13 @@ def open_seq2seq(loaded: LoadedModel, settings: BuildSettings, options: BackendO
     profile ranges. The fp16 check scores teacher-forced decoder ids through all three (the strategy's decoder
     and `check_batches`: encoder ids for T5 and BART, images for BLIP)."""
     from nndf.architectures import architecture
-    from nndf.seq2seq.export import ROLES, export_seq2seq, seq2seq_io
+    from nndf.seq2seq.export import export_seq2seq, graph_roles, seq2seq_io
 
     gpu = _gpu()
     strategy = architecture(loaded.spec)
     shapes = strategy.derive_shapes(settings, loaded.spec, loaded.config)
-    graphs = [GraphEngine(name, ROLES[name], "--" + SEQ2SEQ_ENGINES[name].replace("_", "-"),
+    roles = graph_roles(loaded)
+    graphs = [GraphEngine(name, roles[name], "--" + SEQ2SEQ_ENGINES[name].replace("_", "-"),
                           getattr(options, SEQ2SEQ_ENGINES[name]), inputs, outputs, shapes.graph_profiles(name, inputs))
               for name, (inputs, outputs) in seq2seq_io(loaded, settings.use_cache).items()]
     sessions, built = _open_engines(loaded, settings, options, gpu, graphs, lambda: export_seq2seq(

@@ -1,0 +1,102 @@
+"""BLIP through the command line: `--image` checked before any model loads, run / compare / chat / benchmark /
+export / list on the tiny captioner, and `accuracy` refused in one sentence."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+
+import pytest
+
+from conftest import IMAGES_DIR, PHOTOS, needs_shared
+from nndf.cli import main
+
+FAST = ["--iterations", "1", "--warmup", "0"]
+
+
+def run_cli(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _bad_files(tmp_path):
+    text = tmp_path / "notes.png"
+    text.write_text("not an image")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    return [(tmp_path / "missing.png", "does not exist"), (text, "is not an image that Pillow can read"),
+            (empty, "is a folder without PNG or JPEG files")]
+
+
+@pytest.mark.parametrize("action", ["run", "benchmark", "chat", "compare"])
+def test_bad_image_is_one_sentence_before_loading(action, capsys, tmp_path):
+    """A missing, unreadable or non-image file, or a folder without images: one sentence naming it, exit 2, and no
+    model loaded (the variant's hub weights are unreachable offline: a load would fail differently)."""
+    for path, why in _bad_files(tmp_path):
+        code, out, err = run_cli(capsys, action, "BLIP", "frameworks", "--image", path)
+        assert code == 2 and err.startswith(f"error: --image {path} {why}"), err
+        assert "loading" not in err and err.count("\n") == 1
+
+
+def test_image_flag_on_a_text_family_and_accuracy_on_blip_are_usage_errors(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "run", "GPT2", "frameworks", "--image", tmp_path / "x.png")
+    assert code == 2 and "--image applies to image-to-text families (BLIP); GPT2 reads text" in err
+    code, _, err = run_cli(capsys, "accuracy", "BLIP", "frameworks", "--random-weights")
+    assert code == 2 and "LAMBADA is a text benchmark and BLIP captions images" in err and "loading" not in err
+
+
+@needs_shared(IMAGES_DIR)
+def test_run_compare_and_export_caption_the_photos(blip_dir, onnx_work_dir, capsys, tmp_path):
+    model = ["--torch-dir", blip_dir, "--working-dir", onnx_work_dir, "--output-seq-len", 5, *FAST]
+    code, out, err = run_cli(capsys, "run", "BLIP", "frameworks", "onnxrt", *model, "--image", PHOTOS[0],
+                             "--json", tmp_path / "run.json")
+    assert code == 0, err
+    results = json.loads((tmp_path / "run.json").read_text())["results"]
+    captions = {row["backend"]: row["output"] for row in results[1]["rows"]}
+    assert set(captions) == {"frameworks", "frameworks (HF generate)", "onnxrt"}
+    assert len(set(captions.values())) == 1 and all(captions.values())  # one caption, on every backend
+    assert [row["samples"] for row in results[0]["rows"]] == [1, 1, 1] and results[0]["rows"][2]["generation_ms"] > 0
+    code, out, err = run_cli(capsys, "compare", "BLIP", "frameworks", "onnxrt", *model)  # the checkpoint's photos
+    assert code == 0, err
+    assert "skimage_chelsea.png" in out and "coco_000000039769.png + 'a picture of'" in out and "speed vs" in out
+    code, out, err = run_cli(capsys, "export", "BLIP", "onnxrt", "--torch-dir", blip_dir, "--working-dir",
+                             onnx_work_dir, "--info")
+    assert code == 0, err
+    for graph in ("encoder", "cross", "decoder"):
+        assert f"{graph}.onnx" in out
+    assert "encoder: pixel_values" in out and "[1, 3, 32, 32] float" in out and "[1, 17, 48] float" in out
+
+
+@needs_shared(IMAGES_DIR)
+def test_chat_reads_image_lines_and_goes_on_after_a_bad_one(blip_dir, capsys, monkeypatch, tmp_path):
+    lines = f"{PHOTOS[0]} a picture of\n{tmp_path / 'missing.png'}\n{PHOTOS[1]}\nexit\n"
+    monkeypatch.setattr(sys, "stdin", io.StringIO(lines))
+    code, out, err = run_cli(capsys, "chat", "BLIP", "frameworks", "--torch-dir", blip_dir, "--output-seq-len", 4)
+    assert code == 0, err
+    assert f"error: image {tmp_path / 'missing.png'} does not exist" in out
+    assert "2 replies" in out and out.count("[frameworks]") == 2
+    assert "skimage_chelsea.png a picture of" in out and "coco_000000039769.png" in out
+    monkeypatch.setattr(sys, "stdin", io.StringIO("a picture of\n\nexit\n"))
+    code, out, err = run_cli(capsys, "chat", "BLIP", "frameworks", "--torch-dir", blip_dir, "--output-seq-len", 4,
+                             "--image", PHOTOS[0])
+    assert code == 0 and "2 replies" in out, err  # a prefix, then an empty line: the image without one
+
+
+def test_benchmark_on_random_pixels_reports_the_vision_encoder(blip_dir, onnx_work_dir, capsys, tmp_path):
+    code, out, err = run_cli(capsys, "benchmark", "BLIP", "frameworks", "onnxrt", "--torch-dir", blip_dir,
+                             "--working-dir", onnx_work_dir, "--batch-size", 2, "--output-seq-len", 4, *FAST,
+                             "--json", tmp_path / "b.json")
+    assert code == 0, err
+    result = json.loads((tmp_path / "b.json").read_text())["results"][0]
+    assert "images + no text prefix + 4 new tokens" in result["title"]
+    assert all(row["encoder_ms"] > 0 and row["decode_ms"] > 0 for row in result["rows"])
+    code, out, err = run_cli(capsys, "benchmark", "BLIP", "frameworks", "--torch-dir", blip_dir, "--input-seq-len", 3,
+                             "--output-seq-len", 4, *FAST)
+    assert code == 0 and "3-token text prefix" in out, err
+
+
+def test_list_shows_blip(capsys):
+    code, out, _ = run_cli(capsys, "list")
+    assert code == 0 and "Salesforce/blip-image-captioning-base" in out and "blip-image-captioning-large" in out
