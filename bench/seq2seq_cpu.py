@@ -10,11 +10,10 @@ export it).
 It measures as bench/decoder_cpu.py does (bench/harness/, described in bench/README.md): one worker process per
 engine on the same saved weights, the Optimum one in its own virtual environment, a warm-up, interleaved rounds on
 the same seeded random encoder input (BLIP: seeded random pixels of its image size, no text prefix), greedy with
-exactly --output-len new tokens. Per engine and batch: time in
-the encoder's forward (where the engine lets us reach it), decode ms/step, first token (encoder included),
-tokens/s, and whether the new tokens equal hf's; each worker's peak memory; ratios last, then the goals. What a
-family changes (default engines and output length, goals, the class hf loads, its encoder, its inputs) is one
-entry of FAMILIES.
+exactly --output-len new tokens. Per engine and batch: time in the encoder's forward (where the engine lets us reach
+it), decode ms/step, first token (encoder included), tokens/s, and whether the new tokens equal hf's; each worker's
+peak memory; ratios last, then the goals. What a family changes (default variant, engines and output length, goals,
+the class hf loads, its encoder, its inputs) is one entry of FAMILIES.
 
 Nothing here imports nndf, torch or transformers at import time: the same file is the Optimum worker.
 """
@@ -53,10 +52,15 @@ GOALS = tuple(
 SEQ2SEQ = Family(inputs="tokens", hf_class="AutoModelForSeq2SeqLM", hf_encoder=lambda model: model.get_encoder(),
                  hf_pad=True)
 FAMILIES = {
-    # Image captioning: seeded random 384x384 pixels, 20 new tokens (a caption's length), the vision encoder timed.
-    "BLIP": Family(engines=("hf", "onnxrt", "onnxrt-int8"), output_len=20, inputs="pixels",
-                   goals=(("onnxrt", 1, "tok_s", "hf", ">=", 1.4),), hf_class="AutoModelForImageTextToText",
-                   hf_encoder=lambda model: model.vision_model, hf_pad=False, note="Optimum does not export BLIP"),
+    # Image captioning: seeded random pixels of the image size (384x384), 20 new tokens (a caption's length), the
+    # vision encoder timed; its generate() ends at [SEP] and pads with [PAD] whatever the generation config says.
+    "BLIP": Family(
+        variant="blip-image-captioning-base", engines=("hf", "onnxrt", "onnxrt-int8"), output_len=20,
+        note="Optimum does not export BLIP", goals=(("onnxrt", 1, "tok_s", "hf", ">=", 1.4),), inputs="pixels",
+        hf_class="AutoModelForImageTextToText", hf_encoder=lambda model: model.vision_model, hf_pad=False,
+        generation=lambda config: {"eos_token_id": config["text_config"]["sep_token_id"],
+                                   "pad_token_id": config["text_config"]["pad_token_id"]},
+    ),
 }
 
 # Generation config entries that change what greedy decoding produces; the header shows the weights' values.

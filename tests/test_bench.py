@@ -1,6 +1,6 @@
 """bench/decoder_cpu.py and bench/seq2seq_cpu.py (and their shared bench/harness/): argument parsing, the ratio and
-goal arithmetic on made-up numbers, the table layout, and one real tiny decoder run through the worker protocol
-(engines hf and onnxrt; the Optimum venv is never built here)."""
+goal arithmetic on made-up numbers, the table layout, BLIP's family data and pixel inputs, and real tiny runs through
+the worker protocol (GPT-2 and BLIP, engines hf and onnxrt; the Optimum venv is never built here)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ def _load_bench(path=SCRIPT):
 bench = _load_bench()
 seq2seq = _load_bench(SEQ2SEQ_SCRIPT)
 from harness import driver, render, stats  # noqa: E402  (on sys.path once a script is loaded)
+from harness.inputs import describe, make_inputs  # noqa: E402
 from harness.worker import CallTimer, Runner  # noqa: E402
 
 
@@ -53,15 +54,17 @@ def test_flags_are_parsed_and_duplicates_dropped():
     assert with_dir.torch_dir == "somewhere" and not with_dir.random_weights
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--engines", "hf", "tensorflow"], "unknown engine(s) tensorflow"),
-    (["--rounds", "0"], "--rounds"),
-    (["--batch-sizes", "two"], "--batch-sizes"),
-    (["--torch-dir", "d", "--hub"], "not allowed with"),
+@pytest.mark.parametrize("script, argv, needle", [
+    ("decoder", ["--engines", "hf", "tensorflow"], "unknown engine(s) tensorflow"),
+    ("decoder", ["--rounds", "0"], "--rounds"),
+    ("decoder", ["--batch-sizes", "two"], "--batch-sizes"),
+    ("decoder", ["--torch-dir", "d", "--hub"], "not allowed with"),
+    ("seq2seq", ["--engines", "hf", "onnxrt-int4"],
+     "unknown engine(s) onnxrt-int4; allowed: hf, nndf-frameworks, onnxrt, onnxrt-int8, optimum"),
 ])
-def test_bad_flags_exit_2_naming_the_flag(argv, needle, capsys):
+def test_bad_flags_exit_2_naming_the_flag(script, argv, needle, capsys):
     with pytest.raises(SystemExit) as info:
-        bench.parse_args(argv)
+        driver.parse_args((bench if script == "decoder" else seq2seq).BENCH, argv)
     assert info.value.code == 2
     assert needle in capsys.readouterr().err
 
@@ -206,12 +209,7 @@ def test_a_busy_machine_is_reported():
 def test_format_table_aligns_columns():
     table = bench.format_table(["engine", "ms", "note"], [["hf", "39.70", "reference"], ["onnxrt-int4", "9.1", "x"]],
                                "lrl")
-    lines = table.splitlines()
-    assert lines == [
-        "engine          ms  note",
-        "hf           39.70  reference",
-        "onnxrt-int4    9.1  x",
-    ]
+    assert table.splitlines() == ["engine          ms  note", "hf           39.70  reference", "onnxrt-int4    9.1  x"]
 
 
 def test_stat_and_token_agreement():
@@ -236,7 +234,7 @@ def test_the_scripts_import_neither_nndf_nor_torch():
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr
 
 
-def test_seq2seq_defaults_and_flags():
+def test_seq2seq_defaults_and_flags_per_family():
     args = driver.parse_args(seq2seq.BENCH, [])
     assert (args.family, args.variant, args.random_weights) == ("T5", "t5-small", True)
     assert args.batch_sizes == [1, 4] and (args.input_len, args.output_len) == (64, 64)
@@ -245,14 +243,16 @@ def test_seq2seq_defaults_and_flags():
                                              "--engines", "hf", "nndf-frameworks", "hf", "--threads", "1"])
     assert (args.family, args.variant, args.rounds, args.threads) == ("BART", "bart-base", 3, 1)
     assert args.engines == ["hf", "nndf-frameworks"]
-
-
-def test_seq2seq_rejects_engines_it_does_not_have(capsys):
-    with pytest.raises(SystemExit) as info:
-        driver.parse_args(seq2seq.BENCH, ["--engines", "hf", "onnxrt-int4"])
-    assert info.value.code == 2
-    assert "unknown engine(s) onnxrt-int4; allowed: hf, nndf-frameworks, onnxrt, onnxrt-int8, optimum" in \
-        capsys.readouterr().err
+    assert seq2seq.BENCH.for_family("BART") is seq2seq.BENCH and seq2seq.BENCH.family.inputs == "tokens"
+    # BLIP (matched as the registry matches names): its own defaults, goal and data; given flags still win
+    args = driver.parse_args(seq2seq.BENCH, ["--family", "blip"])
+    assert (args.variant, args.output_len) == ("blip-image-captioning-base", 20)
+    assert args.engines == ["hf", "onnxrt", "onnxrt-int8"]
+    args = driver.parse_args(seq2seq.BENCH, ["--family", "BLIP", "--output-len", "8", "--engines", "hf", "optimum"])
+    assert (args.output_len, args.engines) == (8, ["hf", "optimum"])
+    assert seq2seq.BENCH.for_family("BLIP").goals == (("onnxrt", 1, "tok_s", "hf", ">=", 1.4),)
+    helped = " ".join(driver.build_parser(seq2seq.BENCH).format_help().split())
+    assert "optimum; BLIP: hf onnxrt onnxrt-int8, as Optimum does not export BLIP)" in helped
 
 
 def test_seq2seq_lengths_must_fit_the_positions():
@@ -261,6 +261,11 @@ def test_seq2seq_lengths_must_fit_the_positions():
     args = driver.parse_args(seq2seq.BENCH, ["--output-len", "1024"])
     assert "--output-len 1024" in seq2seq.check_lengths({"max_position_embeddings": 1024}, args)
     assert seq2seq.check_lengths({"vocab_size": 32128}, args) is None  # no bound known
+    blip = driver.parse_args(seq2seq.BENCH, ["--family", "BLIP", "--input-len", "4096"])  # pixels in: not used
+    config = {"text_config": {"max_position_embeddings": 512}, "vision_config": {"image_size": 384}}
+    assert seq2seq.check_lengths(config, blip) is None
+    blip.output_len = 512
+    assert seq2seq.check_lengths(config, blip).startswith("--output-len 512 (+ the decoder start token) must each fit")
 
 
 S2S_MEMORY = {"hf": 600 * MiB, "onnxrt": 500 * MiB, "onnxrt-int8": 300 * MiB, "optimum": 900 * MiB}
@@ -279,7 +284,7 @@ def _s2s_report(b4_onnxrt_tok=130.0, optimum=True):
     return _report(engines, S2S_MEMORY, failed=failed, config=seq2seq.BENCH)
 
 
-def test_seq2seq_goals_on_made_up_numbers():
+def test_seq2seq_goals_on_made_up_numbers_and_without_optimum():
     report = _s2s_report()
     assert _statuses(report) == {
         "batch 1 onnxrt tok/s / hf": "PASS",           # 50 / 30 = 1.67 >= 1.6
@@ -296,9 +301,6 @@ def test_seq2seq_goals_on_made_up_numbers():
     assert ratios[(1, "tok_s", "onnxrt")]["vs_hf"] == pytest.approx(50 / 30)
     assert ratios[(4, "step_ms", "onnxrt")]["vs_optimum"] == pytest.approx(14 / 30)
     assert ratios[(None, "peak_rss", "optimum")]["vs_hf"] == pytest.approx(1.5)
-
-
-def test_seq2seq_goals_skip_without_optimum():
     goals = {g["label"]: g for g in _s2s_report(optimum=False)["goals"]}
     assert goals["batch 1 onnxrt tok/s / hf"]["status"] == "PASS"
     skipped = goals["batch 4 onnxrt tok/s / optimum"]
@@ -327,16 +329,18 @@ def test_seq2seq_report_layout():
     assert lines[-1].startswith("  PASS  onnxrt fp32 tokens equal hf's at batch 1, 4")
 
 
-def test_seq2seq_new_tokens_follow_the_decoder_start_token_and_the_encoder_timer():
+def test_worker_inputs_new_tokens_and_the_encoder_timer(tmp_path):
+    """Token ids with a full mask; BLIP's seeded pixels made once, as a file every worker reads alike."""
     import torch
 
     runner = Runner()
-    ids, mask = runner.inputs([[5, 6, 7], [8, 9, 10]])
+    inputs = runner.inputs({"cmd": "generate", "input_ids": [[5, 6, 7], [8, 9, 10]], "new_tokens": 2})
+    assert inputs["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 1]]
     out = torch.tensor([[0, 11, 12], [0, 13, 14]])
     runner.seq2seq = True
-    assert runner.new_tokens(out, (ids, mask)) == [[11, 12], [13, 14]]
+    assert runner.new_tokens(out, inputs) == [[11, 12], [13, 14]]
     runner.seq2seq = False
-    assert runner.new_tokens(torch.cat([ids, out], dim=1), (ids, mask)) == [[0, 11, 12], [0, 13, 14]]
+    assert runner.new_tokens(torch.cat([inputs["input_ids"], out], dim=1), inputs) == [[0, 11, 12], [0, 13, 14]]
 
     class Encoder:
         def forward(self, x):
@@ -350,6 +354,15 @@ def test_seq2seq_new_tokens_follow_the_decoder_start_token_and_the_encoder_timer
     timer.reset()
     assert timer.seconds is None
 
+    args = driver.parse_args(seq2seq.BENCH, ["--family", "BLIP", "--seed", "3"])
+    config = {"vision_config": {"image_size": 8}, "text_config": {"max_position_embeddings": 512}}
+    sent = make_inputs("pixels", config, args, 2, tmp_path)
+    assert make_inputs("pixels", config, args, 2, tmp_path) == sent  # made once, then reused
+    pixels = Runner().inputs(json.loads(json.dumps({"cmd": "generate", **sent})))["pixel_values"]
+    assert torch.equal(pixels, torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(3)))
+    assert (describe("pixels", config, args, "encoder"), describe("tokens", config, args, "encoder")) == \
+        ("random 8x8 images", "64 encoder")
+
 
 # ------------------------------------------------------------------------------------------------ a real tiny run
 
@@ -362,24 +375,25 @@ def bench_work_dir(request, tmp_path):
         return tmp_path
 
 
-def test_tiny_run_through_the_worker_protocol(tiny_gpt2_dir, bench_work_dir, tmp_path):
+def _tiny_run(script, argv, work_dir, tmp_path):
+    """The script's whole run in a subprocess (engines hf and onnxrt, 1 round): its output and its JSON report."""
     out_json = tmp_path / "bench.json"
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--torch-dir", str(tiny_gpt2_dir), "--engines", "hf", "onnxrt",
-         "--batch-sizes", "1", "4", "--input-len", "6", "--output-len", "5", "--rounds", "1",
-         "--working-dir", str(bench_work_dir), "--json", str(out_json)],
-        capture_output=True, text=True, env=env, timeout=600,
-    )
+    done = subprocess.run([sys.executable, str(script), *argv, "--engines", "hf", "onnxrt", "--rounds", "1",
+                           "--working-dir", str(work_dir), "--json", str(out_json)],
+                          capture_output=True, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"), timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    text = done.stdout
+    assert "TOKEN MISMATCH" not in done.stdout and "warm-up batch 1 hf" in done.stderr
+    return done, json.loads(out_json.read_text())
+
+
+def test_tiny_run_through_the_worker_protocol(tiny_gpt2_dir, bench_work_dir, tmp_path):
+    done, report = _tiny_run(SCRIPT, ["--torch-dir", str(tiny_gpt2_dir), "--batch-sizes", "1", "4", "--input-len", "6",
+                                      "--output-len", "5"], bench_work_dir, tmp_path)
     for needle in ("\nbatch 1\n", "\nbatch 4\n", "decode ms/step", "RATIOS", "batch 1: decode ms/step",
                    "batch 4: tok/s", "peak memory of each worker", "GOALS", "onnxrt: batch 1: identical; batch 4: "
                    "identical", "PASS  onnxrt fp32 tokens equal hf's at batch 1, 4"):
-        assert needle in text, text
-    assert "TOKEN MISMATCH" not in text
-    assert "warm-up batch 1 hf" in done.stderr and "round 1/1 batch 4 onnxrt" in done.stderr
-    report = json.loads(out_json.read_text())
+        assert needle in done.stdout, done.stdout
+    assert "round 1/1 batch 4 onnxrt" in done.stderr
     assert {e: report["engines"][e]["status"] for e in ("hf", "onnxrt")} == {"hf": "ok", "onnxrt": "ok"}
     assert report["engines"]["onnxrt"]["peak_rss_bytes"] > 0
     for b in ("1", "4"):
@@ -389,3 +403,17 @@ def test_tiny_run_through_the_worker_protocol(tiny_gpt2_dir, bench_work_dir, tmp
         assert report["raw"]["warm_up"][b]["hf"]["tokens"] == report["raw"]["warm_up"][b]["onnxrt"]["tokens"]
         assert len(report["raw"]["warm_up"][b]["hf"]["tokens"]) == int(b)
     assert any(g["status"] == "SKIP" and "optimum was not among --engines" in g["text"] for g in report["goals"])
+
+
+def test_tiny_blip_run_through_the_worker_protocol(blip_dir, bench_work_dir, tmp_path):
+    """BLIP's hf worker (AutoModelForImageTextToText, its vision encoder timed) and ours on the same pixels file."""
+    done, report = _tiny_run(SEQ2SEQ_SCRIPT, ["--family", "BLIP", "--torch-dir", str(blip_dir), "--batch-sizes", "1",
+                                              "2", "--output-len", "4"], bench_work_dir, tmp_path)
+    for needle in ("random 32x32 images + 4 new tokens", "(applies to every engine): eos_token_id 102, pad_token_id 0",
+                   "onnxrt: batch 1: identical; batch 2: identical", "batch 1 onnxrt tok/s / hf = ",
+                   "x (goal >= 1.40x)\n  PASS  onnxrt fp32 tokens equal hf's at batch 1, 2"):
+        assert needle in done.stdout, done.stdout
+    assert len(report["goals"]) == 2  # BLIP's: no optimum nor int8 goals
+    for b in ("1", "2"):
+        assert [len(row) for row in report["raw"]["warm_up"][b]["hf"]["tokens"]] == [4] * int(b)
+        assert all(report["batches"][b][e]["encoder_ms"]["median"] > 0 for e in ("hf", "onnxrt"))

@@ -25,15 +25,18 @@ BUSY_CORES = 0.25  # foreign CPU use (in cores) during the measurement above whi
 class Family:
     """What a model family changes in a script: None keeps the script's own (its Bench's `family`).
 
-    engines, output_len, goals: the defaults of --engines and --output-len, and the goals;
+    variant, engines, output_len, goals: the defaults of --variant, --engines and --output-len, and the goals;
     inputs: how the inputs are made (harness.inputs: "tokens", seeded random ids of --input-len; "pixels", seeded
     random images of the model's image size);
     hf_class: the transformers auto class a plain-transformers hf worker loads the weights folder with;
     hf_encoder(model): the module whose forward that worker times as the encoder;
     hf_pad: whether that worker passes pad_token_id to generate() (BLIP's generate() passes its own);
+    generation(config): the generation entries the family's own generate() passes over the weights' generation
+    config (BLIP: eos [SEP], pad [PAD]), for the header;
     note: why its engines differ, for the help ("Optimum does not export BLIP").
     """
 
+    variant: str | None = None
     engines: tuple[str, ...] | None = None
     output_len: int | None = None
     goals: tuple | None = None
@@ -41,6 +44,7 @@ class Family:
     hf_class: str | None = None
     hf_encoder: Callable | None = None
     hf_pad: bool | None = None
+    generation: Callable | None = None
     note: str | None = None
 
 
@@ -93,7 +97,8 @@ class Bench:
         if own is None:
             return self
         given = {f.name: getattr(own, f.name) for f in fields(own) if getattr(own, f.name) is not None}
-        return replace(self, family=replace(self.family, **given), default_engines=own.engines or self.default_engines,
+        return replace(self, family=replace(self.family, **given), default_variant=own.variant or self.default_variant,
+                       default_engines=own.engines or self.default_engines,
                        goals=self.goals if own.goals is None else own.goals,
                        default_output_len=own.output_len or self.default_output_len)
 

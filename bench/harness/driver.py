@@ -34,8 +34,8 @@ def build_parser(bench) -> argparse.ArgumentParser:
     )
     p.add_argument("--family", default=bench.default_family,
                    help=f"registered model family (default {bench.default_family})")
-    p.add_argument("--variant", default=bench.default_variant,
-                   help=f"variant of the family (default {bench.default_variant})")
+    p.add_argument("--variant", default=None,
+                   help=f"variant of the family (default {bench.default_variant}{bench.family_defaults('variant')})")
     source = p.add_mutually_exclusive_group()
     source.add_argument("--random-weights", action="store_true",
                         help="the variant's known config with seeded random weights (the default)")
@@ -68,6 +68,7 @@ def parse_args(bench, argv: list[str] | None = None) -> argparse.Namespace:
     parser = build_parser(bench)
     args = parser.parse_args(argv)
     own = bench.for_family(args.family)  # the family's defaults where the flags are not given
+    args.variant = args.variant or own.default_variant
     args.output_len = args.output_len or own.default_output_len
     args.engines = args.engines or list(own.default_engines)
     if args.worker:
@@ -198,6 +199,8 @@ def run_benchmark(args, bench) -> dict:
         "raw": {"warm_up": warm, "rounds": runs},
     }
     rules = _generation_rules(weights, bench.generation_keys)
+    if bench.family.generation is not None:
+        rules.update(bench.family.generation(config))
     if rules:
         report["settings"]["generation"] = rules
     report["ratios"] = compute_ratios(report, bench)
