@@ -239,12 +239,16 @@ def load_tokenizer(source: str | None, spec: ModelSpec):
 
 
 def load_processor(source: str | None, spec: ModelSpec, config, tokenizer: Callable[[], object]):
-    """A processor from a folder or hub id that has one, else the family's own around the tokenizer."""
-    from transformers import AutoProcessor
+    """A processor from a folder or hub id that has one, else the family's own around the tokenizer (also when the
+    folder holds a tokenizer alone: AutoProcessor then returns just that tokenizer)."""
+    from transformers import AutoProcessor, PreTrainedTokenizerBase
 
     for candidate in [s for s in (source, spec.default_tokenizer) if s]:
         try:
-            return AutoProcessor.from_pretrained(candidate)
+            processor = AutoProcessor.from_pretrained(candidate)
         except (OSError, ValueError, TypeError):
             continue
+        if isinstance(processor, PreTrainedTokenizerBase):
+            return spec.hooks.build_processor(config, processor)
+        return processor
     return spec.hooks.build_processor(config, tokenizer())

@@ -20,7 +20,7 @@ from nndf.errors import UsageError
 from nndf.seq2seq.architecture import EncoderDecoder
 from nndf.seq2seq.decoder import Seq2SeqDecoder
 from nndf.seq2seq.image_graphs import ImageGraphs
-from nndf.seq2seq.shapes import _ranges
+from nndf.seq2seq.shapes import profile_ranges
 from nndf.spec import Dim, ShapeSpec
 
 
@@ -53,12 +53,12 @@ class CaptionShapeSpec(ShapeSpec):
         (a prompt profile and a one-token profile), with the cross keys and values of every image row."""
         b, size = self.batch, self.image_size
         if graph == "encoder":
-            return [{name: _ranges(b, 3, size, size) for name in input_names}]
+            return [{name: profile_ranges(b, 3, size, size) for name in input_names}]
         if graph == "cross":
-            return [{name: _ranges(b, self.encoder_length, self.encoder_hidden) for name in input_names}]
+            return [{name: profile_ranges(b, self.encoder_length, self.encoder_hidden) for name in input_names}]
         cross = [name for name in input_names if name.startswith("cross.")]
         text = tuple(name for name in input_names if name not in cross)
-        cross_range = _ranges(self.rows, self.kv_heads, self.encoder_length, self.head_dim)
+        cross_range = profile_ranges(self.rows, self.kv_heads, self.encoder_length, self.head_dim)
         return [{**profile, **{name: cross_range for name in cross}} for profile in self.profiles(text)]
 
     def describe(self) -> list[tuple[str, str]]:

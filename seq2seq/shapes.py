@@ -17,7 +17,7 @@ from nndf.errors import UsageError
 from nndf.spec import BuildSettings, Dim, ModelSpec, ShapeSpec, cache_dims
 
 
-def _ranges(*dims: tuple[int | Dim, ...]) -> tuple[tuple[int, ...], ...]:
+def profile_ranges(*dims: tuple[int | Dim, ...]) -> tuple[tuple[int, ...], ...]:
     """(min shape, opt shape, max shape) from a shape whose entries are fixed ints or Dims."""
     return tuple(tuple(d if isinstance(d, int) else getattr(d, which) for d in dims)
                  for which in ("min", "opt", "max"))
@@ -61,9 +61,9 @@ class Seq2SeqShapeSpec(ShapeSpec):
         """TensorRT profiles of one graph ("encoder", "cross" or "decoder"), each {input: (min, opt, max) shape}."""
         b, e = self.batch, self.encoder
         if graph == "encoder":
-            return [{name: _ranges(b, e) for name in input_names}]
+            return [{name: profile_ranges(b, e) for name in input_names}]
         if graph == "cross":
-            return [{name: _ranges(b, e, self.hidden_size) for name in input_names}]
+            return [{name: profile_ranges(b, e, self.hidden_size) for name in input_names}]
         return self.profiles(input_names)
 
     def profiles(self, input_names: tuple[str, ...]) -> list[dict]:
@@ -73,13 +73,13 @@ class Seq2SeqShapeSpec(ShapeSpec):
         r, e, (heads, dim) = self.rows, self.encoder, (self.kv_heads, self.head_dim)
 
         def shapes(seq: Dim, past: Dim | None) -> dict:
-            profile = {"input_ids": _ranges(r, seq), "encoder_attention_mask": _ranges(r, e),
-                       "logits_to_keep": _ranges(seq)}
+            profile = {"input_ids": profile_ranges(r, seq), "encoder_attention_mask": profile_ranges(r, e),
+                       "logits_to_keep": profile_ranges(seq)}
             for name in input_names:
                 if name.startswith("cross."):
-                    profile[name] = _ranges(r, heads, e, dim)
+                    profile[name] = profile_ranges(r, heads, e, dim)
                 elif name.startswith("past_key_values.") and past is not None:
-                    profile[name] = _ranges(r, heads, past, dim)
+                    profile[name] = profile_ranges(r, heads, past, dim)
             return {name: profile[name] for name in input_names}
 
         if not self.use_cache:

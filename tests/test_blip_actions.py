@@ -10,15 +10,9 @@ import sys
 import pytest
 
 from conftest import IMAGES_DIR, PHOTOS, needs_shared
-from nndf.cli import main
+from test_cli import run_cli
 
 FAST = ["--iterations", "1", "--warmup", "0"]
-
-
-def run_cli(capsys, *argv):
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def _bad_files(tmp_path):
