@@ -11,17 +11,25 @@ matrix is a constant operand of a MatMul (Gemm -> MatMul, tied heads given their
 
 Then (defaults in INT8 / INT4, every parameter can be overridden for measurements):
 
-- int8: `quantize_dynamic` restricted to those MatMuls: weights quantized offline to int8 with one scale per output
+- int8: `quantize_dynamic` restricted to those MatMuls: weights quantized offline to 8 bits with one scale per output
   column, activations per call (DynamicQuantizeLinear + MatMulInteger, fused by ORT into DynamicQuantizeMatMul).
   Run on the untouched graph it is slower than fp32: it quantizes the tied embedding, which is then dequantized and
-  transposed at every step.
+  transposed at every step. The weights are int8 (QInt8) where ORT's uint8 x int8 kernel is exact, uint8 (QUInt8)
+  elsewhere (`int8_weight_type`): on x86 without VNNI (AVX2, or AVX-512 without VNNI), MLAS multiplies uint8
+  activations by int8 weights with VPMADDUBSW, whose int16 sums of two products saturate (255 * 127 * 2 > 32767),
+  so the results are wrong wherever large activations meet large weights, and per-channel scales put a +-127 weight
+  in every column. On the trained tiny GPT-2 (AVX2 host, ORT 1.31.1 and 1.32.0) that raises the mean KL from 0.0007
+  to 0.0137 (top-1 0.9998 -> 0.9960); the same int8 values shifted to uint8 (the exact uint8 x uint8 kernel) give
+  0.0007 again. QUInt8 is ~15-30% slower per MatMul there; 7-bit weights (reduce_range, ORT's other remedy) keep
+  the speed but give KL 0.0012, as bad as one scale per tensor.
 - int4: `MatMulNBitsQuantizer`, symmetric 4-bit blocks of 32 along K (K is padded to whole blocks by the quantizer,
   so any width works), accuracy_level 4 (int8 activations in the kernel; the default fp32 kernel is far slower).
 
-Measured (ORT 1.31.1, 2 cores, GPT-2 small random weights, 64 prompt + 64 new tokens, medians of 5 interleaved
-runs after a warm-up; ratios against Hugging Face eager fp32 generate() = 27-28 ms/step and 72-74 tok/s at batch 4;
-fidelity on the trained tiny GPT-2 of ../shared/data against fp32 PyTorch, 200 memorised LAMBADA passages sampled
-from 2500-2999: top-1 agreement over all 16k positions, mean KL, lm-eval acc / ppl (fp32: 1.000 / 1.13)):
+Measured (ORT 1.31.1, 2 cores of a CPU where QInt8 and QUInt8 agree, i.e. with VNNI; GPT-2 small random weights, 64
+prompt + 64 new tokens, medians of 5 interleaved runs after a warm-up; ratios against Hugging Face eager fp32
+generate() = 27-28 ms/step and 72-74 tok/s at batch 4; fidelity on the trained tiny GPT-2 of ../shared/data against
+fp32 PyTorch, 200 memorised LAMBADA passages sampled from 2500-2999: top-1 agreement over all 16k positions, mean
+KL, lm-eval acc / ppl (fp32: 1.000 / 1.13)):
 
     variant                       b1 ms/step  b4 tok/s   top-1    mean KL   acc   ppl
     int8 dynamic QUInt8 tensor       0.36x      2.68x    0.9988   0.0015   1.000  1.13
@@ -38,17 +46,19 @@ from 2500-2999: top-1 agreement over all 16k positions, mean KL, lm-eval acc / p
 
 On unseen passages (2000-2499, where this memorising model is wrong anyway) agreement is lower for all (int8
 0.90-0.94, int4 0.69-0.72) in the same order. Per-channel scales halve int8's KL; int8 weights (QInt8) are faster
-than uint8 here. For int4 the block size of the layers decides fidelity (the LM head's block matters little), and
-small blocks cost batch-4 throughput in the prefill (MatMulNBits with 256 rows is slower than fp32). With attention
-exported from Hugging Face's eager implementation instead of SDPA, the same quantized graphs reach int8 0.30x /
-4.48x, int4 block 32 0.25x / 3.34x and block 128 0.20x / 3.97x: SDPA's export transposes the whole key cache at
-every step (Reshape-Transpose-Reshape, which ORT cannot fuse into the MatMul).
+than uint8 here (the default where exact; QUInt8 channel on x86 without VNNI). For int4 the block size of the layers
+decides fidelity (the LM head's block matters little), and small blocks cost batch-4 throughput in the prefill
+(MatMulNBits with 256 rows is slower than fp32). With attention exported from Hugging Face's eager implementation
+instead of SDPA, the same quantized graphs reach int8 0.30x / 4.48x, int4 block 32 0.25x / 3.34x and block 128 0.20x
+/ 3.97x: SDPA's export transposes the whole key cache at every step (Reshape-Transpose-Reshape, which ORT cannot
+fuse into the MatMul).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import platform
 import shutil
 import sys
 from pathlib import Path
@@ -62,8 +72,34 @@ from nndf.workspace import read_metadata
 # Bump when a change here changes the graphs produced, so that old quantized graphs are rebuilt rather than reused.
 QUANTIZER_REVISION = 2
 
-# The parameters of each kind. Every one of them is part of the artifact's settings (and so of its name).
-INT8 = {"method": "dynamic", "weight_type": "QInt8", "per_channel": True, "reduce_range": False}
+# x86 CPU flags with which MLAS multiplies uint8 by int8 exactly (VPDPBUSD(S) accumulates in int32, or AMX).
+_EXACT_U8S8_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
+
+
+def int8_weight_type(machine: str | None = None, cpuinfo: str | None = None) -> str:
+    """"QInt8" where ONNX Runtime's CPU kernel for uint8 activations x int8 weights is exact, else "QUInt8".
+
+    On x86 that kernel is exact only with VNNI (or AMX): without it MLAS uses VPMADDUBSW, whose int16 pair sums
+    saturate (see the module docstring); on x86 the CPU flags are read from /proc/cpuinfo (Linux), and when they
+    cannot be read the exact uint8 x uint8 kernel is chosen. Other CPUs (ARM's NEON / dot-product kernels) widen
+    exactly. `machine` and `cpuinfo` default to this host's.
+    """
+    machine = (machine if machine is not None else platform.machine()).lower()
+    if machine not in ("x86_64", "amd64", "i386", "i686", "x86"):
+        return "QInt8"
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
+        except OSError:
+            return "QUInt8"
+    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines()
+                  if line.startswith("flags") and ":" in line), [])
+    return "QInt8" if _EXACT_U8S8_FLAGS & set(flags) else "QUInt8"
+
+
+# The parameters of each kind. Every one of them is part of the artifact's settings (and so of its name): an int8
+# graph made for one weight type is not reused on a host that needs the other.
+INT8 = {"method": "dynamic", "weight_type": int8_weight_type(), "per_channel": True, "reduce_range": False}
 INT4 = {"method": "matmul_nbits", "bits": 4, "block_size": 32, "is_symmetric": True, "accuracy_level": 4}
 KINDS: dict[str, dict] = {"int8": INT8, "int4": INT4}
 
