@@ -61,6 +61,9 @@ def run(args, stream=None) -> list[Result]:
     args.backends = list(dict.fromkeys(list(args.backends) + list(args.compare)))
     spec, _ = resolve(args.model, args.variant)
     given = given_images(args, spec)
+    if given is not None and len(given) > 1:
+        raise UsageError(f"chat --image takes one image (it got {len(given)}); name the others on the lines you type, "
+                         "as IMAGE_PATH [text prefix]")
     models = open_models(args)
     first = models[0]
     takes_images = first.architecture.takes_images
