@@ -50,14 +50,25 @@ def seq2seq_io(loaded: LoadedModel, use_cache: bool) -> dict[str, tuple[tuple[st
     return graph_set(loaded).io(loaded.spec.hooks, loaded.config, use_cache)
 
 
+def _settings(loaded: LoadedModel, use_cache: bool) -> dict:
+    return dict(export_settings(loaded, use_cache), kind=f"onnx-{graph_set(loaded).kind}")
+
+
+def seq2seq_export_location(loaded: LoadedModel, use_cache: bool, working_dir: str | Path) -> Seq2SeqExport:
+    """Where the three exported graphs for these settings live (built or not), and their names: no weights loaded."""
+    stem = f"{loaded.spec.family}-{loaded.variant.name}-{graph_set(loaded).kind}"
+    folder = Path(working_dir) / artifact_name(stem, _settings(loaded, use_cache), "")
+    io = seq2seq_io(loaded, use_cache)
+    return Seq2SeqExport(folder, {graph: DecoderExport(folder, i, o, f"{graph}.onnx") for graph, (i, o) in io.items()})
+
+
 def export_seq2seq(loaded: LoadedModel, use_cache: bool, working_dir: str | Path) -> Seq2SeqExport:
     """The three exported graphs for these settings: reused when the metadata matches, else (re)built."""
-    kind = graph_set(loaded).kind
-    settings = dict(export_settings(loaded, use_cache), kind=f"onnx-{kind}")
-    folder = Path(working_dir) / artifact_name(f"{loaded.spec.family}-{loaded.variant.name}-{kind}", settings, "")
+    settings = _settings(loaded, use_cache)
+    result = seq2seq_export_location(loaded, use_cache, working_dir)
+    folder = result.folder
     io = seq2seq_io(loaded, use_cache)
     names = {graph: {"input_names": list(i), "output_names": list(o)} for graph, (i, o) in io.items()}
-    result = Seq2SeqExport(folder, {graph: DecoderExport(folder, i, o, f"{graph}.onnx") for graph, (i, o) in io.items()})
     metadata = dict(settings, graphs=names)
     reason = stale_reason(folder, metadata)
     if reason is None:

@@ -294,3 +294,31 @@ def test_given_engine_must_exist_and_match_this_gpu(tmp_path):
     plain = tmp_path / "plain.engine"
     plain.write_bytes(b"x")  # no metadata (built elsewhere): TensorRT itself will judge it
     assert engine_cache.check_given_engine(plain, DEVICE) == plain
+
+
+def test_info_without_a_gpu_shows_every_engine_before_refusing(capsys, tiny_gpt2_dir, onnx_work_dir, monkeypatch):
+    """On a machine without a GPU, `--info` on trt prints the settings, each graph's profiles and trtexec command,
+    then refuses in one sentence (exit 1); no weights are loaded, and the ONNX file named is the one the onnxrt
+    export writes for the same flags."""
+    import torch
+
+    from nndf.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # also where a GPU is present
+    model = ["--torch-dir", str(tiny_gpt2_dir), "--working-dir", str(onnx_work_dir)]
+    code = main(["benchmark", "GPT2", "trt", *model, "--input-seq-len", "8", "--output-seq-len", "4", "--info"])
+    out, err = capsys.readouterr()
+    assert code == 1 and err.startswith("error: the trt backend needs an NVIDIA GPU") and "loading" not in err
+    assert "settings: batch_size=1" in out and "context: input_ids 1x1..1x8" in out
+    command = next(line for line in out.splitlines() if line.startswith("decoder: trtexec --onnx="))
+    assert "--profile=1" in command and "--maxShapes=input_ids:1x8" in command
+    onnx_path = command.split("--onnx=")[1].split()[0]
+    assert main(["export", "GPT2", "onnxrt", *model]) == 0
+    assert onnx_path in capsys.readouterr().out
+    for family, variant, first in (("T5", "t5-small", "encoder: trtexec --onnx="),
+                                   ("BLIP", "blip-image-captioning-base", "encoder: trtexec --onnx=")):
+        code = main(["benchmark", family, "trt", "--variant", variant, "--random-weights", "--info"])
+        out, err = capsys.readouterr()
+        assert code == 1 and "needs an NVIDIA GPU" in err, err
+        assert first in out and "\ncross: trtexec" in out and "\ndecoder: trtexec" in out
+    assert "pixel_values 1x3x384x384..1x3x384x384" in out  # BLIP's fixed image size

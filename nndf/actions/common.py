@@ -10,7 +10,7 @@ import torch
 
 from nndf.architectures import architecture
 from nndf.backends import RUNS_ONNX_FILES, BackendOptions, backend_module
-from nndf.errors import UsageError
+from nndf.errors import HarnessError, UsageError
 from nndf.images import caption_inputs, image_files
 from nndf.measure import TimingSettings
 from nndf.model import Model, default_device, target_language_token
@@ -97,7 +97,13 @@ def open_models(args) -> list[Model]:
     for name in backends:
         check = getattr(backend_module(name), "check_available", None)
         if check is not None:  # fail before a slow load when the backend cannot run on this machine
-            check()
+            try:
+                check()
+            except HarnessError:
+                if getattr(args, "info", False):  # show what would be built, then refuse
+                    print(engine_plan_result(args, spec, variant, name).render(verbose=True))
+                    print()
+                raise
     settings = build_settings(args)
     for name in backends:
         if name not in spec.backends:
@@ -120,6 +126,27 @@ def open_models(args) -> list[Model]:
         print(info_result(models[0]).render(verbose=True))
         print()
     return models
+
+
+def engine_plan_result(args, spec, variant, backend: str) -> Result:
+    """`--info` where the backend cannot run: the settings, each graph's profiles and its trtexec command, from the
+    config alone (no weights, no GPU), so that a build can be prepared on this machine."""
+    from nndf.backends.trt.plan import engine_plan
+
+    settings = build_settings(args)
+    loaded = load_model(spec, variant, torch_dir=args.torch_dir, random_weights=args.random_weights,
+                        tokenizer_dir=args.tokenizer_dir, seed=args.seed)
+    architecture(spec).derive_shapes(settings, spec, loaded.config)  # the flags against the model first
+    rows = engine_plan(loaded, settings, backend_options(args, [backend]))
+    columns = [Column("graph", "graph"), Column("onnx", "ONNX file"), Column("profiles", "profiles")]
+    context = {"model": spec.family, "variant": variant.name, "weights": loaded.source,
+               "settings": settings.as_dict()}
+    notes = [f"{row['graph']}: {row['trtexec']}" for row in rows]
+    notes.append("These engines need a GPU with TensorRT; the ONNX files they read are what `run.py export "
+                 f"{spec.family} onnxrt` (same flags) writes on any machine. Engine files are named here after "
+                 "their graph; the backend's own names also hash the GPU they are built on.")
+    return Result("info", f"{spec.family} {variant.name}: the {backend} engines these settings build", columns, rows,
+                  context, notes)
 
 
 def label(model: Model) -> str:

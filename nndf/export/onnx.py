@@ -161,12 +161,18 @@ def fp32_cpu_model(model):
     return model
 
 
+def decoder_export_location(loaded: LoadedModel, use_cache: bool, working_dir: str | Path) -> DecoderExport:
+    """Where the exported decoder for these settings lives (built or not), and its names: no weights are loaded."""
+    name = artifact_name(f"{loaded.spec.family}-{loaded.variant.name}-decoder", export_settings(loaded, use_cache), "")
+    return DecoderExport(Path(working_dir) / name, *model_io(loaded, use_cache))
+
+
 def export_decoder(loaded: LoadedModel, use_cache: bool, working_dir: str | Path) -> DecoderExport:
     """The exported decoder for these settings: reused when its metadata matches, else (re)built with a message."""
     settings = export_settings(loaded, use_cache)
-    name = artifact_name(f"{loaded.spec.family}-{loaded.variant.name}-decoder", settings, "")
-    folder = Path(working_dir) / name
-    input_names, output_names = model_io(loaded, use_cache)
+    location = decoder_export_location(loaded, use_cache, working_dir)
+    folder = location.folder
+    input_names, output_names = location.input_names, location.output_names
     io = {"input_names": list(input_names), "output_names": list(output_names)}
     reason = stale_reason(folder, dict(settings, **io))
     if reason is None:
