@@ -165,9 +165,16 @@ def load_model(
         weights_id = f"random:{variant.name}:seed={seed}:{sorted(variant.config.items())}"
         tokenizer_source = tokenizer_dir or variant.hub_id
 
+        built_on = torch.device(device).type
+        if built_on != "cpu":  # the same seed draws other numbers on another device's generator
+            weights_id += f":built-on-{built_on}"
+
         def loader():
             torch.manual_seed(seed)
-            model = auto.from_config(known_config(variant), dtype=dtype).to(device)
+            # Built where the weights will live, in their dtype: a GPU runs every layer's initializer in a fraction
+            # of a second, where building on the CPU and moving took minutes for gpt2-xl (issue 11).
+            with torch.device(device):
+                model = auto.from_config(known_config(variant), dtype=dtype)
             model.generation_config = known_generation_config(variant, model.config)
             return model
     else:
