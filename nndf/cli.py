@@ -81,7 +81,11 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
                    help="trt, encoder-decoder models: run this encoder engine instead of building one")
     r.add_argument("--cache-generator-engine", metavar="PATH", help="trt, encoder-decoder models: run this "
                    "cross-attention cache generator engine instead of building one")
-    r.add_argument("--cuda-graph", action="store_true", help="trt: capture and replay CUDA graphs for decode steps")
+    r.add_argument("--cuda-graph", action="store_true",
+                   help="frameworks and trt on a CUDA GPU: capture each decode step once as a CUDA graph and replay "
+                   "it (one launch per token instead of hundreds). Worth it where launches dominate: small models, "
+                   "batch 1-8; little gain on a large model at a large batch. frameworks needs a model that steps "
+                   "over a static KV cache (all families but GPT-Neo)")
     q = r.add_mutually_exclusive_group()
     q.add_argument("--int8", action="store_true", help="onnxrt: int8 weights (dynamic quantization, ONNX Runtime)")
     q.add_argument("--int4", action="store_true", help="onnxrt: 4-bit block-wise weights (MatMulNBits)")

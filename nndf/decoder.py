@@ -102,11 +102,11 @@ class Decoder:
         of them, or (rows, new tokens, vocab) with `all_logits`."""
         seen = cache.length if cache is not None else 0
         new = state.tokens.shape[1] - seen
-        keep = torch.arange(new) if all_logits else torch.tensor([new - 1])
+        positions = self._positions(new, state.tokens.device)
         feeds = {
             "input_ids": state.tokens[:, seen:],
             "attention_mask": state.mask,
-            "logits_to_keep": keep.to(state.tokens.device),
+            "logits_to_keep": positions[:new] if all_logits else positions[new - 1 : new],
         }
         if "position_ids" in self.session.input_names:  # ALiBi models and encoder-decoders take none
             feeds["position_ids"] = self.hooks.position_ids(state.mask)[:, seen:]
@@ -115,8 +115,18 @@ class Decoder:
             feeds.update(cache.past_feeds())
         outputs = self.session.run({name: feeds[name] for name in self.session.input_names})
         if cache is not None:
-            cache.store(outputs)
+            cache.store(outputs, state.tokens.shape[1])
         return outputs["logits"]
+
+    def _positions(self, count: int, device: torch.device) -> torch.Tensor:
+        """0, 1, ... on the loop's device, made once: `logits_to_keep` is a slice of it, so a step copies nothing
+        from the host (a host-to-device copy of a fresh tensor waits for the GPU: one synchronisation per step)."""
+        cached = getattr(self, "_arange", None)
+        if cached is None or cached.device != device or cached.numel() < count:
+            with torch.inference_mode(False):
+                cached = torch.arange(max(count, self.shapes.total.max), device=device)
+            self._arange = cached
+        return cached
 
     def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Logits for every position of unpadded sequences in one pass (used to score data sets)."""

@@ -110,12 +110,25 @@ def generate(
         return beam_search(decoder, state, input_ids.shape[0], options, on_token)
 
 
+# How often greedy search on a GPU asks whether every row has ended: reading the answer waits for the GPU, and a
+# wait per token leaves the GPU idle while the host prepares the next step. Steps past the end are cut off after.
+GPU_STOP_CHECK_EVERY = 8
+
+
+def stop_check_interval(device: torch.device) -> int:
+    """Every how many tokens greedy search reads whether all rows have ended (on the CPU reading costs nothing)."""
+    return 1 if device.type == "cpu" else GPU_STOP_CHECK_EVERY
+
+
 def greedy_search(decoder, state: TokenState, options, on_token=None) -> torch.Tensor:
     rows, prompt_len = state.tokens.shape
     processors = options.processors(prompt_len)
     cache = decoder.new_cache(rows, prompt_len + options.max_new_tokens)
     eos = options.eos_token_id
-    unfinished = torch.ones(rows, dtype=torch.bool, device=state.tokens.device)
+    device = state.tokens.device
+    check_every = stop_check_interval(device)
+    unfinished = torch.ones(rows, dtype=torch.bool, device=device)
+    running_steps = torch.zeros((), dtype=torch.long, device=device)  # steps after which a row was still running
     logits = decoder.step(state, cache)
     for generated in range(options.max_new_tokens):
         scores = processors(state.tokens, logits[:, -1, :].float())
@@ -126,9 +139,16 @@ def greedy_search(decoder, state: TokenState, options, on_token=None) -> torch.T
         state.append(next_tokens)
         if on_token is not None:
             on_token()
-        if generated + 1 == options.max_new_tokens or not bool(unfinished.any()):
+        if generated + 1 == options.max_new_tokens:
             break
+        if eos is not None:
+            running_steps += unfinished.any()
+            if (generated + 1) % check_every == 0 and not bool(unfinished.any()):
+                break
         logits = decoder.step(state, cache)
+    if eos is not None and check_every > 1 and not bool(unfinished.any()):
+        # generate() stops at the step that ended the last row: the steps run after it are cut off.
+        return state.tokens[:, : prompt_len + int(running_steps) + 1]
     return state.tokens
 
 
@@ -216,10 +236,10 @@ def beam_search(decoder, state: TokenState, batch: int, options, on_token=None) 
         may_improve = _may_still_improve(
             may_improve, running_scores, finished_scores, is_finished, cur_len, max_length, prompt_len, options
         )
-        keep_going = bool(may_improve.any()) and not bool(torch.all(hits_stop))
-        if early_stopping is True and bool(torch.all(is_finished)):
-            keep_going = False
-        if not keep_going:
+        stop = ~may_improve.any() | torch.all(hits_stop)
+        if early_stopping is True:
+            stop |= torch.all(is_finished)
+        if bool(stop):  # one wait for the device per step, where the loop truly needs the answer
             break
         state.replace_tokens(running[:, :, :cur_len].reshape(rows, cur_len))
         logits = decoder.step(state, cache)

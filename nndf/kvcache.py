@@ -59,19 +59,18 @@ class KVCache:
         """Views of the filled positions, keyed by the sessions' past input names (length 0 before prefill)."""
         return {name: buf[:, :, : self.length] for name, buf in self.buffers.items()}
 
-    def store(self, outputs: Mapping[str, torch.Tensor]) -> None:
-        """Copy the positions a step added from its `present.*` outputs into the buffers and advance `length`.
+    def store(self, outputs: Mapping[str, torch.Tensor], new_length: int) -> None:
+        """Copy the positions a step added from its `present.*` outputs into the buffers; the cache then holds
+        `new_length` positions (the loop's tokens so far).
 
         A present holds past and new positions together (as attention concatenates them); only the new tail is
         copied, so the cost of a step is independent of how long the sequence already is.
         """
-        new_length = None
+        if new_length > self.max_len:
+            raise ValueError(f"KV cache holds {self.max_len} positions, a step produced {new_length}")
         for layer in range(self.num_layers):
             for kind in KINDS:
                 present = outputs[present_name(layer, kind)]
-                new_length = present.shape[2]
-                if new_length > self.max_len:
-                    raise ValueError(f"KV cache holds {self.max_len} positions, a step produced {new_length}")
                 self.buffers[past_name(layer, kind)][:, :, self.length : new_length].copy_(
                     present[:, :, self.length : new_length]
                 )
@@ -82,3 +81,32 @@ class KVCache:
         for buf in self.buffers.values():
             filled = buf[:, :, : self.length]
             filled.copy_(filled.index_select(0, row_index.to(buf.device)))
+
+
+class StaticKVCache(KVCache):
+    """Buffers that a static step writes into itself (`nndf.export.wrapper`'s static step, the frameworks backend
+    on CUDA): fed whole, with the number of filled positions as a 0-d tensor on their device, so that every decode
+    step has the same shapes and addresses (what CUDA graphs replay). `store` only advances the count.
+
+    The buffers belong to the session (one set per number of rows, reused by every generation), so a cache is a
+    view of them for one generation at a time.
+    """
+
+    def __init__(self, buffers: dict[str, torch.Tensor], num_layers: int, past_length: torch.Tensor) -> None:
+        self.buffers = buffers
+        self.num_layers = num_layers
+        self.max_len = next(iter(buffers.values())).shape[2]
+        self.past_length = past_length
+        self.length = 0
+
+    def past_feeds(self) -> dict[str, torch.Tensor]:
+        """The whole buffers and `past_length` (set on the device without a host synchronisation)."""
+        from nndf.export.wrapper import PAST_LENGTH
+
+        self.past_length.fill_(self.length)
+        return {**self.buffers, PAST_LENGTH: self.past_length}
+
+    def store(self, outputs: Mapping[str, torch.Tensor], new_length: int) -> None:
+        if new_length > self.max_len:
+            raise ValueError(f"KV cache holds {self.max_len} positions, a step produced {new_length}")
+        self.length = new_length

@@ -177,36 +177,54 @@ class StepTimer:
     """Times one generation token by token: `start()` before the prefill, `mark()` after each chosen token.
 
     The first mark ends the prefill (time to first token); the gaps between later marks are decode steps.
-    `mark` takes no arguments so it can be handed to a generation loop as a callback.
+    `mark` takes no arguments so it can be handed to a generation loop as a callback. On a CUDA `device` the marks
+    are CUDA events recorded on the stream, so that timing a step neither waits for the GPU nor stops the loop
+    from queueing the next step; the figures are read once the last event has completed.
     """
 
-    def __init__(self) -> None:
-        self._start: float | None = None
-        self._marks: list[float] = []
+    def __init__(self, device: object | None = None) -> None:
+        self._cuda = device is not None and str(device).startswith("cuda")
+        self._start = None
+        self._marks: list = []
+        self._encoded = None
+
+    def _now(self):
+        if not self._cuda:
+            return time.perf_counter()
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def _seconds(self, a, b) -> float:
+        if not self._cuda:
+            return b - a
+        b.synchronize()
+        return a.elapsed_time(b) / 1000.0
 
     def start(self) -> None:
         """Begin a new generation; forgets the marks of the previous one."""
         self._marks = []
-        self._encoded: float | None = None
-        self._start = time.perf_counter()
+        self._encoded = None
+        self._start = self._now()
 
     def mark_encoded(self) -> None:
         """Record that an encoder-decoder model's encoder (and cross-attention cache) is done."""
         if self._start is None:
             raise RuntimeError("StepTimer.mark_encoded() was called before start().")
-        self._encoded = time.perf_counter()
+        self._encoded = self._now()
 
     @property
     def encoder_time(self) -> float | None:
         """Seconds from start to the encoder's end, or None when nothing was encoded (decoder-only models)."""
-        encoded = getattr(self, "_encoded", None)
-        return None if encoded is None else encoded - self._start
+        return None if self._encoded is None else self._seconds(self._start, self._encoded)
 
     def mark(self) -> None:
         """Record that one more token has been chosen."""
         if self._start is None:
             raise RuntimeError("StepTimer.mark() was called before start().")
-        self._marks.append(time.perf_counter())
+        self._marks.append(self._now())
 
     @property
     def marks(self) -> int:
@@ -216,11 +234,11 @@ class StepTimer:
     def time_to_first_token(self) -> float | None:
         if not self._marks:
             return None
-        return self._marks[0] - self._start
+        return self._seconds(self._start, self._marks[0])
 
     @property
     def step_times(self) -> list[float]:
-        return [b - a for a, b in zip(self._marks, self._marks[1:])]
+        return [self._seconds(a, b) for a, b in zip(self._marks, self._marks[1:])]
 
     @property
     def decode_step_median(self) -> float | None:
@@ -231,7 +249,7 @@ class StepTimer:
     def total(self) -> float | None:
         if not self._marks:
             return None
-        return self._marks[-1] - self._start
+        return self._seconds(self._start, self._marks[-1])
 
 
 def _rss_from_proc() -> int:

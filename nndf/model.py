@@ -251,14 +251,17 @@ def load(
     threads: int | None = None,
     decoder_onnx: str | None = None,
     tgt_lang: str | None = None,
+    cuda_graph: bool = False,
 ) -> Model:
     """Load a model family's variant on a backend. `settings` overrides use_cache/fp16 when given.
 
     `quantize` ("int8" or "int4") quantizes the onnxrt backend's weights; `threads` sets intra-op threads;
     `decoder_onnx` runs a given ONNX file on onnxrt. `loaded` lets several backends share one PyTorch model.
-    `tgt_lang` (mBART-50, e.g. "de_DE") makes every generation start with that language's token.
+    `tgt_lang` (mBART-50, e.g. "de_DE") makes every generation start with that language's token. `cuda_graph`
+    replays decode steps as CUDA graphs (frameworks and trt on a CUDA GPU).
     """
-    options = BackendOptions(working_dir=working_dir, threads=threads, decoder_onnx=decoder_onnx, quantize=quantize)
+    options = BackendOptions(working_dir=working_dir, threads=threads, decoder_onnx=decoder_onnx, quantize=quantize,
+                             cuda_graph=cuda_graph)
     spec, var = resolve(family, variant)
     if settings is None:
         settings = BuildSettings(use_cache=use_cache, fp16=fp16)

@@ -65,6 +65,19 @@ class FamilyHooks:
         """The module that encodes the input of an encoder-decoder model (timed on its own in benchmarks)."""
         return model.get_encoder()
 
+    def decoder_module(self, model):
+        """The module whose steps the generation loop runs (the model itself unless a family nests it)."""
+        return model
+
+    def static_cache_refusal(self, model) -> str | None:
+        """Why the decoder cannot step over a static KV cache (None: it can). transformers marks the models whose
+        decode step compiles as one graph (`_can_compile_fullgraph`), which is what a static cache needs."""
+        decoder = self.decoder_module(model)
+        if getattr(decoder, "_can_compile_fullgraph", False):
+            return None
+        return (f"{type(decoder).__name__} cannot step over a static KV cache (transformers does not mark it as "
+                "compilable as one graph)")
+
     def generation_defaults(self, config) -> dict:
         """Generation settings the model's own `generate()` passes beside its generation config (BLIP ends captions
         at [SEP], not at the config's EOS); empty for most families."""

@@ -19,7 +19,8 @@ import torch
 
 from nndf.export.wrapper import StepWrapper
 from nndf.kvcache import past_names, present_names
-from nndf.seq2seq.wrappers import CrossCacheWrapper, cross_attention_cache, cross_io, cross_names
+from nndf.seq2seq.wrappers import (CrossCacheWrapper, cross_attention_cache, cross_io, cross_names,
+                                   self_attention_part)
 from nndf.spec import FamilyHooks
 
 ENCODER_IO = (("pixel_values",), ("encoder_hidden_states",))
@@ -95,20 +96,20 @@ class TextDecoderCrossCache(CrossCacheWrapper):
 class CaptionDecoderWrapper(StepWrapper):
     """One text decoder step with the image's cross keys and values as inputs (never re-projected)."""
 
-    def __init__(self, decoder: torch.nn.Module, num_layers: int, use_cache: bool) -> None:
-        super().__init__(decoder, num_layers, use_cache)
-        self.input_names, self.output_names = decoder_io(num_layers, use_cache)
+    def __init__(self, decoder: torch.nn.Module, num_layers: int, use_cache: bool, static: bool = False) -> None:
+        super().__init__(decoder, num_layers, use_cache, static)
+        self.input_names, self.output_names = self.step_io(decoder_io(num_layers, use_cache))
         self.eval()
 
     def forward(self, input_ids, attention_mask, position_ids, logits_to_keep, *rest):
         count = 2 * self.num_layers
-        cache = cross_attention_cache(rest[:count], rest[count:], self.use_cache, self.num_layers)
+        cache = cross_attention_cache(rest[:count], self.self_attention_cache(None, rest[count:]), self.num_layers)
         # The cross-attention layers run only when encoder states are given; they read the cache, not this.
         placeholder = rest[0].new_zeros(()).expand(input_ids.shape[0], 1, 1)
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          encoder_hidden_states=placeholder, past_key_values=cache, use_cache=True,
                          **self.keep_kwargs(logits_to_keep))
-        return self.step_outputs(out, logits_to_keep)
+        return self.step_outputs(out, logits_to_keep, self_attention_part)
 
 
 class ImageGraphs:
@@ -121,10 +122,10 @@ class ImageGraphs:
         layers = hooks.num_layers(config)
         return {"encoder": ENCODER_IO, "cross": cross_io(layers), "decoder": decoder_io(layers, use_cache)}
 
-    def wrappers(self, model, hooks: ImageToTextHooks, use_cache: bool) -> dict[str, torch.nn.Module]:
+    def wrappers(self, model, hooks: ImageToTextHooks, use_cache: bool, static: bool = False) -> dict:
         layers, decoder = hooks.num_layers(model.config), hooks.decoder_module(model)
         return {"encoder": VisionEncoderWrapper(model, hooks), "cross": TextDecoderCrossCache(decoder, layers),
-                "decoder": CaptionDecoderWrapper(decoder, layers, use_cache)}
+                "decoder": CaptionDecoderWrapper(decoder, layers, use_cache, static)}
 
     def examples(self, model, hooks: ImageToTextHooks, use_cache: bool) -> dict[str, tuple[tuple, dict]]:
         """Batch 2 of images, 3 new decoder tokens after 4 past ones; the image size and so the encoder length are

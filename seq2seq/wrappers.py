@@ -87,30 +87,35 @@ class CrossCacheWrapper(torch.nn.Module):
         return flat_layers(out.past_key_values.cross_attention_cache, self.num_layers)
 
 
-def cross_attention_cache(cross, past, use_cache: bool, num_layers: int) -> EncoderDecoderCache:
+def self_attention_part(cache: EncoderDecoderCache):
+    """The part of an encoder-decoder cache that a step adds to."""
+    return cache.self_attention_cache
+
+
+def cross_attention_cache(cross, self_attention, num_layers: int) -> EncoderDecoderCache:
     """A cache whose cross-attention part holds the given keys and values as already computed (`is_updated`), so
-    the model reads them instead of projecting encoder states, and whose self-attention part holds `past`."""
-    cache = EncoderDecoderCache(past_as_cache(None, past) if use_cache else DynamicCache(), DynamicCache())
+    the model reads them instead of projecting encoder states, and whose self-attention part is `self_attention`."""
+    cache = EncoderDecoderCache(self_attention, DynamicCache())
     cache.cross_attention_cache = past_as_cache(None, cross)
     cache.is_updated = {layer: True for layer in range(num_layers)}
     return cache
 
 
 class DecoderWrapper(StepWrapper):
-    def __init__(self, model: torch.nn.Module, num_layers: int, use_cache: bool) -> None:
-        super().__init__(model, num_layers, use_cache)
-        self.input_names, self.output_names = decoder_io(num_layers, use_cache)
+    def __init__(self, model: torch.nn.Module, num_layers: int, use_cache: bool, static: bool = False) -> None:
+        super().__init__(model, num_layers, use_cache, static)
+        self.input_names, self.output_names = self.step_io(decoder_io(num_layers, use_cache))
         self.eval()
 
     def forward(self, input_ids, encoder_attention_mask, logits_to_keep, *rest):
         count = 2 * self.num_layers
-        cache = cross_attention_cache(rest[:count], rest[count:], self.use_cache, self.num_layers)
+        cache = cross_attention_cache(rest[:count], self.self_attention_cache(None, rest[count:]), self.num_layers)
         rows, length = encoder_attention_mask.shape
         placeholder = rest[0].new_zeros(()).expand(rows, length, 1)  # sizes the encoder mask only
         out = self.model(encoder_outputs=(placeholder,), attention_mask=encoder_attention_mask,
                          decoder_input_ids=input_ids, past_key_values=cache, use_cache=True,
                          **self.keep_kwargs(logits_to_keep))
-        return self.step_outputs(out, logits_to_keep)
+        return self.step_outputs(out, logits_to_keep, self_attention_part)
 
 
 class TextGraphs:
@@ -122,10 +127,11 @@ class TextGraphs:
     def io(self, hooks, config, use_cache: bool) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
         return graph_io(hooks.num_layers(config), use_cache)
 
-    def wrappers(self, model, hooks, use_cache: bool) -> dict[str, torch.nn.Module]:
+    def wrappers(self, model, hooks, use_cache: bool, static: bool = False) -> dict[str, torch.nn.Module]:
+        """The three modules; `static`: the decoder as a static step (see `nndf.export.wrapper`)."""
         layers = hooks.num_layers(model.config)
         return {"encoder": EncoderWrapper(model), "cross": CrossCacheWrapper(model, layers),
-                "decoder": DecoderWrapper(model, layers, use_cache)}
+                "decoder": DecoderWrapper(model, layers, use_cache, static)}
 
     def examples(self, model, hooks, use_cache: bool) -> dict[str, tuple[tuple, dict]]:
         """Example inputs (batch 2, 5 encoder tokens, 3 new decoder tokens, 4 past) and dynamic shapes per graph,

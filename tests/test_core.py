@@ -19,11 +19,11 @@ def test_kv_cache_stores_only_new_positions_in_place():
     cache = KVCache(num_layers=2, rows=3, kv_heads=2, head_dim=4, max_len=10)
     buffers_before = {n: b.data_ptr() for n, b in cache.buffers.items()}
     presents = {n: torch.randn(3, 2, 6, 4) for n in present_names(2)}
-    cache.store(presents)
+    cache.store(presents, 6)
     assert cache.length == 6
     step = {n: torch.cat([p, torch.randn(3, 2, 1, 4)], dim=2) for n, p in presents.items()}
     step["present.1.value"][:, :, :6] = 99.0  # a backend's copy of old positions is not read back
-    cache.store(step)
+    cache.store(step, 7)
     assert cache.length == 7
     feeds = cache.past_feeds()
     assert set(feeds) == set(past_names(2))
@@ -35,7 +35,7 @@ def test_kv_cache_stores_only_new_positions_in_place():
 def test_kv_cache_reorder_follows_beams():
     cache = KVCache(num_layers=1, rows=3, kv_heads=1, head_dim=2, max_len=4)
     rows = torch.arange(3, dtype=torch.float).view(3, 1, 1, 1).expand(3, 1, 2, 2)
-    cache.store({"present.0.key": rows, "present.0.value": rows + 10})
+    cache.store({"present.0.key": rows, "present.0.value": rows + 10}, 2)
     cache.reorder(torch.tensor([2, 2, 0]))
     keys = cache.past_feeds()["past_key_values.0.key"][:, 0, 0, 0]
     assert keys.tolist() == [2.0, 2.0, 0.0]
@@ -45,7 +45,7 @@ def test_kv_cache_reorder_follows_beams():
 def test_kv_cache_overflow_is_an_error():
     cache = KVCache(num_layers=1, rows=1, kv_heads=1, head_dim=1, max_len=2)
     with pytest.raises(ValueError, match="holds 2 positions"):
-        cache.store({"present.0.key": torch.zeros(1, 1, 3, 1), "present.0.value": torch.zeros(1, 1, 3, 1)})
+        cache.store({"present.0.key": torch.zeros(1, 1, 3, 1), "present.0.value": torch.zeros(1, 1, 3, 1)}, 3)
 
 
 def test_shape_spec_from_settings():

@@ -123,8 +123,8 @@ def test_ping_pong_cache_matches_kvcache_without_copies_or_allocation():
         targets = ours.present_targets(ours.length + new_tokens)
         outputs = _fake_step(pasts, new, targets)
         assert all(outputs[n].data_ptr() == targets[n].data_ptr() for n in outputs)
-        ours.store(outputs)
-        reference.store(_fake_step(reference.past_feeds(), new, None))
+        ours.store(outputs, ours.length + new_tokens)
+        reference.store(_fake_step(reference.past_feeds(), new, None), reference.length + new_tokens)
         if step == 3:
             order = torch.tensor([2, 0, 0])
             ours.reorder(order)
@@ -141,7 +141,7 @@ def test_ping_pong_cache_matches_kvcache_without_copies_or_allocation():
 def test_ping_pong_cache_copies_presents_from_elsewhere_and_reuses_storage():
     cache = PingPongCache(1, 2, 1, 2, 5)
     present = {"present.0.key": torch.ones(2, 1, 3, 2), "present.0.value": torch.full((2, 1, 3, 2), 2.0)}
-    cache.store(present)
+    cache.store(present, 3)
     assert cache.length == 3 and torch.equal(cache.past_feeds()["past_key_values.0.value"], present["present.0.value"])
     again = PingPongCache(1, 2, 1, 2, 4, storage=cache.storage)
     assert again.storage is cache.storage and again.length == 0

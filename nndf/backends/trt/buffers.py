@@ -101,10 +101,9 @@ class PingPongCache:
         spare = 1 - self.current
         return {name: self._view(spare, i, new_length) for i, name in enumerate(self.present_names)}
 
-    def store(self, outputs: Mapping[str, torch.Tensor]) -> None:
-        """Make the step's presents the current pasts. When the engine wrote them into `present_targets` (the
-        normal case) this only flips buffers; presents from anywhere else are copied in."""
-        new_length = int(outputs[self.present_names[0]].shape[2])
+    def store(self, outputs: Mapping[str, torch.Tensor], new_length: int) -> None:
+        """Make the step's presents (now `new_length` positions) the current pasts. When the engine wrote them
+        into `present_targets` (the normal case) this only flips buffers; presents from anywhere else are copied."""
         targets = self.present_targets(new_length)
         for name, target in targets.items():
             present = outputs[name]
