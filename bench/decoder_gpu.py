@@ -34,7 +34,7 @@ if str(Path(__file__).resolve().parent) not in sys.path:
 
 from harness.render import format_table  # noqa: E402
 
-ENGINES = ("hf-eager", "hf-compile", "ours-dynamic", "ours-eager", "ours-cuda-graph", "onnxrt", "trt")
+ENGINES = ("hf-eager", "hf-compile", "ours-eager", "ours-static", "ours-cuda-graph", "onnxrt", "trt")
 CUDA_ONLY = {"hf-compile": "transformers compiles its static-cache step on CUDA only",
              "ours-cuda-graph": "CUDA graphs need a CUDA device"}
 # (family, variant) -> what our loop with CUDA graphs must reach at batch 1: ms/step over HF static cache +
@@ -62,7 +62,7 @@ def _ours(loaded, settings, backend: str = "frameworks", static: bool | None = N
     from nndf.backends import frameworks
 
     real = frameworks.static_steps
-    if static is not None:  # the dynamic-cache loop on CUDA, as the frameworks backend ran before issue 11
+    if static is not None:  # the static cache without CUDA graphs, to see what the graphs themselves bring
         frameworks.static_steps = lambda *args: static
     try:
         model = nndf.load(loaded.spec.family, loaded.variant.name, backend=backend, loaded=loaded, settings=settings,
@@ -92,10 +92,10 @@ def make_engine(name: str, loaded, settings, args) -> Engine:
             with torch.inference_mode():
                 return model.generate(**ids, max_new_tokens=n, min_new_tokens=n, do_sample=False,
                                       cache_implementation="static").cpu()
-    elif name == "ours-dynamic":
-        fn, _ = _ours(loaded, settings, static=False)
     elif name == "ours-eager":
         fn, _ = _ours(loaded, settings)
+    elif name == "ours-static":
+        fn, _ = _ours(loaded, settings, static=True)
     elif name == "ours-cuda-graph":
         fn, _ = _ours(loaded, settings, cuda_graph=True)
     elif name == "onnxrt":

@@ -110,3 +110,31 @@ class StaticKVCache(KVCache):
         if new_length > self.max_len:
             raise ValueError(f"KV cache holds {self.max_len} positions, a step produced {new_length}")
         self.length = new_length
+
+
+class GrowingKVCache:
+    """The cache as PyTorch's attention leaves it, as in `generate()`'s DynamicCache: each step's presents (the model
+    concatenates past and new positions) become the next step's pasts as they are, so a step copies nothing more
+    (the frameworks backend over the dynamic cache, on the CPU)."""
+
+    def __init__(self, num_layers: int, rows: int, kv_heads: int, head_dim: int, max_len: int,
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> None:
+        empty = torch.zeros((rows, kv_heads, 0, head_dim), dtype=dtype, device=device)
+        self.tensors = {name: empty for name in past_names(num_layers)}
+        self.num_layers = num_layers
+        self.max_len = max_len
+        self.length = 0
+
+    def past_feeds(self) -> dict[str, torch.Tensor]:
+        return self.tensors
+
+    def store(self, outputs: Mapping[str, torch.Tensor], new_length: int) -> None:
+        if new_length > self.max_len:
+            raise ValueError(f"KV cache holds {self.max_len} positions, a step produced {new_length}")
+        self.tensors = {past_name(layer, kind): outputs[present_name(layer, kind)]
+                        for layer in range(self.num_layers) for kind in KINDS}
+        self.length = new_length
+
+    def reorder(self, row_index: torch.Tensor) -> None:
+        index = row_index.to(next(iter(self.tensors.values())).device)
+        self.tensors = {name: tensor.index_select(0, index) for name, tensor in self.tensors.items()}

@@ -103,7 +103,8 @@ class CaptionDecoderWrapper(StepWrapper):
 
     def forward(self, input_ids, attention_mask, position_ids, logits_to_keep, *rest):
         count = 2 * self.num_layers
-        cache = cross_attention_cache(rest[:count], self.self_attention_cache(None, rest[count:]), self.num_layers)
+        self_attention = self.self_attention_cache(None, rest[count:], input_ids)
+        cache = cross_attention_cache(rest[:count], self_attention, self.num_layers)
         # The cross-attention layers run only when encoder states are given; they read the cache, not this.
         placeholder = rest[0].new_zeros(()).expand(input_ids.shape[0], 1, 1)
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,

@@ -109,7 +109,8 @@ class DecoderWrapper(StepWrapper):
 
     def forward(self, input_ids, encoder_attention_mask, logits_to_keep, *rest):
         count = 2 * self.num_layers
-        cache = cross_attention_cache(rest[:count], self.self_attention_cache(None, rest[count:]), self.num_layers)
+        self_attention = self.self_attention_cache(None, rest[count:], input_ids)
+        cache = cross_attention_cache(rest[:count], self_attention, self.num_layers)
         rows, length = encoder_attention_mask.shape
         placeholder = rest[0].new_zeros(()).expand(rows, length, 1)  # sizes the encoder mask only
         out = self.model(encoder_outputs=(placeholder,), attention_mask=encoder_attention_mask,

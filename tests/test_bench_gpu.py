@@ -27,11 +27,11 @@ def test_cpu_check_run_reports_every_engine_and_skips_the_cuda_ones(tiny_gpt2_di
     out_json = tmp_path / "gpu.json"
     code = decoder_gpu.main(["--device", "cpu", "--torch-dir", str(tiny_gpt2_dir), "--batch-sizes", "1", "2",
                              "--input-len", "5", "--output-len", "4", "--rounds", "1", "--json", str(out_json),
-                             "--engines", "hf-eager", "hf-compile", "ours-dynamic", "ours-eager", "ours-cuda-graph"])
+                             "--engines", "hf-eager", "hf-compile", "ours-eager", "ours-static", "ours-cuda-graph"])
     out = capsys.readouterr().out
     assert code == 0
     assert "## batch 1" in out and "## batch 2" in out
-    for engine in ("hf-eager", "ours-dynamic", "ours-eager"):
+    for engine in ("hf-eager", "ours-eager", "ours-static"):
         assert engine in out
     assert "skipped ours-cuda-graph: CUDA graphs need a CUDA device" in out
     assert "skipped hf-compile: transformers compiles its static-cache step on CUDA only" in out
@@ -39,7 +39,7 @@ def test_cpu_check_run_reports_every_engine_and_skips_the_cuda_ones(tiny_gpt2_di
     assert "SKIP ours-cuda-graph / hf-compile ms per step: a row it needs did not run" in out
     report = json.loads(out_json.read_text())
     rows = report["batches"]["2"]
-    assert set(rows) == {"hf-eager", "ours-dynamic", "ours-eager"}
+    assert set(rows) == {"hf-eager", "ours-eager", "ours-static"}
     assert all(r["tokens"] == "identical" and r["step_ms"] is not None for r in rows.values())
     assert report["floor_ms"] > 0 and report["weight_bytes"] > 0
 

@@ -149,3 +149,18 @@ def test_random_weights_are_built_on_their_device_and_named_by_it():
     assert list(got) == list(expected) and all(torch.equal(got[k], expected[k]) for k in got)
     elsewhere = load_model(spec, tiny, random_weights=True, device="cuda", seed=3)  # weights not drawn until used
     assert elsewhere.weights_id == loaded.weights_id + ":built-on-cuda" and elsewhere._model is None
+
+
+def test_growing_kv_cache_keeps_the_presents_as_they_are():
+    from nndf.kvcache import GrowingKVCache
+
+    cache = GrowingKVCache(num_layers=1, rows=3, kv_heads=1, head_dim=2, max_len=5)
+    assert cache.past_feeds()["past_key_values.0.key"].shape == (3, 1, 0, 2)
+    rows = torch.arange(3, dtype=torch.float).view(3, 1, 1, 1).expand(3, 1, 2, 2).contiguous()
+    presents = {"present.0.key": rows, "present.0.value": rows + 10}
+    cache.store(presents, 2)
+    assert cache.length == 2 and cache.past_feeds()["past_key_values.0.key"] is rows  # no copy
+    cache.reorder(torch.tensor([2, 2, 0]))
+    assert cache.past_feeds()["past_key_values.0.value"][:, 0, 0, 0].tolist() == [12.0, 12.0, 10.0]
+    with pytest.raises(ValueError, match="holds 5 positions"):
+        cache.store(presents, 6)

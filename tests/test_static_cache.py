@@ -1,7 +1,7 @@
-"""The static KV cache the frameworks backend steps over on CUDA, and CUDA graphs over it (issue 11).
+"""The static KV cache the frameworks backend steps over with --cuda-graph, and the CUDA graphs (issue 11).
 
-On the CPU the static step is forced (the backend picks it on CUDA only), so that everything but the graph capture
-runs here: the same tokens as Hugging Face `generate()` for every family that can step over a static cache,
+On the CPU the static step is forced (the backend takes it for CUDA graphs only), so that everything but the
+capture runs here: the same tokens as Hugging Face `generate()` for every family that can step over a static cache,
 greedy and beams, padded batches, generations of different lengths one after another over the same buffers.
 The `gpu` tests capture and replay the graphs.
 """
@@ -27,7 +27,7 @@ STATIC_FAMILIES = [family for family in FAMILY_EXAMPLES if family not in ("GPTNe
 
 @pytest.fixture
 def static_steps(monkeypatch):
-    """The frameworks backend steps over a static cache as it does on CUDA."""
+    """The frameworks backend steps over a static cache as it does with --cuda-graph."""
     monkeypatch.setattr(frameworks, "static_steps", lambda *args: True)
 
 
@@ -137,7 +137,7 @@ def test_gpt_neo_is_refused_a_static_cache(family_dirs):
     assert not isinstance(model.decoder.session, frameworks.StaticTorchSession)
     gpt2 = nndf.load("GPT2", torch_dir=str(family_dirs["GPT2"]), device="cpu")
     assert gpt2.spec.hooks.static_cache_refusal(gpt2.loaded.model) is None
-    assert not isinstance(gpt2.decoder.session, frameworks.StaticTorchSession)  # the CPU keeps the dynamic cache
+    assert not isinstance(gpt2.decoder.session, frameworks.StaticTorchSession)  # only --cuda-graph takes it
 
 
 def test_cuda_graph_without_a_gpu_is_one_sentence(capsys, tiny_gpt2_dir):
@@ -203,9 +203,8 @@ def test_gpu_blip_captions_with_cuda_graphs(blip_dir):
 
 
 @pytest.mark.gpu
-def test_gpu_eager_default_is_the_static_cache_where_the_model_allows(family_dirs):
-    assert isinstance(_gpu_model(family_dirs, "GPT2").decoder.session, frameworks.StaticTorchSession)
-    assert not isinstance(_gpu_model(family_dirs, "GPTNeo").decoder.session, frameworks.StaticTorchSession)
+def test_gpu_eager_keeps_the_growing_cache_and_gpt_neo_refuses_graphs(family_dirs):
+    assert not isinstance(_gpu_model(family_dirs, "GPT2").decoder.session, frameworks.StaticTorchSession)
     with pytest.raises(UsageError, match="GPTNeoForCausalLM cannot step over a static KV cache"):
         _gpu_model(family_dirs, "GPTNeo", cuda_graph=True)
 

@@ -1,10 +1,12 @@
 """The `frameworks` backend: the Hugging Face PyTorch model itself, driven step by step through the same flat-tensor
 wrappers the ONNX exporter traces (one for a decoder-only model, three for an encoder-decoder one).
 
-On CUDA the decoder steps over a static KV cache (`StaticTorchSession`): buffers of the build's whole length that
-the model writes in place, so that a decode step has the same shapes every time and the loop copies nothing
-between steps; `--cuda-graph` then replays each decode step as a CUDA graph. On the CPU it keeps the dynamic cache
-(attention over the filled positions only), where launches cost little and the CPU figures were measured.
+By default the decoder's cache is the one PyTorch's attention returns (`GrowingKVCache`: each step's presents are
+the next step's pasts, as in `generate()`), which costs the fewest operations per step. With `--cuda-graph` (CUDA)
+it steps over a static KV cache instead (`StaticTorchSession`): buffers of the build's whole length that the model
+writes in place, so that a decode step has the same shapes and addresses every time, and replays each decode step
+as a CUDA graph. (Eagerly the static step costs more operations than the growing one: its attention masks the
+unfilled tail of the buffers.)
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from nndf.backends import BackendOptions
 from nndf.backends.cuda_graphs import StepGraphs
 from nndf.errors import HarnessError, UsageError
 from nndf.export.wrapper import PAST_LENGTH, DecoderWrapper
-from nndf.kvcache import StaticKVCache, past_names
+from nndf.kvcache import GrowingKVCache, StaticKVCache, past_names
 from nndf.loading import LoadedModel
 from nndf.spec import BuildSettings, ShapeSpec
 
@@ -36,6 +38,10 @@ class TorchSession:
         self.input_names = self.wrapper.input_names
         self.output_names = self.wrapper.output_names
         self.info_notes: list[str] = []
+
+    def new_cache(self, shapes: ShapeSpec, rows: int, max_len: int) -> GrowingKVCache:
+        return GrowingKVCache(shapes.num_layers, rows, shapes.kv_heads, shapes.head_dim, max_len, self.dtype,
+                              self.device)
 
     @torch.inference_mode()
     def run(self, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -106,20 +112,20 @@ class StaticTorchSession(TorchSession):
 
 
 def static_steps(loaded: LoadedModel, settings: BuildSettings, options: BackendOptions) -> bool:
-    """Whether the decoder steps over a static KV cache: on CUDA when the model can (with the cache on), and always
-    with --cuda-graph, which needs it (a UsageError says why it cannot apply)."""
+    """Whether the decoder steps over a static KV cache: with --cuda-graph, which needs one (a UsageError says why
+    it cannot apply)."""
+    if not options.cuda_graph:
+        return False
     model, device = loaded.model, next(loaded.model.parameters()).device
+    if device.type != "cuda":
+        raise UsageError(f"--cuda-graph replays decode steps on a CUDA GPU; the frameworks backend runs on "
+                         f"{device.type} here")
+    if not settings.use_cache:
+        raise UsageError("--cuda-graph replays decode steps over the KV cache; it cannot apply without it")
     refusal = loaded.spec.hooks.static_cache_refusal(model)
-    if options.cuda_graph:
-        if device.type != "cuda":
-            raise UsageError(f"--cuda-graph replays decode steps on a CUDA GPU; the frameworks backend runs on "
-                             f"{device.type} here")
-        if not settings.use_cache:
-            raise UsageError("--cuda-graph replays decode steps over the KV cache; it cannot apply without it")
-        if refusal is not None:
-            raise UsageError(f"--cuda-graph needs a static KV cache, and {refusal}")
-        return True
-    return device.type == "cuda" and settings.use_cache and refusal is None
+    if refusal is not None:
+        raise UsageError(f"--cuda-graph needs a static KV cache, and {refusal}")
+    return True
 
 
 def decoder_session(wrapper_of, loaded: LoadedModel, settings: BuildSettings, options: BackendOptions,

@@ -16,7 +16,7 @@ import inspect
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import Cache, StaticLayer
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer, StaticLayer
 
 from nndf.kvcache import KINDS, past_names, present_names
 
@@ -50,31 +50,46 @@ def past_as_cache(config, past) -> DynamicCache:
     cache = DynamicCache(config=config) if config is not None else DynamicCache()
     for layer in range(len(past) // 2):
         key, value = past[2 * layer], past[2 * layer + 1]
-        cache.update(key[:, :, :0], value[:, :, :0], layer)
+        if layer < len(cache.layers) and type(cache.layers[layer]) is DynamicLayer:
+            # what lazy_initialization + update would leave, without their empty tensors and concatenations
+            plain = cache.layers[layer]
+            plain.dtype, plain.device, plain.is_initialized = key.dtype, key.device, True
+        else:  # layers with state of their own (sliding windows) go through their own initialisation
+            cache.update(key[:, :, :0], value[:, :, :0], layer)
         cache.layers[layer].keys, cache.layers[layer].values = key, value
     return cache
 
 
-def static_as_cache(past, past_length: torch.Tensor) -> Cache:
-    """A cache whose layers are transformers' `StaticLayer`s over the given full-length buffers, as they are.
+class BufferLayer(StaticLayer):
+    """transformers' `StaticLayer` over buffers it is given. A step writes its keys and values at `positions`
+    (computed once per step, shared by every layer) and attends over the whole buffer; `cumulative_length` is the
+    step's past length, which the model reads for its positions, never advanced here (nothing per layer but the
+    two writes). Initialised here rather than by `lazy_initialization`, which would allocate new buffers."""
 
-    The model writes each step's keys and values into the buffers at `past_length` (a 0-d tensor on the buffers'
-    device) and attends over the whole buffer, the attention mask hiding what is not filled. Each layer advances
-    its own copy of the length in place, so `past_length` itself is left as it was. The layers are initialised
-    here rather than by `lazy_initialization`, which would allocate new buffers.
-    """
-    layers = []
-    for layer in range(len(past) // 2):
-        key, value = past[2 * layer], past[2 * layer + 1]
-        static = StaticLayer(max_cache_len=key.shape[2])
-        static.keys, static.values = key, value
-        static.dtype, static.device = key.dtype, key.device
-        static.batch_size, static.num_heads = key.shape[0], key.shape[1]
-        static.k_head_dim, static.v_head_dim = key.shape[3], value.shape[3]
-        static.cumulative_length = past_length.clone()
-        static.is_initialized = True
-        layers.append(static)
-    return Cache(layers=layers)
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, past_length: torch.Tensor,
+                 positions: torch.Tensor) -> None:
+        CacheLayerMixin.__init__(self)
+        self.max_cache_len = keys.shape[2]
+        self.keys, self.values = keys, values
+        self.dtype, self.device = keys.dtype, keys.device
+        self.batch_size, self.num_heads = keys.shape[0], keys.shape[1]
+        self.k_head_dim, self.v_head_dim = keys.shape[3], values.shape[3]
+        self.cumulative_length = past_length
+        self.positions = positions
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        self.keys.index_copy_(2, self.positions, key_states)
+        self.values.index_copy_(2, self.positions, value_states)
+        return self.keys, self.values
+
+
+def static_as_cache(past, past_length: torch.Tensor, new_tokens: int) -> Cache:
+    """A cache over the given full-length buffers, as they are, whose layers write `new_tokens` positions at
+    `past_length` (a 0-d tensor on the buffers' device), which is left as it was."""
+    positions = torch.arange(new_tokens, device=past_length.device) + past_length
+    return Cache(layers=[BufferLayer(past[2 * i], past[2 * i + 1], past_length, positions)
+                         for i in range(len(past) // 2)])
 
 
 def flat_layers(cache, num_layers: int) -> tuple[torch.Tensor, ...]:
@@ -105,11 +120,11 @@ class StepWrapper(torch.nn.Module):
             return (*inputs, PAST_LENGTH), ("logits",)
         return tuple(inputs), tuple(outputs)
 
-    def self_attention_cache(self, config, past):
-        """The self-attention cache over `past` (with `past_length` last in a static step); an empty one without
-        a cache."""
+    def self_attention_cache(self, config, past, input_ids: torch.Tensor):
+        """The self-attention cache over `past` (with `past_length` last in a static step, which writes
+        `input_ids`' positions); an empty one without a cache."""
         if self.static:
-            return static_as_cache(past[:-1], past[-1])
+            return static_as_cache(past[:-1], past[-1], input_ids.shape[1])
         if not self.use_cache:
             return DynamicCache()
         return past_as_cache(config, past)
@@ -144,7 +159,7 @@ class DecoderWrapper(StepWrapper):
             extra["position_ids"], rest = rest[0], rest[1:]
         keep, rest = rest[0], rest[1:]
         extra.update(self.keep_kwargs(keep))
-        cache = self.self_attention_cache(self.model.config, rest) if self.use_cache else None
+        cache = self.self_attention_cache(self.model.config, rest, input_ids) if self.use_cache else None
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
