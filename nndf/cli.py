@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 
-from nndf.errors import HarnessError, UsageError
+from nndf.errors import HarnessError, OneSentenceParser, UsageError
 
 # Action name -> (module in nndf.actions, one-line help). Each module has `add_arguments(parser)` and `run(args)`.
 ACTIONS: dict[str, tuple[str, str]] = {
@@ -24,15 +24,12 @@ ACTIONS: dict[str, tuple[str, str]] = {
     "run": ("run", "the family's sample inputs from checkpoint.toml: accuracy against labels and runtimes"),
     "compare": ("compare", "one table of checkpoint accuracy and runtimes across the backends given"),
     "export": ("export", "build (or reuse) the ONNX graphs and engines the given backends run, and show where"),
+    "triton": ("triton", "a Triton Inference Server model that generates with our loop on the onnxrt graph"),
     "list": ("listing", "families, variants and the backends each supports"),
 }
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one sentence and exit 2 without the usage dump."""
-
-    def error(self, message: str):
-        raise UsageError(message)
+_Parser = OneSentenceParser  # a usage error is one sentence and exit 2 without the usage dump
 
 
 def _model_arguments(p: argparse.ArgumentParser) -> None:
@@ -108,7 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="run.py",
         description="Run Hugging Face generative models on PyTorch (frameworks), ONNX Runtime (onnxrt) and "
         "TensorRT (trt) with one decoding loop, and measure their speed and accuracy.",
-        epilog="Example: python run.py benchmark GPT2 frameworks --variant gpt2 --random-weights",
+        epilog="Example: python run.py benchmark GPT2 frameworks --variant gpt2 --random-weights. Encoder models "
+        "(BERT, MiniLM, RoBERTa, ...): python run.py convert -m MODEL --task embedding, as transformer-deploy's "
+        "convert_model (python run.py convert --help).",
     )
     sub = parser.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser, required=True)
     for name, (module, help_text) in ACTIONS.items():
@@ -151,10 +150,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
+    if argv and argv[0] == "convert":  # transformer-deploy's convert_model, with its own flags
+        from nndf.convert.cli import main as convert_main
+
+        return convert_main(argv[1:])
     try:
         parser = build_parser()
         if argv and argv[0] not in ACTIONS and not argv[0].startswith("-"):
-            raise UsageError(f"unknown action '{argv[0]}'; allowed: {', '.join(ACTIONS)}")
+            raise UsageError(f"unknown action '{argv[0]}'; allowed: {', '.join([*ACTIONS, 'convert'])}")
         args = parser.parse_args(argv)
         results = args.run_action(args)
         from nndf.results import write_json

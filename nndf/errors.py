@@ -5,6 +5,8 @@
 this machine): exit code 1. Anything else is a bug and keeps its traceback.
 """
 
+import argparse
+
 
 class UsageError(ValueError):
     """Bad input from the user: the message names what was wrong and what is allowed."""
@@ -16,3 +18,10 @@ class HarnessError(RuntimeError):
     """A failure with a known cause that is not the user's typing: the message says what to do."""
 
     exit_code = 1
+
+
+class OneSentenceParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one sentence and exit 2 (a UsageError) without the usage dump."""
+
+    def error(self, message: str):
+        raise UsageError(message)

@@ -32,6 +32,10 @@ def atomic_path(final_path: str | os.PathLike) -> Iterator[Path]:
     tmp = Path(tmp_name)
     try:
         yield tmp
+        if tmp.is_file():  # mkstemp makes it private (0600); the artifact gets the permissions of any new file
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, final)
     finally:
         if tmp.exists():

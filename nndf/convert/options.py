@@ -1,0 +1,109 @@
+"""`convert_model`'s flags: every flag of transformer-deploy's `convert_model`, under the same names and defaults
+(`--backend` also takes `pytorch`, and `--json` writes the report), validated into one `ConvertOptions`."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+import torch
+
+from nndf.convert.tasks import TASKS
+from nndf.errors import OneSentenceParser, UsageError
+
+BACKENDS = ("onnx", "tensorrt", "pytorch")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = OneSentenceParser(
+        prog="convert_model",
+        description="Convert a Hugging Face encoder model (BERT, RoBERTa, MiniLM, DistilBERT, ALBERT, XLM-R, ELECTRA, "
+                    "CamemBERT...) to ONNX Runtime (plain, optimized, int8) and TensorRT, check every output against "
+                    "PyTorch, benchmark every backend, and write a Triton Inference Server model repository.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("-m", "--model", required=True, help="hub id or local Hugging Face folder of the model")
+    p.add_argument("-t", "--tokenizer", help="hub id or local folder of the tokenizer (default: the model's)")
+    p.add_argument("--task", default="classification", choices=list(TASKS),
+                   help="what the model computes; embedding is for sentence-transformers models")
+    p.add_argument("-b", "--batch-size", type=int, nargs=3, default=[1, 1, 1], metavar=("MIN", "OPT", "MAX"),
+                   help="batch sizes: TensorRT profile range, and OPT is the benchmark's")
+    p.add_argument("-s", "--seq-len", type=int, nargs=3, default=[16, 16, 16], metavar=("MIN", "OPT", "MAX"),
+                   help="sequence lengths: TensorRT profile range, and OPT is the benchmark's")
+    p.add_argument("--backend", nargs="+", default=["onnx"], choices=BACKENDS,
+                   help="what to convert, check, benchmark and serve; PyTorch is always the reference")
+    p.add_argument("-q", "--quantization", action="store_true",
+                   help="int8: dynamic quantization on the CPU, static QDQ with calibration on a GPU (TensorRT)")
+    p.add_argument("-w", "--workspace-size", type=int, default=10000, help="TensorRT workspace in MiB")
+    p.add_argument("-o", "--output", default="triton_models", help="folder for the graphs and the Triton repository")
+    p.add_argument("-n", "--name", default="transformer", help="model name in Triton")
+    p.add_argument("-v", "--verbose", action="store_true", help="show the exporters' and optimizers' logs")
+    p.add_argument("--fast", action="store_true", help="skip the PyTorch fp16 benchmark (GPU)")
+    p.add_argument("-d", "--device", choices=("cpu", "cuda"), help="default: cuda when a GPU is visible, else cpu")
+    p.add_argument("--nb-threads", type=int, default=1, help="CPU threads of PyTorch and ONNX Runtime")
+    p.add_argument("--nb-instances", type=int, default=1, help="model instances in Triton")
+    p.add_argument("--warmup", type=int, default=10, help="untimed inferences before each benchmark")
+    p.add_argument("--nb-measures", type=int, default=1000, help="timed inferences per backend")
+    p.add_argument("--seed", type=int, default=123, help="seed of the random inputs")
+    p.add_argument("--atol", type=float, default=3e-1, help="largest difference allowed from PyTorch's outputs")
+    p.add_argument("--json", metavar="FILE", help="also write the report (timings, differences, files) as JSON")
+    return p
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    model: str
+    tokenizer: str
+    task: str
+    batch_size: tuple[int, int, int]
+    seq_len: tuple[int, int, int]
+    backends: tuple[str, ...]
+    quantization: bool
+    workspace_size: int
+    output: str
+    name: str
+    verbose: bool
+    fast: bool
+    device: str
+    nb_threads: int
+    nb_instances: int
+    warmup: int
+    nb_measures: int
+    seed: int
+    atol: float
+    json: str | None
+
+
+def _check_range(flag: str, values: list[int]) -> tuple[int, int, int]:
+    lo, opt, hi = values
+    if lo < 1:
+        raise UsageError(f"{flag} values must be at least 1, got {lo}")
+    if not lo <= opt <= hi:
+        raise UsageError(f"{flag} takes MIN OPT MAX with MIN <= OPT <= MAX, got {lo} {opt} {hi}")
+    return lo, opt, hi
+
+
+def parse(argv: list[str] | None = None) -> ConvertOptions:
+    """Parsed and checked options; a UsageError names the flag (argparse itself exits 2 on unknown flags)."""
+    args = parser().parse_args(argv)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("-d/--device cuda needs a CUDA GPU, and none is visible to PyTorch here; use -d cpu")
+    if "tensorrt" in args.backend and device != "cuda":
+        raise UsageError("--backend tensorrt builds a TensorRT plan, which needs a CUDA GPU; use --backend onnx "
+                         "pytorch on the CPU")
+    for flag, value, least in (("--nb-threads", args.nb_threads, 1), ("--nb-instances", args.nb_instances, 1),
+                               ("--warmup", args.warmup, 0), ("--nb-measures", args.nb_measures, 1),
+                               ("-w/--workspace-size", args.workspace_size, 1)):
+        if value < least:
+            raise UsageError(f"{flag} must be at least {least}, got {value}")
+    if args.atol <= 0:
+        raise UsageError(f"--atol must be positive, got {args.atol}")
+    if not args.name or any(c in args.name for c in "/\\ "):
+        raise UsageError(f"-n/--name '{args.name}' names Triton models: use letters, digits, - and _")
+    return ConvertOptions(
+        model=args.model, tokenizer=args.tokenizer or args.model, task=args.task,
+        batch_size=_check_range("-b/--batch-size", args.batch_size), seq_len=_check_range("-s/--seq-len", args.seq_len),
+        backends=tuple(dict.fromkeys(args.backend)), quantization=args.quantization,
+        workspace_size=args.workspace_size, output=args.output, name=args.name, verbose=args.verbose, fast=args.fast,
+        device=device, nb_threads=args.nb_threads, nb_instances=args.nb_instances, warmup=args.warmup,
+        nb_measures=args.nb_measures, seed=args.seed, atol=args.atol, json=args.json)

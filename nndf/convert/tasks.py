@@ -1,0 +1,103 @@
+"""What `convert_model --task` exports: the PyTorch module behind each task, with flat tensor inputs and outputs.
+
+As transformer-deploy does: `embedding` is a sentence-transformers model (its own modules: transformer, pooling,
+normalisation, loaded by sentence-transformers itself) whose output is the sentence embedding; the other tasks are
+transformers' Auto classes, whose output is the logits (`start_logits` and `end_logits` for question answering).
+The inputs are the tokenizer's `model_input_names`, without `token_type_ids` for a model that has none
+(`type_vocab_size` 0) or whose forward does not take them (DistilBERT).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+
+from nndf.errors import HarnessError, UsageError
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    auto_class: str | None  # a transformers Auto class; None: a sentence-transformers model
+    outputs: tuple[str, ...]
+    per_token: bool  # the outputs keep the sequence axis (token classification, question answering, logits)
+
+
+TASKS: dict[str, Task] = {
+    "classification": Task("classification", "AutoModelForSequenceClassification", ("output",), False),
+    "embedding": Task("embedding", None, ("output",), False),
+    "token-classification": Task("token-classification", "AutoModelForTokenClassification", ("output",), True),
+    "question-answering": Task("question-answering", "AutoModelForQuestionAnswering",
+                               ("start_logits", "end_logits"), True),
+    "text-generation": Task("text-generation", "AutoModelForCausalLM", ("output",), True),
+}
+
+
+class TaskModule(torch.nn.Module):
+    """`forward(*inputs)` in `input_names` order -> the task's outputs as a tuple: what the exporter traces and
+    the reference every backend is compared with."""
+
+    def __init__(self, model: torch.nn.Module, task: Task, input_names: tuple[str, ...]) -> None:
+        super().__init__()
+        self.model = model
+        self.task = task
+        self.input_names = input_names
+        self.graph_inputs = input_names  # the exported graph's (set by the export: it drops inputs left unused)
+        self.eval()
+
+    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        features = dict(zip(self.input_names, inputs))
+        if self.task.auto_class is None:
+            return (self.model(features)["sentence_embedding"],)
+        out = self.model(**features)
+        if self.task.name == "question-answering":
+            return out.start_logits, out.end_logits
+        return (out.logits,)
+
+
+def transformer_of(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model inside (a sentence-transformers model keeps it in its first module)."""
+    first = model[0] if hasattr(model, "__getitem__") and not hasattr(model, "config") else model
+    return getattr(first, "auto_model", first)
+
+
+def load_task_model(task: Task, model_path: str, device: str) -> torch.nn.Module:
+    """The task's PyTorch model from a hub id or a local folder, in fp32 on `device`, in eval mode."""
+    try:
+        if task.auto_class is None:
+            from sentence_transformers import SentenceTransformer
+
+            model = SentenceTransformer(model_path, device=device)
+        else:
+            import transformers
+
+            model = getattr(transformers, task.auto_class).from_pretrained(model_path).to(device)
+    except ImportError as exc:
+        raise HarnessError(f"--task {task.name} needs {exc.name}, which is not installed: pip install "
+                           f"{exc.name.replace('_', '-')}") from None
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"-m/--model {model_path}: cannot load it for --task {task.name} "
+                         f"({str(exc).splitlines()[0]}); give a hub id or a local Hugging Face folder") from None
+    return model.eval()
+
+
+def model_inputs(model: torch.nn.Module, tokenizer) -> tuple[str, ...]:
+    """The graph's inputs: the tokenizer's, less `token_type_ids` where the model has none."""
+    names = list(tokenizer.model_input_names)
+    inner = transformer_of(model)
+    config = getattr(inner, "config", None)
+    takes = inspect.signature(inner.forward).parameters
+    if "token_type_ids" in names and (getattr(config, "type_vocab_size", 1) == 0 or "token_type_ids" not in takes):
+        names.remove("token_type_ids")
+    return tuple(names)
+
+
+def eager_attention(model: torch.nn.Module):
+    """Put the transformer on eager attention for the export: ONNX Runtime's transformer optimizer fuses the
+    attention pattern of eager attention (its SDPA export stays unfused), and the maths is the same."""
+    inner = transformer_of(model)
+    if hasattr(inner, "set_attn_implementation"):
+        inner.set_attn_implementation("eager")
+    return inner

@@ -1,0 +1,170 @@
+"""convert_model / `run.py convert` (issue 12): a real sentence-transformers model and tiny BERT-like ones through
+every CPU backend, each checked against PyTorch; bad flags; what is written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import LAMBADA_FILE, needs_shared
+from fake_tensorrt import fake_gpu  # noqa: F401  (a fixture)
+
+from nndf.cli import main as run_py
+from nndf.convert.cli import main as convert_model
+
+FAST = ["--nb-measures", "3", "--warmup", "1"]
+
+
+@pytest.fixture(scope="module")
+def minilm_converted(minilm_dir, tmp_path_factory):
+    """all-MiniLM-L6-v2 converted once with int8 (CPU): plain, optimized and int8 graphs, and the JSON report."""
+    out = tmp_path_factory.mktemp("converted")
+    report = out / "report.json"
+    code = convert_model(["-m", str(minilm_dir), "--task", "embedding", "--backend", "onnx", "pytorch", "-q",
+                          "-o", str(out / "repo"), "-b", "1", "2", "4", "-s", "1", "16", "128", "--json", str(report),
+                          *FAST])
+    assert code == 0
+    return out / "repo", json.loads(report.read_text())
+
+
+def test_minilm_converts_with_every_cpu_backend_within_tolerance(minilm_converted, capsys):
+    repo, report = minilm_converted
+    assert set(report["backends"]) == {"Pytorch (FP32)", "ONNX Runtime (FP32)", "ONNX Runtime (optimized)",
+                                       "ONNX Runtime (INT-8)"}
+    for name in ("ONNX Runtime (FP32)", "ONNX Runtime (optimized)"):
+        assert report["backends"][name]["max_abs_diff"] < 1e-5, name
+    assert report["backends"]["ONNX Runtime (INT-8)"]["mean_cosine"] > 0.98
+    for name in ("model-original.onnx", "model.onnx", "model-int8.onnx"):
+        assert (repo / name).stat().st_size > 1_000_000
+    assert not list(repo.glob("*.tmp")) and not list(repo.glob(".*.tmp"))
+
+
+def _lambada_passages(count: int, start: int = 2500) -> list[str]:
+    lines = LAMBADA_FILE.read_text().splitlines()[start:start + count]
+    return [json.loads(line)["text"] for line in lines]
+
+
+@needs_shared(LAMBADA_FILE)
+def test_embeddings_of_real_text_equal_sentence_transformers_and_int8_stays_close(minilm_dir, minilm_converted):
+    """On 200 LAMBADA passages: the fp32 graphs give sentence-transformers' own embeddings (within 1e-5), and int8's
+    cosine similarity to them is reported and bounded (mean >= 0.99, worst >= 0.95)."""
+    import onnxruntime as ort
+    from sentence_transformers import SentenceTransformer
+
+    repo, _ = minilm_converted
+    texts = _lambada_passages(200)
+    model = SentenceTransformer(str(minilm_dir), device="cpu")
+    reference = model.encode(texts, batch_size=16, convert_to_numpy=True)
+    cosines = {}
+    for graph in ("model-original.onnx", "model.onnx", "model-int8.onnx"):
+        session = ort.InferenceSession(str(repo / graph), providers=["CPUExecutionProvider"])
+        names = [i.name for i in session.get_inputs()]
+        rows = []
+        for start in range(0, len(texts), 16):
+            tokens = model.tokenizer(texts[start:start + 16], padding=True, truncation=True,
+                                     max_length=model.max_seq_length, return_tensors="np")
+            rows.append(session.run(None, {n: tokens[n].astype(np.int64) for n in names})[0])
+        ours = np.concatenate(rows)
+        cos = (ours * reference).sum(1) / (np.linalg.norm(ours, axis=1) * np.linalg.norm(reference, axis=1))
+        cosines[graph] = cos
+        if graph != "model-int8.onnx":
+            np.testing.assert_allclose(ours, reference, atol=1e-5)
+    int8 = cosines["model-int8.onnx"]
+    print(f"int8 cosine to fp32 over {len(texts)} LAMBADA passages: mean {int8.mean():.5f}, worst {int8.min():.5f}")
+    assert int8.mean() >= 0.99 and int8.min() >= 0.95
+
+
+TINY = {  # tiny random configs of the other architectures, with BERT's uncased vocabulary (the MiniLM tokenizer)
+    "bert": dict(model_type="bert", hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64),
+    "roberta": dict(model_type="roberta", hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                    intermediate_size=64, max_position_embeddings=130, pad_token_id=1, type_vocab_size=1),
+    "distilbert": dict(model_type="distilbert", dim=32, n_layers=2, n_heads=4, hidden_dim=64),
+}
+
+
+@pytest.mark.parametrize("kind, task", [("bert", "classification"), ("roberta", "token-classification"),
+                                        ("distilbert", "question-answering")])
+def test_tiny_architectures_convert_for_each_task(kind, task, minilm_dir, tmp_path, capsys):
+    import transformers
+
+    auto = {"classification": "AutoModelForSequenceClassification",
+            "token-classification": "AutoModelForTokenClassification",
+            "question-answering": "AutoModelForQuestionAnswering"}[task]
+    labels = 2 if task == "question-answering" else 3  # start and end logits
+    config = transformers.AutoConfig.for_model(vocab_size=30522, num_labels=labels, **TINY[kind])
+    torch.manual_seed(0)
+    folder = tmp_path / kind
+    getattr(transformers, auto).from_config(config).save_pretrained(folder)
+    out, report = tmp_path / "out", tmp_path / "report.json"
+    code = run_py(["convert", "-m", str(folder), "-t", str(minilm_dir), "--task", task, "-o", str(out),
+                   "-b", "1", "2", "3", "-s", "2", "8", "24", "--atol", "1e-4", "--json", str(report), *FAST])
+    printed = capsys.readouterr().out
+    assert code == 0
+    assert "[ONNX Runtime (optimized)] mean=" in printed and "99p=" in printed
+    backends = json.loads(report.read_text())["backends"]
+    assert all(b["max_abs_diff"] < 1e-4 for b in backends.values())
+    if kind == "distilbert":  # no token_type_ids: the graph takes what the model takes
+        import onnx
+
+        assert [i.name for i in onnx.load(str(out / "model.onnx")).graph.input] == ["input_ids", "attention_mask"]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["-b", "4", "2", "8"], "-b/--batch-size takes MIN OPT MAX with MIN <= OPT <= MAX, got 4 2 8"),
+    (["-s", "0", "8", "8"], "-s/--seq-len values must be at least 1, got 0"),
+    (["--backend", "tensorrt", "-d", "cpu"], "--backend tensorrt builds a TensorRT plan, which needs a CUDA GPU"),
+    (["--nb-measures", "0"], "--nb-measures must be at least 1"),
+    (["-s", "1", "8", "4096"], "-s/--seq-len MAX 4096 exceeds the 512 positions"),
+])
+def test_bad_flags_are_one_sentence_and_exit_2(argv, needle, minilm_dir, tmp_path, capsys):
+    code = convert_model(["-m", str(minilm_dir), "--task", "embedding", "-o", str(tmp_path / "out"), *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and needle in err and "Traceback" not in err
+
+
+def test_missing_model_and_unfaithful_backend_are_errors_without_leftovers(minilm_dir, tmp_path, capsys):
+    code = convert_model(["-m", str(tmp_path / "nowhere"), "-o", str(tmp_path / "a")])
+    assert code == 2 and "cannot load" in capsys.readouterr().err
+    out = tmp_path / "b"
+    code = convert_model(["-m", str(minilm_dir), "--task", "embedding", "-q", "-o", str(out), "--atol", "1e-6",
+                          *FAST])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "[ONNX Runtime (INT-8)] output 'output' differs from PyTorch's by up to" in err
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+
+
+def _tiny_classifier(folder: Path) -> Path:
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.for_model(vocab_size=30522, num_labels=3, **TINY["bert"])
+    transformers.AutoModelForSequenceClassification.from_config(config).save_pretrained(folder)
+    return folder
+
+
+def test_tensorrt_engine_through_the_fake_tensorrt(fake_gpu, minilm_dir, tmp_path, capsys):
+    """--backend tensorrt on the CPU through the fake TensorRT over ONNX Runtime: one profile over -b / -s, the
+    engine built by the engine cache into -o (reused on a second run), checked and timed like the others."""
+    import dataclasses
+
+    from nndf.convert.cli import run
+    from nndf.convert.options import parse
+
+    model = _tiny_classifier(tmp_path / "bert")
+    argv = ["-m", str(model), "-t", str(minilm_dir), "-o", str(tmp_path / "out"), "-d", "cpu",
+            "-b", "1", "2", "3", "-s", "2", "8", "24", "--atol", "1e-4", *FAST]
+    opts = dataclasses.replace(parse(argv), backends=("onnx", "tensorrt"))  # parse() wants a real GPU for it
+    results = run(opts)
+    assert results["backends"]["TensorRT (FP16)"]["max_abs_diff"] < 1e-4
+    assert len(fake_gpu) == 1
+    request = fake_gpu[0]
+    assert request.profiles == [{name: ((1, 2), (2, 8), (3, 24))
+                                 for name in ("input_ids", "token_type_ids", "attention_mask")}]
+    assert request.onnx_path == tmp_path / "out" / "model-original.onnx" and request.fp16
+    assert "[TensorRT (FP16)] mean=" in capsys.readouterr().out
+    run(opts)
+    assert len(fake_gpu) == 1  # the engine was reused
