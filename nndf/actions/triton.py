@@ -1,0 +1,44 @@
+"""`triton`: a Triton Inference Server model that serves a generative model with our loop (text in, text out).
+
+The onnxrt backend's decoder graph (fp32, `--int8` or `--int4`) is built or reused as by `export`, then laid out
+with its config, generation config and tokenizer as a Python-backend model (`nndf.triton.generative`). Start a
+server on it with `tritonserver --model-repository <output>` (docs/triton.md).
+"""
+
+from __future__ import annotations
+
+from nndf.actions.common import describe, open_models
+from nndf.errors import UsageError
+from nndf.results import Column, Result
+
+
+def add_arguments(parser) -> None:
+    g = parser.add_argument_group("triton")
+    g.add_argument("-o", "--output", default="triton_models", help="the model repository (default triton_models)")
+    g.add_argument("-n", "--name", help="the Triton model's name (default: the variant's, e.g. gpt2)")
+    g.add_argument("--max-batch-size", type=int, default=8, help="most prompts in one request (default 8)")
+    g.add_argument("--nb-instances", type=int, default=1, help="model instances in the server (default 1)")
+    g.add_argument("--max-new-tokens", type=int, default=32,
+                   help="new tokens when a request does not say (its MAX_NEW_TOKENS input; default 32)")
+
+
+def run(args) -> list[Result]:
+    from nndf.triton.generative import write_generative_repository
+    from nndf.triton.validate import validate_config
+
+    if list(dict.fromkeys(args.backends)) != ["onnxrt"]:
+        raise UsageError("triton serves one backend, onnxrt (its exported graph, on the CPU or on CUDA with "
+                         "onnxruntime-gpu): name only onnxrt")
+    model = open_models(args)[0]
+    if model.architecture.takes_images:
+        raise UsageError(f"triton serves text generation; {model.spec.family} captions images")
+    name = args.name or model.variant.name.lower()
+    folder = write_generative_repository(args.output, name, model, args.max_batch_size, args.nb_instances,
+                                         max_new_tokens=args.max_new_tokens, num_beams=args.num_beams)
+    validate_config(folder / "config.pbtxt")
+    rows = [{"model": name, "folder": str(folder), "graph": model.artifacts[-1]}]
+    columns = [Column("model", "Triton model"), Column("folder", "folder"), Column("graph", "decoder graph")]
+    notes = [f"serve it: tritonserver --model-repository {args.output} (its Python needs nndf[onnxruntime]); "
+             f"query it with inputs TEXT (and MAX_NEW_TOKENS, NUM_BEAMS), output GENERATED"]
+    return [Result("triton", f"triton {model.spec.family} {model.variant.name}", columns, rows, describe(model),
+                   notes)]

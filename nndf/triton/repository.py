@@ -1,0 +1,226 @@
+"""Write a Triton Inference Server model repository for an exported encoder (BERT, MiniLM, RoBERTa, DistilBERT...).
+
+The layout follows ELS-RD's transformer-deploy, which users of `convert_model` already know. For `name=transformer`
+and the ONNX engine:
+
+    transformer_onnx_tokenize/   Python backend: TEXT (string) -> the model's inputs (input_ids, attention_mask...)
+        config.pbtxt
+        1/model.py               nndf/triton/tokenize_model.py, copied verbatim
+        1/tokenizer/             the tokenizer, saved with save_pretrained
+    transformer_onnx_model/      platform onnxruntime_onnx (or tensorrt_plan with 1/model.plan)
+        config.pbtxt
+        1/model.onnx             plus its external data file(s), under the names the graph refers to
+    transformer_onnx_inference/  ensemble: TEXT -> the model's outputs
+
+Every config is a `ModelConfig` message of Triton's own schema (tritonclient ships its generated protobuf module),
+rendered with protobuf's text format, so a field Triton does not know cannot be written by mistake. Unlike
+transformer-deploy, batching is Triton's: every model has `max_batch_size` > 0, so its dims omit the batch axis,
+TEXT is one string per batch row (dims [1]) and the ONNX/TensorRT model gets the dynamic batcher.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from nndf.errors import HarnessError, UsageError
+from nndf.workspace import atomic_dir
+
+ENGINES = {"onnx": ("onnxruntime_onnx", "model.onnx"), "tensorrt": ("tensorrt_plan", "model.plan")}
+DEVICES = {"cpu": "KIND_CPU", "cuda": "KIND_GPU"}
+TEXT_INPUT = "TEXT"
+TOKENIZER_FOLDER = "tokenizer"  # inside the tokenize model's version folder, read by tokenize_model.py
+TOKENIZE_SOURCE = Path(__file__).with_name("tokenize_model.py")
+
+
+def model_names(name: str, engine: str) -> dict[str, str]:
+    """{role: folder name} for the three models: `<name>_<engine>_{tokenize,model,inference}` as transformer-deploy
+    names them, so that clients written for it call `<name>_onnx_inference` unchanged."""
+    base = f"{name}_{engine}"
+    return {"tokenize": f"{base}_tokenize", "model": f"{base}_model", "inference": f"{base}_inference"}
+
+
+def config_schema():
+    """Triton's ModelConfig protobuf module (from tritonclient[grpc]), with one clear sentence when it is missing."""
+    try:
+        from tritonclient.grpc import model_config_pb2
+    except ImportError as exc:
+        raise HarnessError("writing or checking a Triton repository needs tritonclient[grpc] "
+                           f"(pip install 'nndf[triton]'): {exc}") from exc
+    return model_config_pb2
+
+
+def _render(config) -> str:
+    from google.protobuf import text_format
+
+    return text_format.MessageToString(config)
+
+
+def _check_args(name: str, model_file: Path, engine: str, tokenizer_dir: Path, input_names: Sequence[str],
+                outputs: Mapping[str, Sequence[int]], max_batch_size: int, nb_instances: int, device: str) -> None:
+    """Reject bad arguments before anything is written: each message names the argument and what is allowed."""
+    if engine not in ENGINES:
+        raise UsageError(f"engine must be one of {sorted(ENGINES)}, not {engine!r}")
+    if device not in DEVICES:
+        raise UsageError(f"device must be one of {sorted(DEVICES)}, not {device!r}")
+    if not name or "/" in name or name.startswith("."):
+        raise UsageError(f"--name must be a plain folder name, not {name!r}")
+    if not model_file.is_file():
+        raise UsageError(f"the {engine} model file {model_file} does not exist")
+    if not tokenizer_dir.is_dir():
+        raise UsageError(f"the tokenizer folder {tokenizer_dir} does not exist")
+    if not input_names or not outputs:
+        raise UsageError("a Triton model needs at least one input name and one output")
+    if max_batch_size < 1:
+        raise UsageError(f"max_batch_size must be at least 1, not {max_batch_size}")
+    if nb_instances < 1:
+        raise UsageError(f"nb_instances must be at least 1, not {nb_instances}")
+    for out, dims in outputs.items():
+        if not dims or any(d == 0 or d < -1 for d in dims):
+            raise UsageError(f"output {out!r}: dims (without the batch axis) must be sizes or -1, not {list(dims)}")
+    clash = {TEXT_INPUT} & (set(input_names) | set(outputs))
+    if clash:
+        raise UsageError(f"tensor name {clash.pop()!r} is reserved for the ensemble's text input")
+
+
+def add_tensor(message, name: str, data_type: str, dims: Sequence[int]):
+    message.name = name
+    message.data_type = config_schema().DataType.Value(data_type)
+    message.dims.extend(int(d) for d in dims)
+    return message
+
+
+def model_config(folder: str, platform: str, input_names: Sequence[str], outputs: Mapping[str, Sequence[int]],
+                 max_batch_size: int, nb_instances: int, kind: str, filename: str):
+    """The engine's config: int64 token tensors of one dynamic sequence axis in, float32 outputs, dynamic batching.
+
+    int64 because the exporter keeps the tokenizer's dtype; TensorRT 10 engines take int64 inputs as they are.
+    """
+    pb = config_schema()
+    config = pb.ModelConfig(name=folder, platform=platform, max_batch_size=max_batch_size,
+                            default_model_filename=filename)
+    for input_name in input_names:
+        add_tensor(config.input.add(), input_name, "TYPE_INT64", [-1])
+    for out, dims in outputs.items():
+        add_tensor(config.output.add(), out, "TYPE_FP32", dims)
+    config.instance_group.add(count=nb_instances, kind=pb.ModelInstanceGroup.Kind.Value(kind))
+    config.dynamic_batching.SetInParent()  # an empty block turns the batcher on with Triton's defaults
+    return config
+
+
+def tokenize_config(folder: str, input_names: Sequence[str], max_batch_size: int, nb_instances: int):
+    """The tokenizer's config: TEXT (one string per row) in, the engine's inputs out, padded to the longest row.
+
+    Tokenizing is CPU work whatever the engine's device, so its instances are always KIND_CPU.
+    """
+    pb = config_schema()
+    config = pb.ModelConfig(name=folder, backend="python", max_batch_size=max_batch_size)
+    add_tensor(config.input.add(), TEXT_INPUT, "TYPE_STRING", [1])
+    for input_name in input_names:
+        add_tensor(config.output.add(), input_name, "TYPE_INT64", [-1])
+    config.instance_group.add(count=nb_instances, kind=pb.ModelInstanceGroup.Kind.Value("KIND_CPU"))
+    return config
+
+
+def ensemble_config(names: Mapping[str, str], input_names: Sequence[str], outputs: Mapping[str, Sequence[int]],
+                    max_batch_size: int):
+    """The ensemble: TEXT -> tokenize -> engine -> outputs, tensors passed under their own names."""
+    pb = config_schema()
+    config = pb.ModelConfig(name=names["inference"], platform="ensemble", max_batch_size=max_batch_size)
+    add_tensor(config.input.add(), TEXT_INPUT, "TYPE_STRING", [1])
+    for out, dims in outputs.items():
+        add_tensor(config.output.add(), out, "TYPE_FP32", dims)
+    tokenize = config.ensemble_scheduling.step.add(model_name=names["tokenize"], model_version=-1)
+    tokenize.input_map[TEXT_INPUT] = TEXT_INPUT
+    engine = config.ensemble_scheduling.step.add(model_name=names["model"], model_version=-1)
+    for input_name in input_names:
+        tokenize.output_map[input_name] = input_name
+        engine.input_map[input_name] = input_name
+    for out in outputs:
+        engine.output_map[out] = out
+    return config
+
+
+def external_data_files(onnx_file: Path) -> dict[str, Path]:
+    """{location as the graph names it: file} for the files an ONNX graph keeps its weights in, read without loading
+    the weights; they are copied under the same relative names so that the graph finds them in the repository."""
+    import onnx
+    from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data
+
+    model = onnx.load(str(onnx_file), load_external_data=False)
+    locations = {ExternalDataInfo(t).location for t in _get_all_tensors(model) if uses_external_data(t)}
+    files = {}
+    for location in sorted(locations):
+        path = onnx_file.parent / location
+        if not path.is_file() or ".." in Path(location).parts or Path(location).is_absolute():
+            raise UsageError(f"{onnx_file} keeps weights in {location!r}, which is not a file beside it")
+        files[location] = path
+    return files
+
+
+def _copy_tokenizer(tokenizer_dir: Path, target: Path) -> None:
+    """Save the tokenizer through transformers rather than copying the folder: only tokenizer files travel (no
+    weights), and a folder the server cannot load fails here, not at server start."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot load a tokenizer from {tokenizer_dir}: {exc}") from exc
+    tokenizer.save_pretrained(str(target))
+
+
+def write_model_folder(output_dir: Path, folder: str, config, files: Mapping[str, Path] | None = None,
+                 tokenizer_dir: Path | None = None) -> Path:
+    """One model folder, built beside its final place and renamed in: a failure leaves the old one (or nothing)."""
+    with atomic_dir(output_dir / folder) as tmp:
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 would hide the model from a server running as another user
+        version = tmp / "1"
+        version.mkdir()
+        (tmp / "config.pbtxt").write_text(_render(config), encoding="utf-8")
+        for relative, source in (files or {}).items():
+            (version / relative).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, version / relative)
+        if tokenizer_dir is not None:
+            _copy_tokenizer(tokenizer_dir, version / TOKENIZER_FOLDER)
+    return output_dir / folder
+
+
+def write_encoder_repository(output_dir: str | Path, name: str, model_file: str | Path, engine: str,
+                             tokenizer_dir: str | Path, input_names: Sequence[str],
+                             outputs: Mapping[str, Sequence[int]], max_batch_size: int, nb_instances: int = 1,
+                             device: str = "cpu") -> list[Path]:
+    """Write the tokenize, model and ensemble folders for `engine` ("onnx" or "tensorrt") into `output_dir`.
+
+    `input_names` are the graph's token inputs in the tokenizer's names; `outputs` maps each graph output to its
+    dims without the batch axis ([H] for pooled embeddings or classes, [-1, H] per token, [-1] for QA logits).
+    Existing model folders of the same names are replaced; other entries of `output_dir` are left alone.
+    Returns the three model folders written.
+    """
+    output_dir, model_file, tokenizer_dir = Path(output_dir), Path(model_file), Path(tokenizer_dir)
+    input_names, outputs = list(input_names), {k: list(v) for k, v in outputs.items()}
+    _check_args(name, model_file, engine, tokenizer_dir, input_names, outputs, max_batch_size, nb_instances, device)
+    if output_dir.exists() and not output_dir.is_dir():
+        raise UsageError(f"the Triton repository {output_dir} is a file, not a folder")
+    platform, filename = ENGINES[engine]
+    names = model_names(name, engine)
+    for folder in names.values():  # all three checked before any is written
+        if (output_dir / folder).exists() and not (output_dir / folder).is_dir():
+            raise UsageError(f"{output_dir / folder} is a file; the Triton model {folder!r} needs a folder there")
+    files = {filename: model_file}
+    if engine == "onnx":
+        files.update(external_data_files(model_file))
+    output_dir.mkdir(parents=True, exist_ok=True)
+    return [
+        write_model_folder(output_dir, names["tokenize"], tokenize_config(names["tokenize"], input_names, max_batch_size,
+                                                                    nb_instances),
+                     {"model.py": TOKENIZE_SOURCE}, tokenizer_dir=tokenizer_dir),
+        write_model_folder(output_dir, names["model"], model_config(names["model"], platform, input_names, outputs,
+                                                              max_batch_size, nb_instances, DEVICES[device], filename),
+                     files),
+        write_model_folder(output_dir, names["inference"], ensemble_config(names, input_names, outputs, max_batch_size)),
+    ]

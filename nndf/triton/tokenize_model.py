@@ -1,0 +1,48 @@
+"""Triton Python-backend model that tokenizes text for an encoder; copied verbatim as `<name>_tokenize/1/model.py`.
+
+It runs inside Triton's Python backend stub, not inside nndf: it imports nothing from this package, and needs only
+numpy and transformers in the server's Python (in NVIDIA's container: a derived image with `pip install
+transformers`). Which tensors it returns, and their dtypes, come from the model's own config.pbtxt outputs, so the
+config written by nndf.triton.repository is the single place that names the engine's inputs.
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from transformers import AutoTokenizer
+
+TEXT_INPUT = "TEXT"
+TOKENIZER_FOLDER = "tokenizer"
+
+
+class TritonPythonModel:
+    """One tokenizer per model instance; each request's rows are padded to that request's longest row."""
+
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.outputs = {out["name"]: pb_utils.triton_string_to_numpy(out["data_type"]) for out in config["output"]}
+        folder = Path(args["model_repository"]) / args["model_version"] / TOKENIZER_FOLDER
+        self.tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        missing = [name for name in self.outputs if name not in self.tokenizer.model_input_names]
+        if missing:
+            raise ValueError(f"the tokenizer in {folder} produces {self.tokenizer.model_input_names}, not {missing}")
+
+    def tokenize(self, texts):
+        """{output name: array[batch, seq]} for a list of strings, as the engine's config wants them."""
+        encoded = self.tokenizer(texts, padding=True, truncation=True, return_tensors="np")
+        return {name: np.ascontiguousarray(encoded[name], dtype=dtype) for name, dtype in self.outputs.items()}
+
+    def execute(self, requests):
+        """One response per request; a request that cannot be tokenized gets an error, the others still run."""
+        responses = []
+        for request in requests:
+            try:
+                rows = pb_utils.get_input_tensor_by_name(request, TEXT_INPUT).as_numpy().reshape(-1)
+                texts = [row.decode("utf-8") if isinstance(row, bytes) else str(row) for row in rows]
+                tensors = [pb_utils.Tensor(name, array) for name, array in self.tokenize(texts).items()]
+                responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
+            except Exception as exc:  # noqa: BLE001 - the client must get the reason, the server must keep serving
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"tokenization failed: {exc}")))
+        return responses

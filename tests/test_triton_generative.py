@@ -1,0 +1,95 @@
+"""`run.py triton`: a generative model served by Triton with our loop (text in, text out), for real on this CPU.
+
+The tiny GPT-2's onnxrt graph goes into a Python-backend model (nndf/triton/generation_model.py) that pytriton's
+tritonserver runs (tests/triton_server.py); its answers over HTTP and gRPC must be the text our loop generates
+directly, greedy and with beams, and bad requests must each get an error while the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import platform
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tritonclient.http", reason="tritonclient[http] is not installed")
+pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] is not installed")
+if platform.system() != "Linux" or platform.machine() != "x86_64":
+    pytest.skip("pytriton's tritonserver binary is for Linux x86_64", allow_module_level=True)
+
+import tritonclient.grpc as grpcclient  # noqa: E402
+import tritonclient.http as httpclient  # noqa: E402
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+import nndf  # noqa: E402
+from nndf.actions.common import encode_prompts  # noqa: E402
+from nndf.cli import main as run_py  # noqa: E402
+from nndf.triton import validate_repository  # noqa: E402
+from triton_server import triton_server, triton_venv  # noqa: E402
+
+PROMPTS = ["The capital of France is", "Hello"]
+
+
+@pytest.fixture(scope="module")
+def served(tiny_gpt2_dir, onnx_work_dir, tmp_path_factory):
+    triton_venv()  # first: a machine that cannot create it skips before the export
+    root = tmp_path_factory.mktemp("triton-gpt2")
+    repository = root / "models"
+    code = run_py(["triton", "GPT2", "onnxrt", "--torch-dir", str(tiny_gpt2_dir), "--working-dir",
+                   str(onnx_work_dir), "-o", str(repository), "--name", "gpt2", "--max-batch-size", "4",
+                   "--max-new-tokens", "6"])
+    assert code == 0
+    validate_repository(repository)
+    with triton_server(repository, root, timeout=120) as urls:
+        yield urls
+
+
+def direct(tiny_gpt2_dir, onnx_work_dir, prompts, max_new_tokens, num_beams=1):
+    """What our loop generates from the same graph without Triton: the new text of each prompt."""
+    model = nndf.load("GPT2", torch_dir=str(tiny_gpt2_dir), backend="onnxrt", working_dir=str(onnx_work_dir))
+    ids, mask = encode_prompts(model.tokenizer, prompts, use_mask=True, pad_side="left")
+    out = model.generate(ids, mask, max_new_tokens=max_new_tokens, num_beams=num_beams)
+    return model.tokenizer.batch_decode(model.new_tokens(out, ids), skip_special_tokens=True)
+
+
+def inputs(module, prompts, max_new_tokens=None, num_beams=None):
+    text = module.InferInput("TEXT", [len(prompts), 1], "BYTES")
+    text.set_data_from_numpy(np.array([p.encode() for p in prompts], dtype=object).reshape(-1, 1))
+    found = [text]
+    for name, value in (("MAX_NEW_TOKENS", max_new_tokens), ("NUM_BEAMS", num_beams)):
+        if value is not None:
+            tensor = module.InferInput(name, [len(prompts), 1], "INT32")
+            tensor.set_data_from_numpy(np.full((len(prompts), 1), value, dtype=np.int32))
+            found.append(tensor)
+    return found
+
+
+def ask(served, module, prompts, **settings):
+    client = module.InferenceServerClient(served["grpc" if module is grpcclient else "http"])
+    try:
+        rows = client.infer("gpt2", inputs(module, prompts, **settings)).as_numpy("GENERATED").reshape(-1)
+        return [row.decode() for row in rows]
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_text_in_text_out_equals_our_loop(served, module, tiny_gpt2_dir, onnx_work_dir):
+    assert ask(served, module, PROMPTS) == direct(tiny_gpt2_dir, onnx_work_dir, PROMPTS, 6)
+    assert ask(served, module, PROMPTS, max_new_tokens=3, num_beams=2) == direct(tiny_gpt2_dir, onnx_work_dir,
+                                                                                 PROMPTS, 3, num_beams=2)
+
+
+def test_bad_requests_get_errors_and_the_server_keeps_serving(served):
+    client = httpclient.InferenceServerClient(served["http"])
+    try:
+        cases = [(inputs(httpclient, PROMPTS, max_new_tokens=0), "MAX_NEW_TOKENS must be at least 1"),
+                 (inputs(httpclient, PROMPTS * 3), "batch-size must be <= 4"),
+                 (inputs(httpclient, [""]), "empty prompt")]
+        for request, needle in cases:
+            with pytest.raises(InferenceServerException, match=needle):
+                client.infer("gpt2", request)
+        assert client.infer("gpt2", inputs(httpclient, PROMPTS[:1], max_new_tokens=2)).as_numpy("GENERATED").shape \
+            == (1, 1)
+    finally:
+        client.close()
