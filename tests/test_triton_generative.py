@@ -83,9 +83,15 @@ def test_text_in_text_out_equals_our_loop(served, module, tiny_gpt2_dir, onnx_wo
 def test_bad_requests_get_errors_and_the_server_keeps_serving(served):
     client = httpclient.InferenceServerClient(served["http"])
     try:
+        ids = httpclient.InferInput("TEXT", [1, 1], "INT64")
+        ids.set_data_from_numpy(np.ones((1, 1), dtype=np.int64))
+        beams = httpclient.InferInput("NUM_BEAMS", [1, 1], "INT32")
+        beams.set_data_from_numpy(np.ones((1, 1), dtype=np.int32))
         cases = [(inputs(httpclient, PROMPTS, max_new_tokens=0), "MAX_NEW_TOKENS must be at least 1"),
                  (inputs(httpclient, PROMPTS * 3), "batch-size must be <= 4"),
-                 (inputs(httpclient, [""]), "empty prompt")]
+                 (inputs(httpclient, [""]), "empty prompt"),
+                 ([ids], "data-type is 'INT64'.*expects 'BYTES'"),
+                 ([beams], "the TEXT input is missing")]
         for request, needle in cases:
             with pytest.raises(InferenceServerException, match=needle):
                 client.infer("gpt2", request)

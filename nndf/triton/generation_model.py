@@ -59,7 +59,10 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             try:
-                rows = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy().reshape(-1)
+                text = pb_utils.get_input_tensor_by_name(request, "TEXT")
+                if text is None:
+                    raise ValueError("the TEXT input is missing: give one prompt per row")
+                rows = text.as_numpy().reshape(-1)
                 texts = [row.decode("utf-8") if isinstance(row, bytes) else str(row) for row in rows]
                 max_new = _optional_int(request, "MAX_NEW_TOKENS", self.defaults["max_new_tokens"])
                 replies = self.generate(texts, max_new, _optional_int(request, "NUM_BEAMS", self.defaults["num_beams"]))
