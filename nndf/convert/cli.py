@@ -60,6 +60,7 @@ def _graphs(opts: ConvertOptions, module: TaskModule, config, tokenizer, example
         paths["optimized"] = out / "model.onnx"
         fused = graphs.optimize_graph(paths["original"], paths["optimized"], config, use_gpu=opts.device == "cuda",
                                       fp16=opts.device == "cuda", verbose=opts.verbose)
+        module.fusions = fused
         say("ONNX Runtime optimizer fusions: " + (", ".join(f"{k} {v}" for k, v in fused.items()) or "none"))
     if opts.quantization and opts.device == "cpu" and "onnx" in opts.backends:
         paths["int8"] = out / "model-int8.onnx"
@@ -153,6 +154,7 @@ def run(opts: ConvertOptions) -> dict:
                                             "max_abs_diff": fidelity[engine.name].max_abs_diff,
                                             "mean_cosine": fidelity[engine.name].mean_cosine,
                                             "file": str(engine.artifact) if engine.artifact else None}
+    results["fusions"] = getattr(module, "fusions", {})
     results["triton"] = _triton(opts, module, paths, tokenizer, out, [o.shape for o in reference[0]])
     device = torch.cuda.get_device_name() if opts.device == "cuda" else "the CPU"
     print(f"Inference done on {device}")

@@ -59,7 +59,8 @@ class TaskModule(torch.nn.Module):
 
 def transformer_of(model: torch.nn.Module) -> torch.nn.Module:
     """The transformers model inside (a sentence-transformers model keeps it in its first module)."""
-    first = model[0] if hasattr(model, "__getitem__") and not hasattr(model, "config") else model
+    first = getattr(model, "_first_module", None)
+    first = first() if callable(first) else model  # sentence-transformers: its Transformer module
     return getattr(first, "auto_model", first)
 
 
