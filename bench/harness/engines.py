@@ -210,8 +210,9 @@ def start_engine(bench, engine: str, args, weights: Path, working_dir: Path, log
     """Prepare the engine's files in a short-lived process (exports, quantization), then start its worker."""
     log = logs / f"{engine}.log"
     log.write_text("")
-    argv = ["--worker", engine, "--family", args.family, "--variant", args.variant, "--weights-dir", str(weights),
-            "--working-dir", str(working_dir)]
+    argv = ["--worker", engine, "--weights-dir", str(weights), "--working-dir", str(working_dir)]
+    if getattr(args, "family", None):  # encoder_cpu.py has no families
+        argv += ["--family", args.family, "--variant", args.variant]
     if args.threads:
         argv += ["--threads", str(args.threads)]
     python: Path | str = sys.executable

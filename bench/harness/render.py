@@ -57,16 +57,24 @@ def _header(report: dict, bench) -> list[str]:
     threads = s.get("threads")
     out.append(f"threads: {threads if threads else 'each runtime default'}; figures are medians over rounds, "
                "spread = (max - min) / median")
-    machine = report.get("machine") or {}
-    foreign, cores = machine.get("foreign_cores"), machine.get("cores")
-    if foreign is not None:
-        note = f"other processes used {foreign:.2f} of {cores} cores on average while we measured"
-        if foreign >= BUSY_CORES:
-            note = ("WARNING: " + note + ": absolute figures are inflated and ratios skewed (a runtime whose step waits"
-                    " for all of its threads, like PyTorch's, loses more to a busy core"
-                    + ("" if threads == 1 else "; try --threads 1") + ")")
+    note = cpu_note(report)
+    if note:
         out.append(note)
     return out
+
+
+def cpu_note(report: dict) -> str | None:
+    """CpuWatch's figure (report["machine"]), with a WARNING when other processes used BUSY_CORES or more."""
+    machine = report.get("machine") or {}
+    foreign, cores = machine.get("foreign_cores"), machine.get("cores")
+    if foreign is None:
+        return None
+    note = f"other processes used {foreign:.2f} of {cores} cores on average while we measured"
+    if foreign >= BUSY_CORES:
+        note = ("WARNING: " + note + ": absolute figures are inflated and ratios skewed (a runtime whose step waits"
+                " for all of its threads, like PyTorch's, loses more to a busy core"
+                + ("" if report["settings"].get("threads") == 1 else "; try --threads 1") + ")")
+    return note
 
 
 def _batch_table(report: dict, bench, b: int) -> list[str]:

@@ -200,9 +200,11 @@ class GenerateRunner(Runner):
             )
 
 
-def optimum_runner(args, class_name: str, seq2seq: bool) -> GenerateRunner | None:
-    """optimum: `class_name` (ORTModelForCausalLM, ORTModelForSeq2SeqLM) with KV cache on its own export of the same
-    weights. With --prepare-only, exports into --onnx-dir (when not there yet) and returns None."""
+def optimum_model(args, class_name: str, **export_kwargs):
+    """Optimum's `class_name` (ORTModelForCausalLM, ORTModelForFeatureExtraction...) loaded from --onnx-dir, with
+    --threads for both its torch and its ONNX Runtime session. With --prepare-only, exports --weights-dir into
+    --onnx-dir with Optimum's own exporter (when not there yet) and returns None: the export happens in a
+    short-lived process, so that the worker's peak memory is that of running only."""
     import torch
     import optimum.onnxruntime
 
@@ -221,18 +223,34 @@ def optimum_runner(args, class_name: str, seq2seq: bool) -> GenerateRunner | Non
             tmp = onnx_dir.with_name(f"{onnx_dir.name}.tmp{os.getpid()}")
             shutil.rmtree(tmp, ignore_errors=True)
             print(f"optimum: exporting {args.weights_dir} to ONNX ...", file=sys.stderr, flush=True)
-            model = ort_class.from_pretrained(args.weights_dir, export=True, use_cache=True)
+            model = ort_class.from_pretrained(args.weights_dir, export=True, **export_kwargs)
             model.save_pretrained(tmp)
             os.replace(tmp, onnx_dir)
         return None
-    model = ort_class.from_pretrained(onnx_dir, use_cache=True, **kwargs)
+    return ort_class.from_pretrained(onnx_dir, **export_kwargs, **kwargs)
+
+
+def optimum_versions(model) -> dict:
+    """What the report shows of an Optimum worker: its packages, threads, providers and IO binding."""
+    import torch
+
+    found = versions(OPTIMUM_PACKAGES)
+    found["torch_threads"] = torch.get_num_threads()
+    found["providers"] = ",".join(model.providers) if hasattr(model, "providers") else "?"
+    found["use_io_binding"] = str(getattr(model, "use_io_binding", "?"))
+    return found
+
+
+def optimum_runner(args, class_name: str, seq2seq: bool) -> GenerateRunner | None:
+    """optimum: `class_name` (ORTModelForCausalLM, ORTModelForSeq2SeqLM) with KV cache on its own export of the same
+    weights. With --prepare-only, exports into --onnx-dir (when not there yet) and returns None."""
+    model = optimum_model(args, class_name, use_cache=True)
+    if model is None:
+        return None
     if not getattr(model, "use_cache", True):
-        raise RuntimeError(f"{onnx_dir} was exported without KV cache")
+        raise RuntimeError(f"{args.onnx_dir} was exported without KV cache")
     runner = GenerateRunner(model, seq2seq)
-    runner.versions = versions(OPTIMUM_PACKAGES)
-    runner.versions["torch_threads"] = torch.get_num_threads()
-    runner.versions["providers"] = ",".join(model.providers) if hasattr(model, "providers") else "?"
-    runner.versions["use_io_binding"] = str(getattr(model, "use_io_binding", "?"))
+    runner.versions = optimum_versions(model)
     return runner
 
 
@@ -286,6 +304,8 @@ def worker_main(args, make_runner) -> int:
             elif kind == "memory":
                 answer({"ok": True, "peak_rss_bytes": peak_rss_bytes(), "rss_bytes": rss_bytes(),
                         "ru_maxrss_bytes": ru_maxrss_bytes()})
+            elif kind in getattr(runner, "commands", {}):  # a runner's own commands (encoder_cpu.py's "encode")
+                answer(dict(runner.commands[kind](command), ok=True))
             elif kind == "quit":
                 answer({"ok": True})
                 sys.stderr.flush()
