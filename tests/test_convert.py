@@ -170,3 +170,34 @@ def test_tensorrt_engine_through_the_fake_tensorrt(fake_gpu, minilm_dir, tmp_pat
     assert "[TensorRT (FP16)] mean=" in capsys.readouterr().out
     run(opts)
     assert len(fake_gpu) == 1  # the engine was reused
+
+
+def test_static_qdq_int8_for_tensorrt_stays_close(minilm_dir, tmp_path):
+    """The GPU's int8 path: ONNX Runtime's static quantization in symmetric QDQ format (what TensorRT builds int8
+    engines from), calibrated on the tokenized sample sentences; ONNX Runtime runs QDQ graphs on the CPU too, so
+    its fidelity is checked here on held-out text."""
+    import onnxruntime as ort
+    from transformers import AutoTokenizer
+
+    from nndf.convert import engines, graphs
+    from nndf.convert.tasks import TASKS, TaskModule
+
+    import transformers
+
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(_tiny_classifier(tmp_path / "bert"))
+    tokenizer = AutoTokenizer.from_pretrained(str(minilm_dir))
+    module = TaskModule(model, TASKS["classification"], ("input_ids", "token_type_ids", "attention_mask"))
+    example = engines.random_feeds(module.input_names, 2, 8, 30522, 0, "cpu")
+    names = graphs.export_graph(module, example, tmp_path / "model.onnx")
+    calibration = engines.text_feeds(tokenizer, names, engines.CALIBRATION_TEXTS, 4, 32)
+    graphs.quantize_static_qdq(tmp_path / "model.onnx", tmp_path / "qdq.onnx", calibration)
+    import onnx
+
+    ops = {node.op_type for node in onnx.load(str(tmp_path / "qdq.onnx")).graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= ops
+    held_out = engines.text_feeds(tokenizer, names, ["A sentence the calibration never saw, about rivers.",
+                                                     "Numbers like 42 and 1999 appear here too."], 2, 32)[0]
+    fp32 = ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"]).run(None, held_out)
+    int8 = ort.InferenceSession(str(tmp_path / "qdq.onnx"), providers=["CPUExecutionProvider"]).run(None, held_out)
+    cosine = (fp32[0] * int8[0]).sum(1) / (np.linalg.norm(fp32[0], axis=1) * np.linalg.norm(int8[0], axis=1))
+    assert cosine.min() > 0.98, cosine
