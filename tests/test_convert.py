@@ -51,8 +51,8 @@ def _lambada_passages(count: int, start: int = 2500) -> list[str]:
 
 @needs_shared(LAMBADA_FILE)
 def test_embeddings_of_real_text_equal_sentence_transformers_and_int8_stays_close(minilm_dir, minilm_converted):
-    """On 200 LAMBADA passages: the fp32 graphs give sentence-transformers' own embeddings (within 1e-5), and int8's
-    cosine similarity to them is reported and bounded (mean >= 0.99, worst >= 0.95)."""
+    """On LAMBADA passages: the fp32 graphs give sentence-transformers' own embeddings (64 passages, within 1e-5), and
+    int8's cosine similarity to them over 200 is reported and bounded (mean >= 0.99, worst >= 0.95)."""
     import onnxruntime as ort
     from sentence_transformers import SentenceTransformer
 
@@ -61,7 +61,7 @@ def test_embeddings_of_real_text_equal_sentence_transformers_and_int8_stays_clos
     model = SentenceTransformer(str(minilm_dir), device="cpu")
     reference = model.encode(texts, batch_size=16, convert_to_numpy=True)
     cosines = {}
-    for graph in ("model-original.onnx", "model.onnx", "model-int8.onnx"):
+    for graph in ("model-int8.onnx", "model-original.onnx", "model.onnx"):
         session = ort.InferenceSession(str(repo / graph), providers=["CPUExecutionProvider"])
         names = [i.name for i in session.get_inputs()]
         rows = []
@@ -74,8 +74,10 @@ def test_embeddings_of_real_text_equal_sentence_transformers_and_int8_stays_clos
         cosines[graph] = cos
         if graph != "model-int8.onnx":
             np.testing.assert_allclose(ours, reference, atol=1e-5)
+        texts, reference = texts[:64], reference[:64]  # int8 gets all 200 passages, the fp32 graphs 64
     int8 = cosines["model-int8.onnx"]
-    print(f"int8 cosine to fp32 over {len(texts)} LAMBADA passages: mean {int8.mean():.5f}, worst {int8.min():.5f}")
+    assert len(int8) == 200
+    print(f"int8 cosine to fp32 over {len(int8)} LAMBADA passages: mean {int8.mean():.5f}, worst {int8.min():.5f}")
     assert int8.mean() >= 0.99 and int8.min() >= 0.95
 
 

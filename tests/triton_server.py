@@ -37,8 +37,6 @@ NUMPY = "numpy<2"
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"
 VENV = Path(os.environ.get("NNDF_TRITON_VENV", Path.home() / ".cache" / "nndf-triton-venv" /
                            f"py{PY}-{PYTRITON.replace('==', '-')}-numpy1"))
-# The converted graph's inputs: sentence-transformers passes no token_type_ids to BERT, so the export has none.
-TOKEN_INPUTS = ["input_ids", "attention_mask"]
 
 
 def convert_tiny_encoder(root: Path, max_batch: int) -> tuple[Path, Path, Path]:
@@ -79,7 +77,9 @@ def convert_tiny_encoder(root: Path, max_batch: int) -> tuple[Path, Path, Path]:
     import onnx
 
     graph = repository / "model.onnx"
-    assert [i.name for i in onnx.load(str(graph), load_external_data=False).graph.input] == TOKEN_INPUTS
+    # token_type_ids too where sentence-transformers passes them on to BERT: the tests read the graph's own list
+    inputs = {i.name for i in onnx.load(str(graph), load_external_data=False).graph.input}
+    assert {"input_ids", "attention_mask"} <= inputs
     return repository, graph, tokenizer_dir
 
 
