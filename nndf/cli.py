@@ -100,6 +100,28 @@ def _timing_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--percentile", type=float, default=50.0, help="percentile reported as latency (default 50)")
 
 
+# Flags that name a path, and whether it must be a folder or a file: checked before any model or data set loads.
+GIVEN_PATHS = {"torch_dir": "folder", "tokenizer_dir": "folder", "dataset_file": "file", "decoder_onnx": "file",
+               "encoder_onnx": "file", "cache_generator_onnx": "file", "decoder_engine": "file",
+               "encoder_engine": "file", "cache_generator_engine": "file"}
+
+
+def check_given_paths(args) -> None:
+    """One sentence for the first path flag whose path is missing or of the wrong kind."""
+    from pathlib import Path
+
+    for attribute, kind in GIVEN_PATHS.items():
+        value = getattr(args, attribute, None)
+        if value is None:
+            continue
+        flag = "--" + attribute.replace("_", "-")
+        path = Path(value)
+        if not path.exists():
+            raise UsageError(f"{flag} {value} does not exist")
+        if (kind == "folder") != path.is_dir():
+            raise UsageError(f"{flag} {value} is {'a file' if kind == 'folder' else 'a folder'}; it takes a {kind}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="run.py",
@@ -159,6 +181,7 @@ def _main(argv: list[str]) -> int:
         if argv and argv[0] not in ACTIONS and not argv[0].startswith("-"):
             raise UsageError(f"unknown action '{argv[0]}'; allowed: {', '.join([*ACTIONS, 'convert'])}")
         args = parser.parse_args(argv)
+        check_given_paths(args)
         results = args.run_action(args)
         from nndf.results import write_json
 

@@ -71,7 +71,7 @@ def test_info_prints_shapes(capsys, tiny_gpt2_dir):
         (["benchmark", "GPT2", "frameworks", "--random-weights", "--input-seq-len", "1000",
           "--output-seq-len", "100"], "more than the 1024 positions of this model"),
         (["benchmark", "GPT2", "frameworks", "--torch-dir", "/nonexistent/model"],
-         "--torch-dir /nonexistent/model is not a Hugging Face model folder"),
+         "--torch-dir /nonexistent/model does not exist"),
         (["accuracy", "GPT2", "frameworks", "--random-weights", "--dataset-file", "/nonexistent.jsonl"],
          "/nonexistent.jsonl does not exist"),
         (["benchmark", "GPT2", "frameworks", "--iterations", "0"], "--iterations"),
@@ -211,3 +211,42 @@ def test_sigterm_during_an_export_leaves_no_temporary_folder(tiny_gpt2_dir, tmp_
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM and err.strip().endswith("terminated")
     assert list(tmp_path.iterdir()) == []
+
+
+# --- bad input found when tried as a new user would (issue 13, item 6) ---------------------------------------------
+
+def test_a_file_that_is_not_onnx_is_one_sentence(capsys, tiny_gpt2_dir, tmp_path):
+    not_onnx = tmp_path / "hostname"
+    not_onnx.write_text("a-machine-name\n")
+    code, _, err = run_cli(capsys, "benchmark", "GPT2", "onnxrt", "--torch-dir", tiny_gpt2_dir,
+                           "--decoder-onnx", not_onnx, "--working-dir", tmp_path)
+    assert code == 2 and f"--decoder-onnx {not_onnx} is not an ONNX model" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) <= 3
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["accuracy", "GPT2", "frameworks", "--torch-dir", "/nonexistent"], "--torch-dir /nonexistent does not exist"),
+    (["run", "GPT2", "frameworks", "--tokenizer-dir", "/etc/hostname"],
+     "--tokenizer-dir /etc/hostname is a file; it takes a folder"),
+    (["accuracy", "GPT2", "frameworks", "--random-weights", "--dataset-file", "/tmp"],
+     "--dataset-file /tmp is a folder; it takes a file"),
+])
+def test_every_given_path_is_checked_before_anything_loads(capsys, argv, needle):
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2 and needle in err
+    assert "loading" not in err and "LAMBADA" not in err
+
+
+@needs_shared(TOKENIZER_DIR)
+def test_chat_reports_a_bad_line_and_goes_on(capsys, tiny_gpt2_dir, monkeypatch):
+    """A prompt longer than the model's positions and a line that is not UTF-8 are reported; the next prompts are
+    still answered."""
+    too_long = " ".join(["word"] * 200)  # more than the tiny model's 128 positions
+    raw = b"Hello there\n" + too_long.encode() + b"\n\xff\xfe not text\nHow are you\nexit\n"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(raw), encoding="utf-8", errors="surrogateescape"))
+    code, out, err = run_cli(capsys, "chat", "GPT2", "frameworks", "--torch-dir", tiny_gpt2_dir,
+                             "--output-seq-len", 3)
+    assert code == 0, err
+    assert len([line for line in out.splitlines() if line.startswith("[frameworks]")]) == 2
+    assert "positions" in out and "that line is not UTF-8 text" in out
+    assert "Traceback" not in err

@@ -2,7 +2,8 @@
 
 An image-to-text family (BLIP) reads lines of `IMAGE_PATH [text prefix]`, or with `--image PATH` lines of text
 prefixes for that image (an empty line captions it without one). A line that cannot be answered (a missing or
-non-image file, an empty prompt) is reported, and the chat goes on with the next line.
+non-image file, an empty prompt, a prompt longer than the model's positions, a line that is not UTF-8) is reported,
+and the chat goes on with the next line.
 """
 
 from __future__ import annotations
@@ -39,9 +40,17 @@ def _prompts(stream, keep_empty: bool = False):
         except KeyboardInterrupt:
             print()
             return
+        except UnicodeDecodeError:
+            print("error: that line is not UTF-8 text; type it again", flush=True)
+            continue
         if not line:
             return
         prompt = line.rstrip("\n")
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError:  # bytes that are not UTF-8, kept as surrogates by the stream's decoder
+            print("error: that line is not UTF-8 text; type it again", flush=True)
+            continue
         if prompt.strip().lower() in EXIT_WORDS:
             return
         if prompt.strip() or keep_empty:
@@ -85,7 +94,11 @@ def run(args, stream=None) -> list[Result]:
                 continue
             for model in models:
                 started = time.perf_counter()
-                out = model.generate(**inputs, max_new_tokens=args.output_seq_len, num_beams=args.num_beams)
+                try:
+                    out = model.generate(**inputs, max_new_tokens=args.output_seq_len, num_beams=args.num_beams)
+                except UsageError as exc:  # a prompt too long for the model: report it, go on with the next line
+                    print(f"error: {exc}", flush=True)
+                    break
                 seconds = time.perf_counter() - started
                 new = model.new_tokens(out, inputs.get("input_ids"))[0]
                 reply = tokenizer.decode(new, skip_special_tokens=True)

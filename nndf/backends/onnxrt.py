@@ -150,6 +150,23 @@ def check_fp16(settings: BuildSettings, options: BackendOptions) -> None:
                          "weights there, or the trt backend for fp16")
 
 
+def given_graph(path: str, flag: str) -> Path:
+    """A file the user gave for a graph, checked to be an ONNX model before ONNX Runtime reads it (whose refusal is
+    a page of C++ traceback); its tensor names are checked when it is opened."""
+    import onnx
+
+    graph = Path(path)
+    if not graph.is_file():
+        raise UsageError(f"{flag} {path} does not exist")
+    try:
+        model = onnx.load(str(graph), load_external_data=False)
+    except Exception as exc:  # protobuf's DecodeError and friends: not an ONNX file
+        raise UsageError(f"{flag} {path} is not an ONNX model ({type(exc).__name__} while reading it)") from None
+    if not model.graph.node:
+        raise UsageError(f"{flag} {path} is not an ONNX model (it holds no graph)")
+    return graph
+
+
 def runnable_graph(export, loaded: LoadedModel, settings: BuildSettings, options: BackendOptions) -> Path:
     """The file a session runs for an exported graph: the fp32 export, its int8/int4 copy, or its fp16 copy (the
     family's overflow-prone modules kept in fp32, `nndf.export.half`)."""
@@ -173,9 +190,7 @@ def open_session(loaded: LoadedModel, settings: BuildSettings, options: BackendO
 
     check_fp16(settings, options)
     if options.decoder_onnx is not None:
-        path = Path(options.decoder_onnx)
-        if not path.is_file():
-            raise UsageError(f"--decoder-onnx {options.decoder_onnx} does not exist")
+        path = given_graph(options.decoder_onnx, "--decoder-onnx")
         inputs, outputs = model_io(loaded, settings.use_cache)
         return OrtSession(path, inputs, outputs, options.threads, options.io_binding)
     export = export_decoder(loaded, settings.use_cache, options.working_dir)
@@ -203,8 +218,8 @@ def open_seq2seq(loaded: LoadedModel, settings: BuildSettings, options: BackendO
     check_fp16(settings, options)
     given = {graph: getattr(options, flag) for graph, flag in SEQ2SEQ_OVERRIDES.items()}
     for graph, path in given.items():
-        if path is not None and not Path(path).is_file():
-            raise UsageError(f"--{SEQ2SEQ_OVERRIDES[graph].replace('_', '-')} {path} does not exist")
+        if path is not None:
+            given_graph(path, f"--{SEQ2SEQ_OVERRIDES[graph].replace('_', '-')}")
     io = seq2seq_io(loaded, settings.use_cache)
     export = None if all(given.values()) else export_seq2seq(loaded, settings.use_cache, options.working_dir)
     sessions = {}
