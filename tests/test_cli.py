@@ -31,10 +31,16 @@ def test_list_shows_every_variant(capsys):
 
 def test_benchmark_table_and_json(capsys, tiny_gpt2_dir, tmp_path):
     out_file = tmp_path / "bench.json"
+    plot = tmp_path / "bench.png"
     code, out, err = run_cli(capsys, "benchmark", "GPT2", "frameworks", "--torch-dir", tiny_gpt2_dir,
                              "--input-seq-len", 8, "--output-seq-len", 5, "--batch-size", 2, *FAST,
-                             "--json", out_file)
+                             "--json", out_file, "--plot", plot)
     assert code == 0, err
+    from PIL import Image
+
+    with Image.open(plot) as image:  # one figure: decode ms/step and tokens/s, a bar per backend
+        assert image.format == "PNG" and image.size[0] > 2 * image.size[1] > 300
+    assert f"plot written to {plot}" in out and not list(tmp_path.glob(".bench.png.*"))
     lines = out.splitlines()
     header = next(line for line in lines if line.startswith("backend"))
     rows = [line for line in lines if line.startswith("frameworks")]
@@ -250,3 +256,13 @@ def test_chat_reports_a_bad_line_and_goes_on(capsys, tiny_gpt2_dir, monkeypatch)
     assert len([line for line in out.splitlines() if line.startswith("[frameworks]")]) == 2
     assert "positions" in out and "that line is not UTF-8 text" in out
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("action", ["benchmark", "compare"])
+def test_plot_without_matplotlib_names_the_extra_before_any_work(capsys, tiny_gpt2_dir, tmp_path, monkeypatch,
+                                                                   action):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
+    code, _, err = run_cli(capsys, action, "GPT2", "frameworks", "--torch-dir", tiny_gpt2_dir,
+                           "--plot", tmp_path / "a.png")
+    assert code == 1 and "--plot needs matplotlib, which is not installed: pip install 'nndf[plot]'" in err
+    assert "loading" not in err and not (tmp_path / "a.png").exists()

@@ -7,6 +7,7 @@ backend generates exactly `--output-seq-len` tokens and the figures compare like
 from __future__ import annotations
 
 import dataclasses
+import statistics
 
 import torch
 
@@ -17,6 +18,7 @@ from nndf.actions.runners import runners_for, time_generation
 from nndf.architectures import architecture
 from nndf.images import caption_inputs
 from nndf.measure import format_bytes
+from nndf.plots import check_plotting, plot_bars
 from nndf.registry import resolve
 from nndf.results import Column, Result
 
@@ -26,6 +28,8 @@ DEFAULT_OUTPUT_LEN = 64
 
 
 def add_arguments(parser) -> None:
+    parser.add_argument("--plot", metavar="FILE.png", help="also draw decode ms/step (with its spread) and tokens/s "
+                        "per backend into this PNG (needs the plot extra: matplotlib)")
     add_image_argument(parser, "image-to-text families (BLIP): these PNG/JPEG files instead of random pixels (their "
                        "count is the batch)")
     parser.set_defaults(output_seq_len=DEFAULT_OUTPUT_LEN)
@@ -49,6 +53,7 @@ def image_inputs(args, model, images) -> dict:
 
 def run(args) -> list[Result]:
     timing = timing_settings(args)
+    check_plotting(args.plot)
     spec, _ = resolve(args.model, args.variant)
     images = given_images(args, spec)
     takes_images = architecture(spec).takes_images
@@ -81,6 +86,7 @@ def run(args) -> list[Result]:
             "decode_ms": None if t.decode_step_median is None else t.decode_step_median * 1e3,
             "tokens_per_s": batch * new_tokens / latency,
             "spread_pct": 100 * t.latency.stdev / t.latency.mean,
+            "decode_spread_ms": 1e3 * statistics.stdev(t.decode_steps) if len(t.decode_steps) > 1 else None,
             "peak_memory": format_bytes(t.peak_bytes),
             "peak_bytes": t.peak_bytes,
         })
@@ -109,6 +115,10 @@ def run(args) -> list[Result]:
     title = (f"benchmark {first.spec.family} {first.variant.name}: batch {batch}, {inputs} + "
              f"{new_tokens} new tokens, beams {args.num_beams}, {'fp16' if args.fp16 else 'fp32'}, "
              f"cache {'on' if args.use_cache else 'off'}")
+    if args.plot:
+        plot_bars(args.plot, title, rows, [("decode_ms", "decode step (ms, +- stdev over runs)", "decode_spread_ms"),
+                                           ("tokens_per_s", "throughput (tok/s)", None)])
+        notes.append(f"plot written to {args.plot}")
     return [Result("benchmark", title, columns, rows, context, notes)]
 
 

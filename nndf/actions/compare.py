@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from nndf.actions.common import add_image_argument, describe, open_models
 from nndf.actions.run import COLUMNS, checkpoint_rows, checkpoint_samples, outputs_result
+from nndf.plots import check_plotting, plot_bars
 from nndf.results import Column, Result
 
 TIMED = True
@@ -12,10 +13,13 @@ TIMED = True
 def add_arguments(parser) -> None:
     add_image_argument(parser, "image-to-text families (BLIP): caption these PNG/JPEG files or folders instead of "
                        "the checkpoint's photos")
+    parser.add_argument("--plot", metavar="FILE.png", help="also draw full generation and decode ms/step per backend "
+                        "into this PNG (needs the plot extra: matplotlib)")
     parser.set_defaults(warmup=1, iterations=3)
 
 
 def run(args) -> list[Result]:
+    check_plotting(args.plot)
     samples = checkpoint_samples(args)
     models = open_models(args)
     first = models[0]
@@ -26,5 +30,9 @@ def run(args) -> list[Result]:
     columns = COLUMNS + [Column("speedup", f"speed vs {rows[0]['backend']}", "{:.2f}", "x")]
     title = f"compare {first.spec.family} {first.variant.name}: {', '.join(r['backend'] for r in rows)}"
     notes = ["speed: full-generation time of the first row divided by each row's (higher is faster)."]
+    if args.plot:
+        plot_bars(args.plot, title, rows, [("generation_ms", "full generation (ms)", None),
+                                           ("decode_ms", "decode step (ms)", None)])
+        notes.append(f"plot written to {args.plot}")
     return [Result("compare", title, columns, rows, describe(first), notes),
             outputs_result(f"outputs {first.spec.family} {first.variant.name}", outputs, describe(first))]

@@ -88,7 +88,7 @@ def time_generation(
         outputs[:] = [
             runner.generate(**inputs, max_new_tokens=max_new_tokens,
                             min_new_tokens=min_new_tokens, num_beams=num_beams, on_token=timer.mark,
-                            on_encoded=timer.mark_encoded)
+                            on_encoded=timer.mark_encoded if runner.model.architecture.has_encoder else None)
         ]
         if timer.encoder_time is not None:
             encoder.append(timer.encoder_time)

@@ -1,0 +1,58 @@
+"""`--plot FILE.png` of `benchmark` and `compare`: one figure, one bar per backend for each figure that matters.
+
+matplotlib is an optional extra (`pip install 'nndf[plot]'`); `check_plotting` says so in one sentence before
+anything is loaded or timed. The figure is drawn off-screen (Agg) and written atomically.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from nndf.errors import HarnessError, UsageError
+from nndf.workspace import atomic_path
+
+# (row key, panel title, row key of its spread or None)
+Panel = tuple[str, str, "str | None"]
+
+
+def check_plotting(path: str | None) -> None:
+    """Before any work: matplotlib is there and the file can be written where asked."""
+    if path is None:
+        return
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise HarnessError("--plot needs matplotlib, which is not installed: pip install 'nndf[plot]'") from None
+    target = Path(path)
+    if target.is_dir():
+        raise UsageError(f"--plot {path} is a folder; give a file name such as bench.png")
+    if not target.parent.exists():
+        raise UsageError(f"--plot {path}: the folder {target.parent} does not exist")
+
+
+def plot_bars(path: str, title: str, rows: Sequence[dict], panels: Sequence[Panel]) -> Path:
+    """A PNG at `path` with one panel per (key, label, spread key), a bar per row that has the figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.8), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, (key, label, spread) in zip(axes[0], panels):
+        shown = [r for r in rows if r.get(key) is not None]
+        values = [r[key] for r in shown]
+        errors = [r.get(spread) or 0.0 for r in shown] if spread else None
+        bars = ax.bar(range(len(shown)), values, yerr=errors, capsize=4,
+                      color=[colors[i % len(colors)] for i in range(len(shown))])
+        ax.bar_label(bars, labels=[f"{v:.3g}" for v in values], padding=2, fontsize=8)
+        ax.set_xticks(range(len(shown)), [r["backend"] for r in shown], rotation=20, ha="right", fontsize=8)
+        ax.set_title(label, fontsize=10)
+        ax.margins(y=0.15)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
+    return Path(path)
