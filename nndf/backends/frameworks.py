@@ -24,6 +24,7 @@ from nndf.kvcache import GrowingKVCache, StaticKVCache, past_names
 from nndf.loading import LoadedModel
 from nndf.spec import BuildSettings, ShapeSpec
 
+FIRST_PAST = past_names(1)[0]  # the input that tells whose buffers a static step was given
 DESCRIPTION = "PyTorch via transformers (CPU or CUDA); also measured through Hugging Face generate()"
 
 
@@ -94,7 +95,7 @@ class StaticTorchSession(TorchSession):
     def run(self, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         rows = feeds["input_ids"].shape[0]
         held = self._buffers.get(rows)
-        if held is None or feeds[past_names(1)[0]] is not held.kv[past_names(1)[0]]:
+        if held is None or feeds[FIRST_PAST] is not held.kv[FIRST_PAST]:
             raise HarnessError("a static-cache session runs over the caches it made (new_cache), one at a time")
         args = [feeds[name] for name in self.input_names]
         if "attention_mask" in feeds:
