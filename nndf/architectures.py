@@ -105,22 +105,36 @@ class DecoderOnly(TextInputs):
     def benchmark_inputs(self, length: int) -> str:
         return f"{length} prompt"
 
-    def lambada(self, texts, model, tokens_to_generate: int, top_n: int):
+    def lambada(self, texts, model, tokens_to_generate: int, top_n: int, batch_size: int = 1):
         from nndf.evaluation import evaluate_lambada
 
-        return evaluate_lambada(texts, model.tokenizer, model.logits, tokens_to_generate=tokens_to_generate,
-                                top_n=top_n, max_positions=model.max_positions)
+        return evaluate_lambada(texts, model.tokenizer, lambda ids, mask: model.logits(ids, attention_mask=mask),
+                                tokens_to_generate=tokens_to_generate, top_n=top_n, max_positions=model.max_positions,
+                                **batching(model, batch_size, 4))
 
-    def fidelity(self, texts, model):
+    def fidelity(self, texts, model, batch_size: int = 1):
         from nndf.evaluation import logit_fidelity
 
-        return logit_fidelity(texts, model.tokenizer, model.reference_logits, model.logits,
-                              max_positions=model.max_positions)
+        def reference(ids, mask):
+            return model.reference_logits(ids, attention_mask=mask)
+
+        def candidate(ids, mask):
+            return model.logits(ids, attention_mask=mask)
+
+        return logit_fidelity(texts, model.tokenizer, reference, candidate, max_positions=model.max_positions,
+                              **batching(model, batch_size, 8))
 
     def lambada_note(self, tokens_to_generate: int) -> str:
         return (f"top-N, token and sequence perplexity as NVIDIA's demo defines them over the last "
                 f"{tokens_to_generate} token(s); lm-eval columns as lm-evaluation-harness lambada_openai computes "
                 "them (target = last word; acc = every target token greedy; ppl per passage).")
+
+
+def batching(model, batch_size: int, bytes_per_logit: int) -> dict:
+    """Scoring's batch keywords: `batch_size` rows, as many positions as keep one batch's logits in budget."""
+    from nndf.batching import token_budget
+
+    return {"batch_size": batch_size, "max_batch_tokens": token_budget(model.shapes.vocab_size, bytes_per_logit)}
 
 
 def architecture(spec: ModelSpec):

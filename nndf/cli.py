@@ -32,7 +32,7 @@ ACTIONS: dict[str, tuple[str, str]] = {
 _Parser = OneSentenceParser  # a usage error is one sentence and exit 2 without the usage dump
 
 
-def _model_arguments(p: argparse.ArgumentParser) -> None:
+def _model_arguments(p: argparse.ArgumentParser, batch_size: int = 1, batch_help: str = "sequences per batch") -> None:
     from nndf.backends import BACKENDS
 
     p.add_argument("model", metavar="MODEL", help="model family, e.g. GPT2 (see `run.py list`)")
@@ -48,7 +48,7 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0, help="seed for random weights and random inputs (default 0)")
     g.add_argument("--working-dir", default="temp", help="where exported and built artifacts go (default: temp)")
     b = p.add_argument_group("build and generation")
-    b.add_argument("--batch-size", type=int, default=1, help="sequences per batch (default 1)")
+    b.add_argument("--batch-size", type=int, default=batch_size, help=f"{batch_help} (default {batch_size})")
     b.add_argument("--num-beams", type=int, default=1, help="beam search width; 1 is greedy (default 1)")
     b.add_argument("--fp16", action="store_true", help="run in half precision")
     b.add_argument("--use-cache", action=argparse.BooleanOptionalAction, default=True,
@@ -136,7 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         action = importlib.import_module(f"nndf.actions.{module}")
         if getattr(action, "NEEDS_MODEL", True):
-            _model_arguments(p)
+            _model_arguments(p, getattr(action, "DEFAULT_BATCH_SIZE", 1),
+                             getattr(action, "BATCH_HELP", "sequences per batch"))
         if getattr(action, "TIMED", False):
             _timing_arguments(p)
         action.add_arguments(p)

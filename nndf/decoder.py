@@ -128,10 +128,12 @@ class Decoder:
             self._arange = cached
         return cached
 
-    def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Logits for every position of unpadded sequences in one pass (used to score data sets)."""
+    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits for every position of sequences padded on the right (none: unpadded) in one pass (used to score
+        data sets)."""
         input_ids = input_ids.to(self.device)
-        state = TokenState(input_ids, torch.ones_like(input_ids))
+        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(self.device)
+        state = TokenState(input_ids, mask)
         cache = self.new_cache(input_ids.shape[0], input_ids.shape[1])
         with self.host_threads():
             return self.step(state, cache, all_logits=True).float()

@@ -1,7 +1,7 @@
 """LAMBADA accuracy/perplexity and logit fidelity as pure functions over a logits callable.
 
-Backends hand us a *logits function*: input ids of shape (1, T) -> float logits (1, T, V), one sequence, no
-attention mask. Everything here consumes that callable only, so the same numbers come out of PyTorch, ONNX Runtime
+Backends hand us a *logits function*: input ids and attention mask of shape (B, T), sequences padded on the right
+(`nndf.batching`) -> float logits (B, T, V). Everything here consumes that callable only, so the same numbers come out of PyTorch, ONNX Runtime
 and TensorRT runs, and the metrics can be tested with a fake model whose logits were chosen by hand.
 
 Two LAMBADA metric families are reported side by side because people compare against both:
@@ -22,9 +22,11 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
+from nndf.batching import length_groups, pad_right
 from nndf.errors import HarnessError, UsageError
 
-LogitsFn = Callable[[torch.Tensor], torch.Tensor]
+# (input ids (B, T), attention mask (B, T), right-padded) -> float logits (B, T, V)
+LogitsFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 # NVIDIA demo/HuggingFace/NNDF/interface.py: `MAX_LOG_PPL = 12.0`, applied with `min(...)` to each sample's mean
 # cross-entropy (not to each token's), and NNDF/checkpoints.py NNLambadaCheckpoint.summary caps the reported
@@ -124,21 +126,30 @@ def _demo_ids(tokenizer, text: str, max_positions: int) -> list[int]:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _forward(logits_fn: LogitsFn, ids: list[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Run the backend on one sequence and return its logits as a (T, V) CPU tensor of `dtype`.
+def _batch_logits(logits_fn: LogitsFn, sequences: Sequence[Sequence[int]],
+                  dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+    """Run the backend on sequences padded into one batch and return each one's logits, (T_i, V) CPU tensors.
 
     LAMBADA scoring uses float32 because both references do: lm-eval takes `F.log_softmax` of float32 logits and
     NVIDIA calls `.float()` before `CrossEntropyLoss` (float64 moves lm-eval's published ppl in the 6th digit).
     """
-    x = torch.tensor([ids], dtype=torch.long)
+    ids, mask = pad_right(sequences)
     with torch.no_grad():
-        out = torch.as_tensor(logits_fn(x))
-    if out.dim() != 3 or out.shape[0] != 1 or out.shape[1] != len(ids):
+        out = torch.as_tensor(logits_fn(ids, mask))
+    if out.dim() != 3 or tuple(out.shape[:2]) != tuple(ids.shape):
         raise HarnessError(
-            f"the logits function returned shape {tuple(out.shape)} for input ids of shape {tuple(x.shape)}; "
-            "a backend must return logits of shape (1, T, vocab) for input (1, T)"
+            f"the logits function returned shape {tuple(out.shape)} for input ids of shape {tuple(ids.shape)}; "
+            "a backend must return logits of shape (batch, T, vocab) for input (batch, T)"
         )
-    return out[0].detach().to(device="cpu", dtype=dtype)
+    out = out.detach().to(device="cpu", dtype=dtype)
+    return [out[row, : len(tokens)] for row, tokens in enumerate(sequences)]
+
+
+def batched_logits(logits_fn: LogitsFn, sequences: Sequence[Sequence[int]], batch_size: int,
+                   max_tokens: int | None, dtype: torch.dtype = torch.float32):
+    """(index, logits) for every sequence, computed in batches of one length (see `nndf.batching`)."""
+    for group in length_groups([len(s) for s in sequences], batch_size, max_tokens):
+        yield from zip(group, _batch_logits(logits_fn, [sequences[i] for i in group], dtype))
 
 
 def _demo_scores(
@@ -189,6 +200,8 @@ def evaluate_lambada(
     top_n: int = 5,
     max_positions: int,
     progress: bool = True,
+    batch_size: int = 1,
+    max_batch_tokens: int | None = None,
 ) -> LambadaMetrics:
     """Score LAMBADA passages in both NVIDIA-demo and lm-evaluation-harness `lambada_openai` semantics.
 
@@ -210,7 +223,9 @@ def evaluate_lambada(
 
     Both families usually need the same forward pass (the lm-eval sequence equals `tokenizer(text)` when the
     tokenizer adds no special tokens and nothing is truncated), so the backend is called once per passage then and
-    twice otherwise.
+    twice otherwise. Those passes run up to `batch_size` sequences of one length at a time (at most
+    `max_batch_tokens` positions per batch, see `nndf.batching`); every figure is summed in passage order, so the
+    figures do not depend on the batching.
     """
     if tokens_to_generate < 1:
         raise UsageError(f"--tokens-to-generate must be at least 1, got {tokens_to_generate}")
@@ -221,13 +236,12 @@ def evaluate_lambada(
         raise UsageError("there are no LAMBADA passages to evaluate; pass a dataset with at least one passage")
 
     top_ns = tuple(dict.fromkeys((1, top_n, 10)))
-    hits = dict.fromkeys(top_ns, 0)
-    seq_log_ppls: list[float] = []
-    token_log_ppls: list[float] = []
-    logliks: list[float] = []
-    greedy_count = 0
-
-    for index, text in enumerate(tqdm(texts, desc="LAMBADA", unit="passage", file=sys.stderr, disable=not progress)):
+    # Every forward pass the passages need, once each: sequence -> [(passage, "lm" | "demo"), ...]. Both metric
+    # families usually share one pass (see the docstring); identical passages share theirs too.
+    wanted: dict[tuple[int, ...], list[tuple[int, str]]] = {}
+    targets: list[list[int]] = []
+    demos: list[list[int] | None] = []
+    for index, text in enumerate(texts):
         ctx, target = _lm_eval_pair(tokenizer, text)
         lm_seq = ctx + target
         window = lm_seq[-(max_positions + 1):][:-1]
@@ -238,21 +252,41 @@ def evaluate_lambada(
             )
         demo = _demo_ids(tokenizer, text, max_positions)
         demo_usable = len(demo) >= tokens_to_generate + 1
-
-        if demo == lm_seq and len(lm_seq) <= max_positions:
-            # Same sequence for both families and no truncation: window == demo[:-1].
-            shared = _forward(logits_fn, window) if window else None
-            lm_logits = demo_logits = shared
-        else:
-            lm_logits = _forward(logits_fn, window) if target else None
-            demo_logits = _forward(logits_fn, demo[:-1]) if demo_usable else None
-
-        loglik, greedy = lm_eval_score(lm_logits, target)
-        logliks.append(loglik)
-        greedy_count += greedy
-
+        targets.append(target)
+        demos.append(demo if demo_usable else None)
+        if target:
+            wanted.setdefault(tuple(window), []).append((index, "lm"))
         if demo_usable:
-            seq_lp, tok_lp, passage_hits = _demo_scores(demo_logits, demo, tokens_to_generate, top_ns)
+            # Same sequence for both families and no truncation: window == demo[:-1], one pass for both.
+            wanted.setdefault(tuple(demo[:-1]), []).append((index, "demo"))
+
+    lm_scores: list[tuple[float, bool]] = [lm_eval_score(None, [])] * len(texts)  # an empty target's score
+    demo_scores: list[tuple[float, float, dict[int, int]] | None] = [None] * len(texts)
+    sequences = list(wanted)
+    remaining = [0] * len(texts)
+    for parts in wanted.values():
+        for index, _ in parts:
+            remaining[index] += 1
+    with tqdm(total=len(texts), desc="LAMBADA", unit="passage", file=sys.stderr, disable=not progress) as bar:
+        bar.update(remaining.count(0))
+        for request, logits in batched_logits(logits_fn, sequences, batch_size, max_batch_tokens):
+            for index, part in wanted[sequences[request]]:
+                if part == "lm":
+                    lm_scores[index] = lm_eval_score(logits, targets[index])
+                else:
+                    demo_scores[index] = _demo_scores(logits, demos[index], tokens_to_generate, top_ns)
+                remaining[index] -= 1
+                bar.update(remaining[index] == 0)
+
+    # Summed in passage order, so that the figures do not depend on how the passages were batched.
+    hits = dict.fromkeys(top_ns, 0)
+    seq_log_ppls: list[float] = []
+    token_log_ppls: list[float] = []
+    logliks = [loglik for loglik, _ in lm_scores]
+    greedy_count = sum(greedy for _, greedy in lm_scores)
+    for scores in demo_scores:
+        if scores is not None:
+            seq_lp, tok_lp, passage_hits = scores
             seq_log_ppls.append(seq_lp)
             token_log_ppls.append(tok_lp)
             for n, h in passage_hits.items():
@@ -308,6 +342,8 @@ def logit_fidelity(
     *,
     max_positions: int,
     progress: bool = True,
+    batch_size: int = 1,
+    max_batch_tokens: int | None = None,
 ) -> FidelityMetrics:
     """Top-1 agreement and mean KL(reference || candidate) over every position of every passage, in float64.
 
@@ -317,15 +353,22 @@ def logit_fidelity(
     """
     if max_positions < 1:
         raise UsageError(f"max_positions must be at least 1, got {max_positions}")
-    positions = 0
-    agree = 0
+    sequences = [ids for ids in (list(tokenizer(text)["input_ids"])[:max_positions] for text in texts) if ids]
+    per_passage: list[tuple[int, int, float]] = [(0, 0, 0.0)] * len(sequences)
+    lengths = [len(ids) for ids in sequences]
+    with tqdm(total=len(texts), desc="fidelity", unit="passage", file=sys.stderr, disable=not progress) as bar:
+        bar.update(len(texts) - len(sequences))
+        for group in length_groups(lengths, batch_size, max_batch_tokens):
+            batch = [sequences[i] for i in group]
+            pairs = zip(_batch_logits(reference_fn, batch, torch.float64), _batch_logits(candidate_fn, batch, torch.float64))
+            for index, (ref, cand) in zip(group, pairs):
+                per_passage[index] = compare_logits(ref, cand)
+            bar.update(len(group))
+    positions = sum(n for n, _, _ in per_passage)
+    agree = sum(a for _, a, _ in per_passage)
     kl_sum = 0.0
-    for text in tqdm(texts, desc="fidelity", unit="passage", file=sys.stderr, disable=not progress):
-        ids = list(tokenizer(text)["input_ids"])[:max_positions]
-        if not ids:
-            continue
-        n, a, k = compare_logits(_forward(reference_fn, ids, torch.float64), _forward(candidate_fn, ids, torch.float64))
-        positions, agree, kl_sum = positions + n, agree + a, kl_sum + k
+    for _, _, k in per_passage:  # in passage order, as the figures must not depend on the batching
+        kl_sum += k
     if positions == 0:
         raise UsageError("there are no tokens to compare; pass at least one non-empty passage")
     return FidelityMetrics(positions=positions, top1_agreement=agree / positions, mean_kl=kl_sum / positions)

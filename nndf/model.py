@@ -193,15 +193,19 @@ class Model:
         """The tokens a checkpoint label expects this model to generate for `prompt_ids`."""
         return self.architecture.label_ids(self.tokenizer, prompt_ids, label)
 
-    def logits(self, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """Float logits for every position of unpadded sequences, from this backend (for accuracy scoring); an
-        encoder-decoder model scores `decoder_input_ids` (teacher-forced) given `input_ids` on its encoder."""
+    def logits(self, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor | None = None,
+               attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Float logits for every position of sequences padded on the right (`attention_mask`; none: unpadded),
+        from this backend (for accuracy scoring); an encoder-decoder model scores `decoder_input_ids`
+        (teacher-forced) given `input_ids` on its encoder, `attention_mask` being the encoder's."""
         extra = () if decoder_input_ids is None else (decoder_input_ids,)
-        return self.decoder.logits(input_ids, *extra).cpu()
+        mask = {} if attention_mask is None else {"attention_mask": attention_mask}
+        return self.decoder.logits(input_ids, *extra, **mask).cpu()
 
-    def reference_logits(self, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def reference_logits(self, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor | None = None,
+                         attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """The same logits from the PyTorch model itself: what other backends' fidelity is judged against."""
-        return pytorch_logits(self.loaded.model, input_ids, decoder_input_ids)
+        return pytorch_logits(self.loaded.model, input_ids, decoder_input_ids, attention_mask)
 
     @property
     def is_reference(self) -> bool:
@@ -214,12 +218,14 @@ class Model:
         return [str(p) for session in self.decoder.sessions for p in getattr(session, "artifacts", [])]
 
 
-def pytorch_logits(model: torch.nn.Module, input_ids: torch.Tensor,
-                   decoder_input_ids: torch.Tensor | None = None) -> torch.Tensor:
+def pytorch_logits(model: torch.nn.Module, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor | None = None,
+                   attention_mask: torch.Tensor | None = None) -> torch.Tensor:
     """A PyTorch model's float logits (on the CPU) for what `Model.logits` scores: every position of `input_ids`,
     or of `decoder_input_ids` (teacher-forced) given `input_ids` on an encoder-decoder model's encoder."""
     device = next(model.parameters()).device
     extra = {} if decoder_input_ids is None else {"decoder_input_ids": decoder_input_ids.to(device)}
+    if attention_mask is not None:
+        extra["attention_mask"] = attention_mask.to(device)
     with torch.inference_mode():
         return model(input_ids.to(device), **extra).logits.float().cpu()
 

@@ -74,18 +74,30 @@ class EncoderDecoder(TextInputs):
     def benchmark_inputs(self, length: int) -> str:
         return f"{length} encoder"
 
-    def lambada(self, texts, model, tokens_to_generate: int, top_n: int):
+    def lambada(self, texts, model, tokens_to_generate: int, top_n: int, batch_size: int = 1):
+        from nndf.architectures import batching
         from nndf.seq2seq.evaluation import evaluate_lambada_seq2seq
 
-        return evaluate_lambada_seq2seq(texts, model.tokenizer, model.logits, top_n=top_n,
-                                        start_token_id=model.decoder.start_token_id,
-                                        max_positions=model.max_positions)
+        def scored(ids, mask, decoder_ids):
+            return model.logits(ids, decoder_ids, attention_mask=mask)
 
-    def fidelity(self, texts, model):
+        return evaluate_lambada_seq2seq(texts, model.tokenizer, scored, top_n=top_n,
+                                        start_token_id=model.decoder.start_token_id,
+                                        max_positions=model.max_positions, **batching(model, batch_size, 4))
+
+    def fidelity(self, texts, model, batch_size: int = 1):
+        from nndf.architectures import batching
         from nndf.seq2seq.evaluation import logit_fidelity_seq2seq
 
-        return logit_fidelity_seq2seq(texts, model.tokenizer, model.reference_logits, model.logits,
-                                      start_token_id=model.decoder.start_token_id, max_positions=model.max_positions)
+        def reference(ids, mask, decoder_ids):
+            return model.reference_logits(ids, decoder_ids, attention_mask=mask)
+
+        def candidate(ids, mask, decoder_ids):
+            return model.logits(ids, decoder_ids, attention_mask=mask)
+
+        return logit_fidelity_seq2seq(texts, model.tokenizer, reference, candidate,
+                                      start_token_id=model.decoder.start_token_id, max_positions=model.max_positions,
+                                      **batching(model, batch_size, 8))
 
     def lambada_note(self, tokens_to_generate: int) -> str:
         return ("encoder-decoder scoring as lm-evaluation-harness does it: the passage without its last word goes to "

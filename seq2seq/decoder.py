@@ -65,15 +65,18 @@ class Seq2SeqDecoder(Decoder):
         tokens = torch.full((rows, 1), self.start_token_id, dtype=torch.long, device=self.device)
         return TokenState(tokens, torch.ones_like(tokens), fixed)
 
-    def logits(self, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits for every decoder position of `decoder_input_ids` (teacher-forced) given `input_ids` on the
-        encoder, unpadded; without decoder ids, the start token's logits (the first token's distribution)."""
+    def logits(self, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor | None = None,
+               attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits for every decoder position of `decoder_input_ids` (teacher-forced, padded on the right if at all)
+        given `input_ids` on the encoder under `attention_mask` (none: unpadded); without decoder ids, the start
+        token's logits (the first token's distribution)."""
         input_ids = input_ids.to(self.device)
+        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(self.device)
         if decoder_input_ids is None:
             decoder_input_ids = torch.full((input_ids.shape[0], 1), self.start_token_id, dtype=torch.long)
         decoder_input_ids = decoder_input_ids.to(self.device)
         with torch.inference_mode(), self.host_threads():
-            return self.teacher_forced(self.encode(input_ids, torch.ones_like(input_ids)), decoder_input_ids)
+            return self.teacher_forced(self.encode(input_ids, mask), decoder_input_ids)
 
     def teacher_forced(self, fixed: Mapping[str, torch.Tensor], decoder_input_ids: torch.Tensor) -> torch.Tensor:
         """Float logits of every position of `decoder_input_ids` (unpadded) with these fixed inputs, in one pass."""

@@ -18,12 +18,13 @@ from collections.abc import Callable, Sequence
 import torch
 from tqdm import tqdm
 
+from nndf.batching import length_groups, pad_right
 from nndf.errors import UsageError
 from nndf.evaluation import (MAX_LOG_PPL, MAX_PPL, FidelityMetrics, LambadaMetrics, lm_eval_score, compare_logits,
                              lm_eval_context_target)
 
-# (encoder ids (1, S), decoder ids (1, T)) -> logits (1, T, V)
-Seq2SeqLogitsFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+# (encoder ids (B, S), encoder mask (B, S), decoder ids (B, T)), each padded on the right -> logits (B, T, V)
+Seq2SeqLogitsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def encode_pair(tokenizer, text: str, max_positions: int) -> tuple[list[int], list[int]]:
@@ -40,16 +41,25 @@ def encode_pair(tokenizer, text: str, max_positions: int) -> tuple[list[int], li
     return context_ids, target_ids
 
 
-def _teacher_forced(logits_fn: Seq2SeqLogitsFn, context: list[int], target: list[int], start: int) -> torch.Tensor:
-    """Logits (T, V) for each target position, the decoder fed the start token and the target shifted right."""
-    decoder_ids = torch.tensor([[start, *target[:-1]]])
+def _teacher_forced(logits_fn: Seq2SeqLogitsFn, pairs: Sequence[tuple[list[int], list[int]]], start: int,
+                    dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+    """Logits (T, V) for each target position of each (context, target) pair, run as one right-padded batch: the
+    encoder reads the contexts under their mask, the decoder the start token and the target shifted right."""
+    context_ids, context_mask = pad_right([context for context, _ in pairs])
+    decoder_ids, _ = pad_right([[start, *target[:-1]] for _, target in pairs])
     with torch.no_grad():
-        out = torch.as_tensor(logits_fn(torch.tensor([context]), decoder_ids))
-    return out[0].detach().to(device="cpu", dtype=torch.float32)
+        out = torch.as_tensor(logits_fn(context_ids, context_mask, decoder_ids))
+    out = out.detach().to(device="cpu", dtype=dtype)
+    return [out[row, : len(target)] for row, (_, target) in enumerate(pairs)]
+
+
+def _groups(pairs: Sequence[tuple[list[int], list[int]]], batch_size: int, max_batch_tokens: int | None):
+    return length_groups([(len(c), len(t)) for c, t in pairs], batch_size, max_batch_tokens)
 
 
 def evaluate_lambada_seq2seq(texts: Sequence[str], tokenizer, logits_fn: Seq2SeqLogitsFn, *, start_token_id: int,
-                             top_n: int = 5, max_positions: int, progress: bool = True) -> LambadaMetrics:
+                             top_n: int = 5, max_positions: int, progress: bool = True, batch_size: int = 1,
+                             max_batch_tokens: int | None = None) -> LambadaMetrics:
     """Every metric of `LambadaMetrics` over the target word's tokens (see the module docstring)."""
     if top_n < 1:
         raise UsageError(f"--topN must be at least 1, got {top_n}")
@@ -60,16 +70,23 @@ def evaluate_lambada_seq2seq(texts: Sequence[str], tokenizer, logits_fn: Seq2Seq
     tokens = greedy_count = 0
     logliks: list[float] = []
     token_log_ppls: list[float] = []
-    for text in tqdm(texts, desc="LAMBADA", unit="passage", file=sys.stderr, disable=not progress):
-        context, target = encode_pair(tokenizer, text, max_positions)
-        logits = _teacher_forced(logits_fn, context, target, start_token_id)
-        loglik, greedy = lm_eval_score(logits, target)
+    pairs = [encode_pair(tokenizer, text, max_positions) for text in texts]
+    scores: list = [None] * len(pairs)
+    with tqdm(total=len(pairs), desc="LAMBADA", unit="passage", file=sys.stderr, disable=not progress) as bar:
+        for group in _groups(pairs, batch_size, max_batch_tokens):
+            for index, logits in zip(group, _teacher_forced(logits_fn, [pairs[i] for i in group], start_token_id)):
+                target = pairs[index][1]
+                expected = torch.tensor(target)[:, None]
+                passage_hits = {n: int((logits.topk(min(n, logits.shape[-1]), dim=-1).indices == expected)
+                                       .any(dim=-1).sum()) for n in top_ns}
+                scores[index] = (*lm_eval_score(logits, target), passage_hits)
+            bar.update(len(group))
+    for (loglik, greedy, passage_hits), (_, target) in zip(scores, pairs):  # in passage order
         logliks.append(loglik)
         greedy_count += greedy
         token_log_ppls.append(min(-loglik / len(target), MAX_LOG_PPL))
-        expected = torch.tensor(target)[:, None]
         for n in top_ns:
-            hits[n] += int((logits.topk(min(n, logits.shape[-1]), dim=-1).indices == expected).any(dim=-1).sum())
+            hits[n] += passage_hits[n]
         tokens += len(target)
     token_ppl = min(math.exp(sum(token_log_ppls) / len(texts)), MAX_PPL)
     try:
@@ -83,14 +100,22 @@ def evaluate_lambada_seq2seq(texts: Sequence[str], tokenizer, logits_fn: Seq2Seq
 
 def logit_fidelity_seq2seq(texts: Sequence[str], tokenizer, reference_fn: Seq2SeqLogitsFn,
                            candidate_fn: Seq2SeqLogitsFn, *, start_token_id: int, max_positions: int,
-                           progress: bool = True) -> FidelityMetrics:
+                           progress: bool = True, batch_size: int = 1,
+                           max_batch_tokens: int | None = None) -> FidelityMetrics:
     """Top-1 agreement and mean KL(reference || candidate) over the teacher-forced target positions."""
+    pairs = [encode_pair(tokenizer, text, max_positions) for text in texts]
+    per_passage: list = [None] * len(pairs)
+    with tqdm(total=len(pairs), desc="fidelity", unit="passage", file=sys.stderr, disable=not progress) as bar:
+        for group in _groups(pairs, batch_size, max_batch_tokens):
+            batch = [pairs[i] for i in group]
+            refs = _teacher_forced(reference_fn, batch, start_token_id, torch.float64)
+            cands = _teacher_forced(candidate_fn, batch, start_token_id, torch.float64)
+            for index, ref, cand in zip(group, refs, cands):
+                per_passage[index] = compare_logits(ref, cand)
+            bar.update(len(group))
     positions = agree = 0
     kl_sum = 0.0
-    for text in tqdm(texts, desc="fidelity", unit="passage", file=sys.stderr, disable=not progress):
-        context, target = encode_pair(tokenizer, text, max_positions)
-        n, a, k = compare_logits(_teacher_forced(reference_fn, context, target, start_token_id),
-                                 _teacher_forced(candidate_fn, context, target, start_token_id))
+    for n, a, k in per_passage:  # in passage order
         positions, agree, kl_sum = positions + n, agree + a, kl_sum + k
     if positions == 0:
         raise UsageError("there are no tokens to compare; pass at least one non-empty passage")

@@ -60,17 +60,24 @@ class TableModel:
     def __init__(self, table: dict[tuple[int, ...], dict[int, float]]):
         self.table = table
         self.calls: list[list[int]] = []
+        self.batches = 0
 
-    def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
-        assert input_ids.dtype == torch.long and input_ids.shape[0] == 1
-        ids = input_ids[0].tolist()
-        self.calls.append(ids)
-        rows = []
-        for t in range(len(ids)):
-            listed = self.table.get(tuple(ids[: t + 1]), {})
-            rest = (1.0 - sum(listed.values())) / (V - len(listed))
-            rows.append([math.log(listed.get(v, rest)) for v in range(V)])
-        return torch.tensor([rows], dtype=torch.float32)
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        assert input_ids.dtype == torch.long and input_ids.shape == attention_mask.shape
+        self.batches += 1
+        batch = []
+        for row, mask in zip(input_ids.tolist(), attention_mask.tolist()):
+            length = sum(mask)
+            assert mask == [1] * length + [0] * (len(mask) - length), "sequences must be padded on the right"
+            ids = row[:length]
+            self.calls.append(ids)
+            rows = []
+            for t in range(len(row)):  # pad positions get whatever their prefix gives: scoring must ignore them
+                listed = self.table.get(tuple(row[: t + 1]), {})
+                rest = (1.0 - sum(listed.values())) / (V - len(listed))
+                rows.append([math.log(listed.get(v, rest)) for v in range(V)])
+            batch.append(rows)
+        return torch.tensor(batch, dtype=torch.float32)
 
 
 def evaluate(texts, table, tokenizer=None, **kwargs):
@@ -247,7 +254,7 @@ def test_no_passages_is_a_usage_error():
 
 
 def test_wrong_logits_shape_is_a_harness_error():
-    def bad(ids):
+    def bad(ids, mask):
         return torch.zeros(1, ids.shape[1] + 1, V)
 
     with pytest.raises(HarnessError, match=r"shape \(1, 4, 13\)"):
@@ -279,8 +286,9 @@ class XYZTokenizer:
 def fixed_logits(rows):
     """Logits function returning the given probability rows for positions 0..T-1, whatever the ids are."""
 
-    def fn(ids):
-        return torch.tensor([[[math.log(p) for p in rows[t]] for t in range(ids.shape[1])]], dtype=torch.float32)
+    def fn(ids, mask):
+        one = [[math.log(p) for p in rows[t]] for t in range(ids.shape[1])]
+        return torch.tensor([one] * ids.shape[0], dtype=torch.float32)
 
     return fn
 
@@ -401,9 +409,9 @@ def _tiny_metrics(tiny_gpt2, lo, hi):
     tokenizer, model, texts = tiny_gpt2
     calls = []
 
-    def logits_fn(ids):
+    def logits_fn(ids, mask):
         calls.append(ids.shape[1])
-        return model(ids).logits
+        return model(ids, attention_mask=mask).logits
 
     passages = [t for _, t in sample_texts(texts[lo:hi], 20, seed=0)]
     metrics = evaluate_lambada(passages, tokenizer, logits_fn, max_positions=model.config.n_positions, progress=False)
@@ -423,3 +431,52 @@ def test_tiny_gpt2_unseen_passages(tiny_gpt2):
     assert m.lm_eval_accuracy == 0.0
     assert m.lm_eval_perplexity > 1000.0
     assert m.top1 < 0.2
+
+
+def test_tiny_gpt2_in_batches_gives_the_one_by_one_figures(tiny_gpt2):
+    """Batches of passages of one length: exactly the figures of one passage per pass, in fewer passes."""
+    tokenizer, model, texts = tiny_gpt2
+    calls = []
+
+    def logits_fn(ids, mask):
+        calls.append(ids.shape[0])
+        return model(ids, attention_mask=mask).logits
+
+    passages = [t for _, t in sample_texts(texts[2400:2800], 200, seed=1)]  # memorised and unseen
+    one = evaluate_lambada(passages, tokenizer, logits_fn, max_positions=model.config.n_positions, progress=False)
+    assert calls == [1] * 200
+    calls.clear()
+    batched = evaluate_lambada(passages, tokenizer, logits_fn, max_positions=model.config.n_positions,
+                               progress=False, batch_size=8)
+    assert len(calls) < 100 and max(calls) == 8
+    assert batched == one  # to the last bit
+    calls.clear()
+    fidelity = logit_fidelity(passages, tokenizer, logits_fn, logits_fn, max_positions=model.config.n_positions,
+                              progress=False, batch_size=5, max_batch_tokens=5 * 60)
+    assert fidelity.top1_agreement == 1.0 and fidelity.mean_kl == 0.0
+    assert max(calls) < 5  # the token budget split batches of long passages
+
+
+def test_table_model_in_batches_is_exact():
+    """A model whose rows do not depend on each other gives exactly the one-by-one figures in any batching,
+    padded positions ignored; identical passages share one pass."""
+    table = {(0,): {1: 0.6}, (0, 1): {2: 0.5}, (2,): {0: 0.9}, (2, 0): {1: 0.3}}
+    texts = ["ab c", "c ab", "ab c", "a b", "cab c a", "ba c"]
+    one, model_one = evaluate(texts, table, tokens_to_generate=2)
+    for batch_size in (2, 4, 100):
+        batched, model = evaluate(texts, table, tokens_to_generate=2, batch_size=batch_size)
+        assert batched == one
+        assert model.batches < model_one.batches
+        assert len(model.calls) == len({tuple(c) for c in model_one.calls})
+
+
+def test_length_groups_take_the_longest_first_within_rows_and_tokens():
+    from nndf.batching import length_groups
+
+    lengths = [3, 10, 1]
+    assert list(length_groups([3, 10, 1, 7, 7, 2, 7, 3], 2)) == [[1], [3, 4], [6], [0, 7], [5], [2]]
+    assert list(length_groups([5, 5, 5, 5, 5], 4, max_tokens=10)) == [[0, 1], [2, 3], [4]]
+    assert list(length_groups([50, 1], 4, max_tokens=20)) == [[0], [1]]  # a long sequence still gets its pass
+    assert list(length_groups([(4, 2), (4, 3), (4, 2)], 8)) == [[0, 2], [1]]  # pairs: both parts equal
+    with pytest.raises(UsageError, match="--batch-size must be at least 1"):
+        list(length_groups(lengths, 0))

@@ -90,13 +90,33 @@ def test_seq2seq_lambada_scores_the_target_word_on_the_decoder(text_models):
     assert context[-1] == target[-1] == tokenizer.eos_token_id
     assert tokenizer.decode(target, skip_special_tokens=True).strip() == texts[0].split(" ")[-1]
 
-    def oracle(encoder_ids, decoder_ids):
-        ctx = encoder_ids[0].tolist()
-        want = next(encode_pair(tokenizer, t, 512)[1] for t in texts if encode_pair(tokenizer, t, 512)[0] == ctx)
-        logits = torch.zeros(1, decoder_ids.shape[1], 1100)
-        logits[0, torch.arange(len(want)), torch.tensor(want)] = 50.0
+    pairs = [encode_pair(tokenizer, t, 512) for t in texts]
+
+    def oracle(encoder_ids, encoder_mask, decoder_ids):
+        logits = torch.zeros(encoder_ids.shape[0], decoder_ids.shape[1], 1100)
+        for row, (ids, mask) in enumerate(zip(encoder_ids.tolist(), encoder_mask.tolist())):
+            ctx = ids[: sum(mask)]
+            want = next(target for context, target in pairs if context == ctx)
+            logits[row, torch.arange(len(want)), torch.tensor(want)] = 50.0
         return logits
 
-    metrics = evaluate_lambada_seq2seq(texts, tokenizer, oracle, start_token_id=0, max_positions=512, progress=False)
-    assert metrics.lm_eval_accuracy == 1.0 and metrics.top1 == 1.0
-    assert metrics.lm_eval_perplexity == pytest.approx(1.0, abs=1e-6)
+    for batch_size in (1, 3):
+        metrics = evaluate_lambada_seq2seq(texts, tokenizer, oracle, start_token_id=0, max_positions=512,
+                                           progress=False, batch_size=batch_size)
+        assert metrics.lm_eval_accuracy == 1.0 and metrics.top1 == 1.0
+        assert metrics.lm_eval_perplexity == pytest.approx(1.0, abs=1e-6)
+
+
+def test_seq2seq_lambada_in_batches_equals_one_passage_at_a_time(text_models):
+    """Contexts of different lengths padded into one batch: the encoder's mask keeps the padding out of the encoder
+    and of cross-attention, so every figure equals the one-by-one figures (to float32 rounding)."""
+    import nndf
+    from nndf.lambada import read_jsonl_texts
+
+    model = nndf.load("T5", backend="frameworks", torch_dir=str(text_models["T5"]))
+    texts = read_jsonl_texts(LAMBADA_FILE)[:10]
+    one = model.architecture.lambada(texts, model, 1, 5, batch_size=1).as_dict()
+    batched = model.architecture.lambada(texts, model, 1, 5, batch_size=4).as_dict()
+    assert batched == pytest.approx(one, rel=1e-5, nan_ok=True)
+    fidelity = model.architecture.fidelity(texts, model, batch_size=4)  # our steps against HF's forward, batched
+    assert fidelity.top1_agreement == 1.0 and fidelity.mean_kl < 1e-9

@@ -6,6 +6,18 @@ from nndf.actions.common import describe, label, open_models, say
 from nndf.results import Column, Result
 
 
+# Passages per forward pass unless --batch-size says otherwise: a small model on the CPU scores ~6x faster in
+# batches of 16 than one by one (bench/accuracy_batches.py), and the figures do not depend on it.
+DEFAULT_BATCH_SIZE = 16
+BATCH_HELP = ("passages per forward pass, padded on the right with a mask and grouped by length; the figures do not "
+              "depend on it")
+
+
+# Perplexities to 6 significant digits: they come from float32 logits, whose last bits depend on the shapes a
+# backend's kernels see (batch size, padding); a 10-digit lm-eval perplexity of a weak model showed that noise.
+PPL = "{:.6g}"
+
+
 def add_arguments(parser) -> None:
     a = parser.add_argument_group("accuracy")
     a.add_argument("--dataset-file", metavar="PATH",
@@ -33,11 +45,11 @@ def run(args) -> list[Result]:
     rows = []
     for model in models:
         say(f"scoring {len(chosen)} LAMBADA passages on {model.backend}")
-        metrics = model.architecture.lambada(chosen, model, args.tokens_to_generate, args.topN)
+        metrics = model.architecture.lambada(chosen, model, args.tokens_to_generate, args.topN, args.batch_size)
         row = dict(backend=label(model), **metrics.as_dict())
         if not model.is_reference:
             say(f"comparing {label(model)} logits with PyTorch on the same passages")
-            fidelity = model.architecture.fidelity(chosen, model)
+            fidelity = model.architecture.fidelity(chosen, model, args.batch_size)
             row.update(top1_agreement=fidelity.top1_agreement, mean_kl=fidelity.mean_kl)
         rows.append(row)
     n = args.topN
@@ -47,10 +59,10 @@ def run(args) -> list[Result]:
         Column("top1", "top-1", "{:.2%}"),
         Column("topN", f"top-{n}", "{:.2%}"),
         Column("top10", "top-10", "{:.2%}"),
-        Column("token_perplexity", "token ppl", "{:.2f}"),
-        Column("sequence_perplexity", "seq ppl", "{:.2f}"),
+        Column("token_perplexity", "token ppl", PPL),
+        Column("sequence_perplexity", "seq ppl", PPL),
         Column("lm_eval_accuracy", "lm-eval acc", "{:.2%}"),
-        Column("lm_eval_perplexity", "lm-eval ppl", "{:.2f}"),
+        Column("lm_eval_perplexity", "lm-eval ppl", PPL),
     ]
     if any("top1_agreement" in row for row in rows):
         columns += [Column("top1_agreement", "top-1 = PyTorch", "{:.2%}"), Column("mean_kl", "KL vs PyTorch", "{:.2e}")]
