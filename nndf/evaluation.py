@@ -360,8 +360,9 @@ def logit_fidelity(
         bar.update(len(texts) - len(sequences))
         for group in length_groups(lengths, batch_size, max_batch_tokens):
             batch = [sequences[i] for i in group]
-            pairs = zip(_batch_logits(reference_fn, batch, torch.float64), _batch_logits(candidate_fn, batch, torch.float64))
-            for index, (ref, cand) in zip(group, pairs):
+            refs = _batch_logits(reference_fn, batch, torch.float64)
+            cands = _batch_logits(candidate_fn, batch, torch.float64)
+            for index, ref, cand in zip(group, refs, cands):
                 per_passage[index] = compare_logits(ref, cand)
             bar.update(len(group))
     positions = sum(n for n, _, _ in per_passage)

@@ -13,8 +13,8 @@ BATCH_HELP = ("passages per forward pass, padded on the right with a mask and gr
               "depend on it")
 
 
-# Perplexities to 6 significant digits: they come from float32 logits, whose last bits depend on the shapes a
-# backend's kernels see (batch size, padding); a 10-digit lm-eval perplexity of a weak model showed that noise.
+# Perplexities to 6 significant digits: they come from float32 logits, good to about 7, whose last bits differ
+# between backends and library versions; a weak model's lm-eval perplexity used to print as 872597754.21.
 PPL = "{:.6g}"
 
 
