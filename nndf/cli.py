@@ -33,12 +33,14 @@ _Parser = OneSentenceParser  # a usage error is one sentence and exit 2 without 
 
 
 def _model_arguments(p: argparse.ArgumentParser, batch_size: int = 1, batch_help: str = "sequences per batch") -> None:
-    from nndf.backends import BACKENDS
+    from nndf.backends import BACKENDS, backend_names
 
     p.add_argument("model", metavar="MODEL", help="model family, e.g. GPT2 (see `run.py list`)")
+    quantized = [name for name in backend_names() if name not in BACKENDS]
     p.add_argument(
-        "backends", metavar="BACKEND", nargs="+", help=f"one or more of: {', '.join(BACKENDS)}"
-    )
+        "backends", metavar="BACKEND", nargs="+",
+        help=f"one or more of: {', '.join(BACKENDS)}; {', '.join(quantized)} run quantized weights beside the "
+        "others (e.g. frameworks onnxrt onnxrt-int8 gives one table)")
     g = p.add_argument_group("model")
     g.add_argument("--variant", help="variant of the family, e.g. gpt2-medium (default: the family's first)")
     g.add_argument("--torch-dir", help="load the PyTorch model from this local Hugging Face folder")

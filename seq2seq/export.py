@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from nndf.export.onnx import DecoderExport, export_settings, fp32_cpu_model, say, trace_to_onnx
+from nndf.export.onnx import DecoderExport, export_settings, fp32_cpu_model, trace_to_onnx
+from nndf.progress import say
 from nndf.loading import LoadedModel
 from nndf.workspace import artifact_name, build_dir_artifact, stale_reason
 

@@ -81,6 +81,10 @@ def test_info_prints_shapes(capsys, tiny_gpt2_dir):
         (["accuracy", "GPT2", "frameworks", "--random-weights", "--dataset-file", "/nonexistent.jsonl"],
          "/nonexistent.jsonl does not exist"),
         (["benchmark", "GPT2", "frameworks", "--iterations", "0"], "--iterations"),
+        (["benchmark", "GPT2", "trt-int8"], "unknown backend 'trt-int8'; a quantized backend is one of: onnxrt-int8, "
+                                            "onnxrt-int4"),
+        (["benchmark", "GPT2", "onnxrt", "onnxrt-int4", "--int8"], "--int8 quantizes every onnxrt row; with a "
+                                                                  "quantized backend name"),
         (["benchmark", "GPT2", "frameworks", "--batch-size", "x"], "invalid int value: 'x'"),
     ],
 )
@@ -180,12 +184,13 @@ def test_run_and_compare_on_checkpoint_samples(capsys, tiny_gpt2_dir, action):
 
 def test_benchmark_and_export_with_onnxrt(capsys, tiny_gpt2_dir, onnx_work_dir, tmp_path):
     out_file = tmp_path / "b.json"
-    code, out, err = run_cli(capsys, "benchmark", "GPT2", "frameworks", "onnxrt", "--torch-dir", tiny_gpt2_dir,
-                             "--working-dir", onnx_work_dir, "--input-seq-len", 6, "--output-seq-len", 4, *FAST,
-                             "--json", out_file)
+    code, out, err = run_cli(capsys, "benchmark", "GPT2", "frameworks", "onnxrt", "onnxrt-int8", "--torch-dir",
+                             tiny_gpt2_dir, "--working-dir", onnx_work_dir, "--input-seq-len", 6, "--output-seq-len", 4,
+                             *FAST, "--json", out_file)
     assert code == 0, err
     backends = [r["backend"] for r in json.loads(out_file.read_text())["results"][0]["rows"]]
-    assert backends == ["frameworks", "frameworks (HF generate)", "onnxrt"]
+    assert backends == ["frameworks", "frameworks (HF generate)", "onnxrt", "onnxrt int8"]  # fp32 and int8, one table
+    assert "onnxrt int8" in out
     code, out, err = run_cli(capsys, "export", "GPT2", "onnxrt", "--torch-dir", tiny_gpt2_dir,
                              "--working-dir", onnx_work_dir)
     assert code == 0, err

@@ -3,26 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
 from pathlib import Path
 
 import torch
 
 from nndf.architectures import architecture
-from nndf.backends import RUNS_ONNX_FILES, BackendOptions, backend_module
+from nndf.backends import RUNS_ONNX_FILES, BackendOptions, backend_module, split_backend
 from nndf.errors import HarnessError, UsageError
 from nndf.images import caption_inputs, image_files
 from nndf.measure import TimingSettings
 from nndf.model import Model, default_device, target_language_token
+from nndf.progress import say  # noqa: F401 - the actions' progress lines
 from nndf.loading import load_config, load_model
 from nndf.registry import resolve
 from nndf.results import Column, Result
 from nndf.spec import BuildSettings
-
-
-def say(message: str) -> None:
-    """Progress for people, on stderr so that stdout stays the results."""
-    print(message, file=sys.stderr, flush=True)
 
 
 def build_settings(args) -> BuildSettings:
@@ -95,7 +90,11 @@ def open_models(args) -> list[Model]:
     """
     spec, variant = resolve(args.model, args.variant)
     given_images(args, spec)
-    backends = list(dict.fromkeys(args.backends))
+    named = [split_backend(name) for name in dict.fromkeys(args.backends)]
+    backends = list(dict.fromkeys(name for name, _ in named))
+    if any(quantize for _, quantize in named) and (args.int8 or args.int4):
+        raise UsageError(f"--{'int8' if args.int8 else 'int4'} quantizes every onnxrt row; with a quantized backend "
+                         "name such as onnxrt-int8 in the list, leave the flag out")
     for name in backends:
         check = getattr(backend_module(name), "check_available", None)
         if check is not None:  # fail before a slow load when the backend cannot run on this machine
@@ -121,7 +120,8 @@ def open_models(args) -> list[Model]:
     )
     options = backend_options(args, backends)
     forced_bos = target_language_token(loaded, args.tgt_lang) if getattr(args, "tgt_lang", None) else None
-    models = [Model(loaded, name, settings, options) for name in backends]
+    models = [Model(loaded, name, settings, dataclasses.replace(options, quantize=quantize) if quantize else options)
+              for name, quantize in named]
     for model in models:
         model.forced_bos_token_id = forced_bos
     if getattr(args, "info", False):

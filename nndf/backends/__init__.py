@@ -62,6 +62,24 @@ class Session(Protocol):
     def run(self, feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]: ...
 
 
+def split_backend(name: str) -> tuple[str, str | None]:
+    """A backend name as given on the command line -> (backend, quantization): `onnxrt-int8` is onnxrt with int8
+    weights, so that fp32 and quantized graphs run side by side in one table (`frameworks onnxrt onnxrt-int8`)."""
+    base, _, suffix = name.rpartition("-")
+    if base in RUNS_ONNX_FILES and suffix in QUANTIZATIONS:
+        return base, suffix
+    if base in BACKENDS:
+        allowed = ", ".join(f"{b}-{q}" for b in RUNS_ONNX_FILES for q in QUANTIZATIONS)
+        raise UsageError(f"unknown backend '{name}'; a quantized backend is one of: {allowed}")
+    backend_module(name)  # an unknown name: the error lists the backends
+    return name, None
+
+
+def backend_names() -> list[str]:
+    """Every name a backend can be given on the command line."""
+    return [*BACKENDS, *(f"{b}-{q}" for b in RUNS_ONNX_FILES for q in QUANTIZATIONS)]
+
+
 def backend_module(name: str):
     """The module of backend `name`, or a UsageError listing the known backends."""
     if name not in BACKENDS:

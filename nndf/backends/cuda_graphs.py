@@ -21,15 +21,11 @@ an encoder-decoder model), through PyTorch's own `torch.cuda.CUDAGraph`:
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
-
-
-def say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+from nndf.progress import say
 
 
 @dataclass

@@ -26,10 +26,7 @@ from nndf.convert import graphs, report
 from nndf.convert.options import ConvertOptions, parse
 from nndf.convert.tasks import TASKS, TaskModule, load_task_model, model_inputs, transformer_of
 from nndf.errors import HarnessError, UsageError
-
-
-def say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+from nndf.progress import say
 
 
 def _load(opts: ConvertOptions):

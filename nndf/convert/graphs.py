@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-import sys
 import warnings
 from pathlib import Path
 from typing import Iterable, Mapping
@@ -145,7 +144,3 @@ def quantize_static_qdq(source: Path, target: Path, calibration: list[Mapping[st
                         activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
                         op_types_to_quantize=["MatMul", "Gemm"],
                         extra_options={"ActivationSymmetric": True, "WeightSymmetric": True})
-
-
-def say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)

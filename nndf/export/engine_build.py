@@ -20,15 +20,12 @@ from typing import TYPE_CHECKING, Callable, Mapping
 
 from nndf.errors import HarnessError
 from nndf.workspace import write_artifact
+from nndf.progress import say
 
 if TYPE_CHECKING:
     from nndf.export.engine_cache import EngineRequest
 
 INSTALL_HINT = "pip install -e '.[tensorrt]' (or pip install tensorrt polygraphy) on a machine with an NVIDIA GPU"
-
-
-def say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def trtexec_command(request: EngineRequest, engine: str | Path, timing_cache: str | Path | None = None,
@@ -222,4 +219,3 @@ def build_engine(request: EngineRequest, path: Path, timing_cache: Path, metadat
             if leftover.exists():
                 leftover.unlink()
     return seconds
-

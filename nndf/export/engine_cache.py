@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from nndf.errors import HarnessError, UsageError
-from nndf.export.engine_build import build_engine, describe_profiles, say
+from nndf.export.engine_build import build_engine, describe_profiles
+from nndf.progress import say
 from nndf.workspace import artifact_name, as_json, first_mismatch, read_metadata
 
 # Bump when a change to the build (`engine_build`) changes the engines produced, so that old engines are rebuilt

@@ -9,6 +9,7 @@ file, so the 2 GB protobuf limit never matters: gpt2-xl is 6 GB in fp32), and ti
 from __future__ import annotations
 
 import contextlib
+import logging
 import copy
 import sys
 import time
@@ -23,14 +24,11 @@ from nndf.errors import HarnessError
 from nndf.export.wrapper import DecoderWrapper, decoder_io
 from nndf.loading import LoadedModel
 from nndf.workspace import artifact_name, build_dir_artifact, stale_reason
+from nndf.progress import say, ticking
 
 # Bump when a change here changes the graphs produced, so that old exports are rebuilt rather than reused.
 EXPORTER_REVISION = 3
 GRAPH_FILE = "decoder.onnx"
-
-
-def say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def _versions() -> dict[str, str]:
@@ -136,13 +134,29 @@ def model_io(loaded: LoadedModel, use_cache: bool) -> tuple[tuple[str, ...], tup
     return decoder_io(loaded.model_class, loaded.spec.hooks.num_layers(loaded.config), use_cache)
 
 
+@contextlib.contextmanager
+def quiet_logger(name: str):
+    """Keep a library logger's warnings off the user's screen for the block (the exporter warns, once per optional
+    operator library it looks for, that torchvision is not installed)."""
+    logger = logging.getLogger(name)
+    before = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(before)
+
+
 def trace_to_onnx(wrapper, args, dynamic, io: dict, path: Path, model, label: str) -> None:
     """Trace `wrapper` with torch's dynamo exporter (eager attention, named dynamic dimensions) and save the graph
     with its weights in one external data file beside it; any exporter failure is one HarnessError."""
     try:
-        with contextlib.redirect_stdout(sys.stderr), eager_attention(model), warnings.catch_warnings():
+        with contextlib.redirect_stdout(sys.stderr), eager_attention(model), warnings.catch_warnings(), \
+                quiet_logger("torch.onnx._internal.exporter._registration"), ticking(f"exporting {label}"):
             # shared named dimensions make the exporter say, once per input, that it keeps the first name
             warnings.filterwarnings("ignore", message=r".*axis name: .* will not be used")
+            # torch's pytree deprecation inside the exporter, not ours to act on
+            warnings.filterwarnings("ignore", category=FutureWarning, message=r".*LeafSpec.*")
             program = torch.onnx.export(
                 wrapper, args, dynamo=True, dynamic_shapes=dynamic, input_names=list(io["input_names"]),
                 output_names=list(io["output_names"]), optimize=True, verbose=False,
@@ -211,7 +225,8 @@ def derived_graph(export: DecoderExport, label: str, settings: dict, working_dir
         say(f"rebuilding {folder}: {reason}")
     say(doing)
     started = time.perf_counter()
-    build_dir_artifact(folder, lambda tmp: build(tmp / graph_file), metadata)
+    with ticking(f"building the {label} graph"):
+        build_dir_artifact(folder, lambda tmp: build(tmp / graph_file), metadata)
     size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file()) / 2**20
     say(f"done in {time.perf_counter() - started:.1f} s: {folder} ({size:.0f} MiB)")
     return folder / graph_file

@@ -68,6 +68,7 @@ from nndf.errors import HarnessError, UsageError
 from nndf.export.onnx import derived_graph
 from nndf.export.weight_graph import prepare_graph, weight_matmuls
 from nndf.workspace import read_metadata
+from nndf.progress import say
 
 # Bump when a change here changes the graphs produced, so that old quantized graphs are rebuilt rather than reused.
 QUANTIZER_REVISION = 2
@@ -102,10 +103,6 @@ def int8_weight_type(machine: str | None = None, cpuinfo: str | None = None) -> 
 INT8 = {"method": "dynamic", "weight_type": int8_weight_type(), "per_channel": True, "reduce_range": False}
 INT4 = {"method": "matmul_nbits", "bits": 4, "block_size": 32, "is_symmetric": True, "accuracy_level": 4}
 KINDS: dict[str, dict] = {"int8": INT8, "int4": INT4}
-
-
-def say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager
@@ -293,4 +290,3 @@ def quantized_decoder(export, kind: str, working_dir: str | Path, params: Mappin
 
     return derived_graph(export, kind, settings, working_dir, build,
                          f"quantizing {export.graph} to {kind}: {_describe(params)} ...")
-

@@ -35,7 +35,8 @@ from nndf.backends.trt.engine_io import EngineIO, Ranges, check_engine_io, choos
 from nndf.backends.trt.fp16 import (
     FP16_LOGIT_BOUND, Fidelity, fp16_check, fp16_warning, fp32_cpu_copy, logit_fidelity, seeded_prompts,
 )
-from nndf.backends.trt.runner import TrtSession, say
+from nndf.backends.trt.runner import TrtSession
+from nndf.progress import say
 from nndf.loading import LoadedModel
 from nndf.spec import BuildSettings, ShapeSpec
 

@@ -18,7 +18,6 @@ generations of the same lengths, as in benchmarks, then replay every decode step
 from __future__ import annotations
 
 import contextlib
-import sys
 import weakref
 from pathlib import Path
 from typing import Mapping
@@ -30,10 +29,7 @@ from nndf.backends.trt.engine_io import EngineIO, Ranges, check_engine_io, choos
 from nndf.errors import HarnessError
 from nndf.kvcache import present_name
 from nndf.spec import ShapeSpec
-
-
-def say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+from nndf.progress import say
 
 
 class TrtSession:
