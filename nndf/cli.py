@@ -134,8 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
         "convert_model (python run.py convert --help).",
     )
     sub = parser.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser, required=True)
+    parser.action_parsers = {}  # action name -> its parser (nndf.api reads which flags an action has)
     for name, (module, help_text) in ACTIONS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
+        parser.action_parsers[name] = p
         action = importlib.import_module(f"nndf.actions.{module}")
         if getattr(action, "NEEDS_MODEL", True):
             _model_arguments(p, getattr(action, "DEFAULT_BATCH_SIZE", 1),
