@@ -24,6 +24,7 @@ class Runner:
     label: str
     model: Model
     generate: Callable[..., torch.Tensor]
+    is_hf_generate: bool = False  # Hugging Face generate() itself: what users compare against
 
 
 def runners_for(models: list[Model]) -> list[Runner]:
@@ -31,7 +32,7 @@ def runners_for(models: list[Model]) -> list[Runner]:
     for model in models:
         runners.append(Runner(label(model), model, model.generate))
         if getattr(backend_module(model.backend), "MEASURE_HF_GENERATE", False):
-            runners.append(Runner(f"{model.backend} (HF generate)", model, model.hf_generate))
+            runners.append(Runner(f"{model.backend} (HF generate)", model, model.hf_generate, is_hf_generate=True))
     return runners
 
 
