@@ -44,7 +44,7 @@ def run(args) -> list[Result]:
     models = open_models(args)
     rows = []
     for model in models:
-        say(f"scoring {len(chosen)} LAMBADA passages on {model.backend}")
+        say(f"scoring {len(chosen)} LAMBADA passages on {label(model)}")
         metrics = model.architecture.lambada(chosen, model, args.tokens_to_generate, args.topN, args.batch_size)
         row = dict(backend=label(model), **metrics.as_dict())
         if not model.is_reference:

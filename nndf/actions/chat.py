@@ -11,7 +11,8 @@ from __future__ import annotations
 import sys
 import time
 
-from nndf.actions.common import add_image_argument, describe, generation_inputs, given_images, open_models
+from nndf.actions.common import (add_image_argument, describe, generation_inputs, given_images, label,
+                                 open_models)
 from nndf.errors import UsageError
 from nndf.images import image_files
 from nndf.registry import resolve
@@ -79,10 +80,10 @@ def run(args, stream=None) -> list[Result]:
     tokenizer = first.tokenizer
     stream = sys.stdin if stream is None else stream
     rows = []
-    width = max(len(m.backend) for m in models)
+    width = max(len(label(m)) for m in models)
     ask = ("type a text prefix (or an empty line) for the image" if given else "type IMAGE_PATH [text prefix]") \
         if takes_images else "type a prompt"
-    print(f"chat with {first.variant.name} on {', '.join(m.backend for m in models)}; {ask}, or 'exit' to end",
+    print(f"chat with {first.variant.name} on {', '.join(label(m) for m in models)}; {ask}, or 'exit' to end",
           flush=True)
     try:
         for line in _prompts(stream, keep_empty=given is not None):
@@ -102,9 +103,9 @@ def run(args, stream=None) -> list[Result]:
                 seconds = time.perf_counter() - started
                 new = model.new_tokens(out, inputs.get("input_ids"))[0]
                 reply = tokenizer.decode(new, skip_special_tokens=True)
-                print(f"[{model.backend:<{width}}] {seconds * 1e3:8.1f} ms | {reply.strip()}", flush=True)
+                print(f"[{label(model):<{width}}] {seconds * 1e3:8.1f} ms | {reply.strip()}", flush=True)
                 shown = f"{image.name} {prompt}".strip() if image is not None else prompt
-                rows.append({"prompt": shown, "backend": model.backend, "ms": seconds * 1e3,
+                rows.append({"prompt": shown, "backend": label(model), "ms": seconds * 1e3,
                              "new_tokens": int(new.shape[0]), "reply": reply})
     except KeyboardInterrupt:
         print()
