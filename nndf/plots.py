@@ -1,7 +1,8 @@
 """`--plot FILE.png` of `benchmark` and `compare`: one figure, one bar per backend for each figure that matters.
 
 matplotlib is an optional extra (`pip install 'nndf[plot]'`); `check_plotting` says so in one sentence before
-anything is loaded or timed. The figure is drawn off-screen (Agg) and written atomically.
+anything is loaded or timed. The figure is drawn off-screen (its own Agg canvas, pyplot's backend left as it is)
+and written atomically.
 """
 
 from __future__ import annotations
@@ -34,12 +35,14 @@ def check_plotting(path: str | None) -> None:
 def plot_bars(path: str, title: str, rows: Sequence[dict], panels: Sequence[Panel]) -> Path:
     """A PNG at `path` with one panel per (key, label, spread key), a bar per row that has the figure."""
     import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.8), squeeze=False)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    # A Figure on its own Agg canvas, not pyplot: switching pyplot's backend would end a notebook's inline plots.
+    fig = Figure(figsize=(4.6 * len(panels), 3.8))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(panels), squeeze=False)
+    colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, (key, label, spread) in zip(axes[0], panels):
         shown = [r for r in rows if r.get(key) is not None]
         values = [r[key] for r in shown]
@@ -54,5 +57,4 @@ def plot_bars(path: str, title: str, rows: Sequence[dict], panels: Sequence[Pane
     fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
-    plt.close(fig)
     return Path(path)

@@ -35,3 +35,27 @@ def test_chat_from_python_answers_the_given_lines(tiny_gpt2_dir):
 def test_bad_calls_raise_the_command_lines_sentence(call, message):
     with pytest.raises(UsageError, match=message):
         call()
+
+
+def test_load_takes_the_quantized_backend_names(tiny_gpt2_dir):
+    reference = nndf.load("GPT2", backend="frameworks", torch_dir=tiny_gpt2_dir)
+    with pytest.raises(UsageError, match="backend 'onnxrt-int8' and quantize='int4' disagree"):
+        nndf.load("GPT2", backend="onnxrt-int8", quantize="int4", loaded=reference.loaded)
+    with pytest.raises(UsageError, match="a quantized backend is one of: onnxrt-int8, onnxrt-int4"):
+        nndf.load("GPT2", backend="frameworks-int8", loaded=reference.loaded)
+
+
+def test_a_plot_file_leaves_pyplots_backend_alone(tmp_path):
+    """Writing --plot's PNG must not switch a notebook's inline backend to Agg (its later plots would vanish)."""
+    matplotlib = pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from nndf.plots import plot_bars
+
+    plt.switch_backend("svg")
+    try:
+        plot_bars(str(tmp_path / "p.png"), "t", [{"backend": "a", "x": 1.0}], [("x", "x", None)])
+        assert matplotlib.get_backend() == "svg"
+        assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+    finally:
+        plt.switch_backend("agg")
