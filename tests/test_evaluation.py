@@ -442,16 +442,16 @@ def test_tiny_gpt2_in_batches_gives_the_one_by_one_figures(tiny_gpt2):
         calls.append(ids.shape[0])
         return model(ids, attention_mask=mask).logits
 
-    passages = [t for _, t in sample_texts(texts[2400:2800], 100, seed=1)]  # memorised and unseen
+    passages = [t for _, t in sample_texts(texts[2400:2800], 60, seed=1)]  # memorised and unseen
     one = evaluate_lambada(passages, tokenizer, logits_fn, max_positions=model.config.n_positions, progress=False)
-    assert calls == [1] * 100
+    assert calls == [1] * 60
     calls.clear()
     batched = evaluate_lambada(passages, tokenizer, logits_fn, max_positions=model.config.n_positions,
                                progress=False, batch_size=8)
-    assert len(calls) < 60 and max(calls) > 2
+    assert len(calls) < 45 and max(calls) > 2
     assert batched == one  # to the last bit
     calls.clear()
-    fidelity = logit_fidelity(passages[:30], tokenizer, logits_fn, logits_fn, max_positions=model.config.n_positions,
+    fidelity = logit_fidelity(passages[:20], tokenizer, logits_fn, logits_fn, max_positions=model.config.n_positions,
                               progress=False, batch_size=5, max_batch_tokens=5 * 60)
     assert fidelity.top1_agreement == 1.0 and fidelity.mean_kl == 0.0
     assert max(calls) < 5  # the token budget split batches of long passages

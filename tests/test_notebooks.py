@@ -110,11 +110,12 @@ def test_playground_runs(work_dir, monkeypatch):
 
 @needs_shared_data
 def test_gpt2_notebook_runs(work_dir, monkeypatch):
+    # int4 left out: its quantization and rows run the same cells as int8's (tests/test_quantize.py covers int4)
     nb = execute("GPT2.ipynb", dict(TINY, TORCH_DIR=str(TRAINED_TINY_GPT2), WORKING_DIR=str(work_dir),
-                                    LAMBADA_SAMPLES=10, GENERATIONS=1, PROMPT_TOKENS=8, NEW_TOKENS=4), monkeypatch)
+                                    BACKENDS=["frameworks", "onnxrt", "onnxrt-int8"], LAMBADA_SAMPLES=8,
+                                    GENERATIONS=1, PROMPT_TOKENS=8, NEW_TOKENS=4), monkeypatch)
     text = _text(nb)
-    for backend in ("onnxrt int8", "onnxrt int4"):
-        assert text.count(backend) >= 3  # export, benchmark and accuracy tables
+    assert text.count("onnxrt int8") >= 3  # export, benchmark and accuracy tables
     assert "accuracy GPT2" in text and "LAMBADA" in text
     assert _images(nb) == 2
 
