@@ -128,7 +128,7 @@ class Decoder:
             self._arange = cached
         return cached
 
-    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def logits(self, input_ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Logits for every position of sequences padded on the right (none: unpadded) in one pass (used to score
         data sets)."""
         input_ids = input_ids.to(self.device)

@@ -193,7 +193,7 @@ class Model:
         """The tokens a checkpoint label expects this model to generate for `prompt_ids`."""
         return self.architecture.label_ids(self.tokenizer, prompt_ids, label)
 
-    def logits(self, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor | None = None,
+    def logits(self, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor | None = None, *,
                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Float logits for every position of sequences padded on the right (`attention_mask`; none: unpadded),
         from this backend (for accuracy scoring); an encoder-decoder model scores `decoder_input_ids`
@@ -202,7 +202,7 @@ class Model:
         mask = {} if attention_mask is None else {"attention_mask": attention_mask}
         return self.decoder.logits(input_ids, *extra, **mask).cpu()
 
-    def reference_logits(self, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor | None = None,
+    def reference_logits(self, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor | None = None, *,
                          attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """The same logits from the PyTorch model itself: what other backends' fidelity is judged against."""
         return pytorch_logits(self.loaded.model, input_ids, decoder_input_ids, attention_mask)

@@ -65,7 +65,7 @@ class Seq2SeqDecoder(Decoder):
         tokens = torch.full((rows, 1), self.start_token_id, dtype=torch.long, device=self.device)
         return TokenState(tokens, torch.ones_like(tokens), fixed)
 
-    def logits(self, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor | None = None,
+    def logits(self, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor | None = None, *,
                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Logits for every decoder position of `decoder_input_ids` (teacher-forced, padded on the right if at all)
         given `input_ids` on the encoder under `attention_mask` (none: unpadded); without decoder ids, the start
