@@ -56,8 +56,9 @@ def test_plain_run_and_io_binding_agree(tiny_gpt2_dir, onnx_work_dir):
 def _export_folder(work_dir, use_cache=True):
     folders = [p for p in work_dir.iterdir() if p.is_dir() and "decoder" in p.name and not p.name.startswith(".")]
     meta = {p: json.loads(metadata_path(p).read_text()) for p in folders}
+    # the work dir may also hold graphs derived from an export (int8, int4), whose metadata differs
     return next(p for p, m in meta.items()
-                if m["use_cache"] == use_cache and m["kind"] == "onnx-decoder" and m["family"] == "GPT2")
+                if m.get("kind") == "onnx-decoder" and m.get("use_cache") == use_cache and m.get("family") == "GPT2")
 
 
 def test_export_is_reused_then_rebuilt_when_stale_or_truncated(tiny_gpt2_dir, tmp_path, capsys):
