@@ -12,6 +12,8 @@ The strategy answers the few questions where the two differ:
   images (an image-to-text model's vision encoder reads the images, its text decoder starts from a prompt);
 - `new_tokens` / `label_ids`: which tokens of an output are generated, and a label's tokens in the same terms;
 - `lambada` / `fidelity` / `lambada_note`: how LAMBADA is scored (and said to be scored) for this kind of model;
+- `lm_eval_backend` / `loglikelihoods`: how lm-evaluation-harness encodes and scores its requests for it (None:
+  lm-eval's text tasks do not apply);
 - `pad_side`: where a batch of prompts is padded (decoder-only: left, so every row ends at the same position).
 """
 
@@ -111,6 +113,16 @@ class DecoderOnly(TextInputs):
         return evaluate_lambada(texts, model.tokenizer, lambda ids, mask: model.logits(ids, attention_mask=mask),
                                 tokens_to_generate=tokens_to_generate, top_n=top_n, max_positions=model.max_positions,
                                 **batching(model, batch_size, 4))
+
+    lm_eval_backend = "causal"  # lm-eval encodes context + continuation as one string (nndf.loglikelihood)
+
+    def loglikelihoods(self, model, pairs, batch_size: int = 1, progress: bool = True) -> list[tuple[float, bool]]:
+        """lm-eval's loglikelihood of (context ids, continuation ids) pairs: one forward pass over context +
+        continuation cut from the left to the model's positions."""
+        from nndf.loglikelihood import causal_scores
+
+        return causal_scores(lambda ids, mask: model.logits(ids, attention_mask=mask), pairs,
+                             max_positions=model.max_positions, progress=progress, **batching(model, batch_size, 4))
 
     def fidelity(self, texts, model, batch_size: int = 1):
         from nndf.evaluation import logit_fidelity

@@ -15,11 +15,14 @@ batch's logits the same way.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
-from nndf.errors import UsageError
+from nndf.errors import HarnessError, UsageError
+
+# (input ids (B, T), attention mask (B, T), right-padded) -> float logits (B, T, V)
+LogitsFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 # Logits of one batch are kept under this many bytes (the batch gets fewer rows when its sequences are long).
 LOGITS_BUDGET_BYTES = 1 << 30
@@ -68,3 +71,29 @@ def pad_right(sequences: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[torc
         ids[row, : len(tokens)] = torch.as_tensor(list(tokens), dtype=torch.long)
         mask[row, : len(tokens)] = 1
     return ids, mask
+
+
+def batch_logits(logits_fn: LogitsFn, sequences: Sequence[Sequence[int]],
+                 dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+    """Run the backend on sequences padded into one batch and return each one's logits, (T_i, V) CPU tensors.
+
+    LAMBADA scoring uses float32 because both references do: lm-eval takes `F.log_softmax` of float32 logits and
+    NVIDIA calls `.float()` before `CrossEntropyLoss` (float64 moves lm-eval's published ppl in the 6th digit).
+    """
+    ids, mask = pad_right(sequences)
+    with torch.no_grad():
+        out = torch.as_tensor(logits_fn(ids, mask))
+    if out.dim() != 3 or tuple(out.shape[:2]) != tuple(ids.shape):
+        raise HarnessError(
+            f"the logits function returned shape {tuple(out.shape)} for input ids of shape {tuple(ids.shape)}; "
+            "a backend must return logits of shape (batch, T, vocab) for input (batch, T)"
+        )
+    out = out.detach().to(device="cpu", dtype=dtype)
+    return [out[row, : len(tokens)] for row, tokens in enumerate(sequences)]
+
+
+def batched_logits(logits_fn: LogitsFn, sequences: Sequence[Sequence[int]], batch_size: int,
+                   max_tokens: int | None, dtype: torch.dtype = torch.float32):
+    """(index, logits) for every sequence, computed in batches of one length (`length_groups`)."""
+    for group in length_groups([len(s) for s in sequences], batch_size, max_tokens):
+        yield from zip(group, batch_logits(logits_fn, [sequences[i] for i in group], dtype))

@@ -16,17 +16,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from tqdm import tqdm
 
-from nndf.batching import length_groups, pad_right
+from nndf.batching import LogitsFn, batch_logits, batched_logits, length_groups
 from nndf.errors import HarnessError, UsageError
-
-# (input ids (B, T), attention mask (B, T), right-padded) -> float logits (B, T, V)
-LogitsFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+from nndf.loglikelihood import causal_window, encode_pair, score
 
 # NVIDIA demo/HuggingFace/NNDF/interface.py: `MAX_LOG_PPL = 12.0`, applied with `min(...)` to each sample's mean
 # cross-entropy (not to each token's), and NNDF/checkpoints.py NNLambadaCheckpoint.summary caps the reported
@@ -84,36 +82,10 @@ def lm_eval_context_target(text: str) -> tuple[str, str]:
     return " ".join(pieces[:-1]), " " + pieces[-1]
 
 
-def _plain_ids(tokenizer, text: str) -> list[int]:
-    """Ids without special tokens: lm-evaluation-harness encodes causal-LM requests without BOS."""
-    return list(tokenizer.encode(text, add_special_tokens=False))
-
-
-def _lm_eval_pair(tokenizer, text: str) -> tuple[list[int], list[int]]:
-    """(context ids, target ids) exactly as lm-evaluation-harness 0.4 `HFLM._encode_pair` builds them.
-
-    The target's ids are whatever follows the context's own encoding length inside the encoding of the joined
-    string, so a BPE merge across the boundary is attributed the way lm-eval attributes it.
-    """
-    context, target = lm_eval_context_target(text)
-    if context == "":
-        # lm-eval scores a context-free continuation after the BOS (else EOS) token.
-        prefix = getattr(tokenizer, "bos_token_id", None)
-        if prefix is None:
-            prefix = getattr(tokenizer, "eos_token_id", None)
-        if prefix is None:
-            raise UsageError(
-                f"passage {text[:40]!r} has no space-separated context and the tokenizer has no BOS/EOS token to "
-                "stand in for it; pass LAMBADA-style passages whose last word follows a space"
-            )
-        return [prefix], _plain_ids(tokenizer, target)
-    n_spaces = len(context) - len(context.rstrip())
-    if n_spaces:
-        target = context[-n_spaces:] + target
-        context = context[:-n_spaces]
-    whole = _plain_ids(tokenizer, context + target)
-    ctx = _plain_ids(tokenizer, context)
-    return ctx, whole[len(ctx):]
+def lm_eval_pair(tokenizer, text: str, *, separately: bool = False) -> tuple[list[int], list[int]]:
+    """(context ids, target ids) of a LAMBADA passage as lm-evaluation-harness 0.4.13 encodes its `lambada_openai`
+    request (see `nndf.loglikelihood`; `separately`: for an encoder-decoder model)."""
+    return encode_pair(tokenizer, *lm_eval_context_target(text), separately=separately)
 
 
 def _demo_ids(tokenizer, text: str, max_positions: int) -> list[int]:
@@ -124,32 +96,6 @@ def _demo_ids(tokenizer, text: str, max_positions: int) -> list[int]:
 # ----------------------------------------------------------------------------------------------------------------
 # Scoring
 # ----------------------------------------------------------------------------------------------------------------
-
-
-def _batch_logits(logits_fn: LogitsFn, sequences: Sequence[Sequence[int]],
-                  dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
-    """Run the backend on sequences padded into one batch and return each one's logits, (T_i, V) CPU tensors.
-
-    LAMBADA scoring uses float32 because both references do: lm-eval takes `F.log_softmax` of float32 logits and
-    NVIDIA calls `.float()` before `CrossEntropyLoss` (float64 moves lm-eval's published ppl in the 6th digit).
-    """
-    ids, mask = pad_right(sequences)
-    with torch.no_grad():
-        out = torch.as_tensor(logits_fn(ids, mask))
-    if out.dim() != 3 or tuple(out.shape[:2]) != tuple(ids.shape):
-        raise HarnessError(
-            f"the logits function returned shape {tuple(out.shape)} for input ids of shape {tuple(ids.shape)}; "
-            "a backend must return logits of shape (batch, T, vocab) for input (batch, T)"
-        )
-    out = out.detach().to(device="cpu", dtype=dtype)
-    return [out[row, : len(tokens)] for row, tokens in enumerate(sequences)]
-
-
-def batched_logits(logits_fn: LogitsFn, sequences: Sequence[Sequence[int]], batch_size: int,
-                   max_tokens: int | None, dtype: torch.dtype = torch.float32):
-    """(index, logits) for every sequence, computed in batches of one length (see `nndf.batching`)."""
-    for group in length_groups([len(s) for s in sequences], batch_size, max_tokens):
-        yield from zip(group, _batch_logits(logits_fn, [sequences[i] for i in group], dtype))
 
 
 def _demo_scores(
@@ -172,18 +118,6 @@ def _demo_scores(
         top = last_logits.topk(min(n, vocab), dim=-1).indices
         hits[n] = int((top == last_targets[:, None]).any(dim=-1).sum())
     return seq_log_ppl, token_log_ppl, hits
-
-
-def lm_eval_score(logits: torch.Tensor | None, target: list[int]) -> tuple[float, bool]:
-    """(summed log-likelihood, every target token is the argmax) from logits whose last rows predict `target`."""
-    if not target:
-        return 0.0, True
-    rows = logits[-len(target):]
-    tgt = torch.tensor(target, dtype=torch.long)
-    logp = torch.log_softmax(rows, dim=-1)
-    loglik = float(logp.gather(1, tgt[:, None]).sum())
-    greedy = bool((rows.argmax(dim=-1) == tgt).all())
-    return loglik, greedy
 
 
 def _check_max_positions(max_positions: int) -> None:
@@ -216,14 +150,17 @@ def evaluate_lambada(
     predict from and are left out of these metrics only. NVIDIA's own loader also normalises curly quotes
     (checkpoints.py `process_text`); that is a property of its dataset reader, so the texts are scored as given here.
 
-    lm-evaluation-harness 0.4 `lambada_openai`: context = `text.split(' ')[:-1]` joined by ' ', target =
-    ' ' + last piece, tokenised without BOS as `HFLM._encode_pair` does; one forward pass over
-    `(context + target)[-(max_positions + 1):][:-1]`. acc = every target token is the argmax; perplexity =
-    `exp(-mean over passages of the target's summed log-likelihood)` (per passage, not per token).
+    lm-evaluation-harness 0.4.13 `lambada_openai` (equal to its `hf` model's figures, tests/test_lm_eval.py):
+    context = `text.split(' ')[:-1]` joined by ' ', target = ' ' + last piece, encoded as its `HFLM` encodes a
+    decoder-only request (`nndf.loglikelihood`: the tokenizer's own special tokens, so a BOS where the tokenizer
+    adds one, as OPT's and Llama's do; the target is what follows the context's own ids in the encoding of the
+    whole string); one forward pass over `(context + target)[-(max_positions + 1):][:-1]`. acc = every target token
+    is the argmax; perplexity = `exp(-mean over passages of the target's summed log-likelihood)` (per passage, not
+    per token).
 
-    Both families usually need the same forward pass (the lm-eval sequence equals `tokenizer(text)` when the
-    tokenizer adds no special tokens and nothing is truncated), so the backend is called once per passage then and
-    twice otherwise. Those passes run up to `batch_size` sequences of one length at a time (at most
+    Both families usually need the same forward pass (the lm-eval sequence is `tokenizer(text)` as well, so they
+    share it unless the passage is longer than `max_positions`), so the backend is called once per passage then
+    and twice otherwise. Those passes run up to `batch_size` sequences of one length at a time (at most
     `max_batch_tokens` positions per batch, see `nndf.batching`); every figure is summed in passage order, so the
     figures do not depend on the batching.
     """
@@ -242,9 +179,8 @@ def evaluate_lambada(
     targets: list[list[int]] = []
     demos: list[list[int] | None] = []
     for index, text in enumerate(texts):
-        ctx, target = _lm_eval_pair(tokenizer, text)
-        lm_seq = ctx + target
-        window = lm_seq[-(max_positions + 1):][:-1]
+        ctx, target = lm_eval_pair(tokenizer, text)
+        window = causal_window(ctx, target, max_positions)
         if len(target) > len(window):
             raise UsageError(
                 f"max_positions {max_positions} is too small to score passage {index}: its target word alone is "
@@ -260,7 +196,7 @@ def evaluate_lambada(
             # Same sequence for both families and no truncation: window == demo[:-1], one pass for both.
             wanted.setdefault(tuple(demo[:-1]), []).append((index, "demo"))
 
-    lm_scores: list[tuple[float, bool]] = [lm_eval_score(None, [])] * len(texts)  # an empty target's score
+    lm_scores: list[tuple[float, bool]] = [score(None, [])] * len(texts)  # an empty target's score
     demo_scores: list[tuple[float, float, dict[int, int]] | None] = [None] * len(texts)
     sequences = list(wanted)
     remaining = [0] * len(texts)
@@ -272,7 +208,7 @@ def evaluate_lambada(
         for request, logits in batched_logits(logits_fn, sequences, batch_size, max_batch_tokens):
             for index, part in wanted[sequences[request]]:
                 if part == "lm":
-                    lm_scores[index] = lm_eval_score(logits, targets[index])
+                    lm_scores[index] = score(logits, targets[index])
                 else:
                     demo_scores[index] = _demo_scores(logits, demos[index], tokens_to_generate, top_ns)
                 remaining[index] -= 1
@@ -360,8 +296,8 @@ def logit_fidelity(
         bar.update(len(texts) - len(sequences))
         for group in length_groups(lengths, batch_size, max_batch_tokens):
             batch = [sequences[i] for i in group]
-            refs = _batch_logits(reference_fn, batch, torch.float64)
-            cands = _batch_logits(candidate_fn, batch, torch.float64)
+            refs = batch_logits(reference_fn, batch, torch.float64)
+            cands = batch_logits(candidate_fn, batch, torch.float64)
             for index, ref, cand in zip(group, refs, cands):
                 per_passage[index] = compare_logits(ref, cand)
             bar.update(len(group))

@@ -88,6 +88,7 @@ def generate(
     on_token: Callable[[], None] | None = None,
     on_encoded: Callable[[], None] | None = None,
     encoder_inputs: dict | None = None,
+    stopping: Callable[[torch.Tensor, torch.Tensor], object] | None = None,
 ) -> torch.Tensor:
     """Whole sequences, as Hugging Face `generate()` returns them: prompt + new tokens for a decoder-only model,
     the decoder's tokens from its start token for an encoder-decoder one (`decoder.start` prepares either), the
@@ -95,7 +96,9 @@ def generate(
 
     `on_token` is called once per generated position (after the token is chosen), for time-to-first-token and
     per-step timing; `on_encoded` once the first state is ready (an encoder-decoder's encoder and cross-attention
-    cache generator have run), for the encoder's time.
+    cache generator have run), for the encoder's time. `stopping` is what `generate(stopping_criteria=...)` takes (a
+    transformers `StoppingCriteria(List)`: (sequences so far, scores) -> True per row that is done, or one bool for
+    all rows), asked after each token of greedy search; a row it ends gets pad tokens after, as in `generate()`.
     """
     input_ids = input_ids.to(decoder.device)
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(decoder.device).long()
@@ -106,7 +109,9 @@ def generate(
         if on_encoded is not None:
             on_encoded()
         if options.num_beams == 1:
-            return greedy_search(decoder, state, options, on_token)
+            return greedy_search(decoder, state, options, on_token, stopping)
+        if stopping is not None:
+            raise UsageError("stopping criteria apply to greedy search; beam search ends at EOS or max_new_tokens")
         return beam_search(decoder, state, input_ids.shape[0], options, on_token)
 
 
@@ -120,11 +125,12 @@ def stop_check_interval(device: torch.device) -> int:
     return 1 if device.type == "cpu" else GPU_STOP_CHECK_EVERY
 
 
-def greedy_search(decoder, state: TokenState, options, on_token=None) -> torch.Tensor:
+def greedy_search(decoder, state: TokenState, options, on_token=None, stopping=None) -> torch.Tensor:
     rows, prompt_len = state.tokens.shape
     processors = options.processors(prompt_len)
     cache = decoder.new_cache(rows, prompt_len + options.max_new_tokens)
     eos = options.eos_token_id
+    ends = eos is not None or stopping is not None  # rows can end before max_new_tokens
     device = state.tokens.device
     check_every = stop_check_interval(device)
     unfinished = torch.ones(rows, dtype=torch.bool, device=device)
@@ -133,20 +139,24 @@ def greedy_search(decoder, state: TokenState, options, on_token=None) -> torch.T
     for generated in range(options.max_new_tokens):
         scores = processors(state.tokens, logits[:, -1, :].float())
         next_tokens = scores.argmax(dim=-1)
-        if eos is not None:
+        if ends and options.pad is not None:
             next_tokens = torch.where(unfinished, next_tokens, torch.full_like(next_tokens, options.pad))
+        if eos is not None:
             unfinished &= next_tokens != eos
         state.append(next_tokens)
+        if stopping is not None:
+            done = torch.as_tensor(stopping(state.tokens, scores), dtype=torch.bool, device=device)
+            unfinished &= ~done
         if on_token is not None:
             on_token()
         if generated + 1 == options.max_new_tokens:
             break
-        if eos is not None:
+        if ends:
             running_steps += unfinished.any()
             if (generated + 1) % check_every == 0 and not bool(unfinished.any()):
                 break
         logits = decoder.step(state, cache)
-    if eos is not None and check_every > 1 and not bool(unfinished.any()):
+    if ends and check_every > 1 and not bool(unfinished.any()):
         # generate() stops at the step that ended the last row: the steps run after it are cut off.
         return state.tokens[:, : prompt_len + int(running_steps) + 1]
     return state.tokens

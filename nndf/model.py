@@ -105,16 +105,18 @@ class Model:
         forced_bos_token_id: int | None = None,
         on_encoded: Callable[[], None] | None = None,
         pixel_values: torch.Tensor | None = None,
+        stopping: Callable[[torch.Tensor, torch.Tensor], object] | None = None,
     ) -> torch.Tensor:
         """Generate with this backend through the shared loop; returns what `generate()` returns (see the module).
 
         `num_beams` / `min_new_tokens` None take the model's generation config; `forced_bos_token_id` overrides the
         config's (mBART's target language); `pixel_values` are an image-to-text model's images (BLIP), and its
-        `input_ids` an optional text prefix, as its `generate()` takes them."""
+        `input_ids` an optional text prefix, as its `generate()` takes them; `stopping` ends rows early in greedy
+        search, as `generate(stopping_criteria=...)` does (lm-eval's stop sequences)."""
         ids, mask, encoder_inputs = self.architecture.prompt(self.loaded, input_ids, attention_mask, pixel_values)
         self.architecture.check_length(ids.shape[1], max_new_tokens, self.shapes)
         options = self.generation_options(max_new_tokens, min_new_tokens, num_beams, forced_bos_token_id)
-        return generate(self.decoder, ids, mask, options, on_token, on_encoded, encoder_inputs).cpu()
+        return generate(self.decoder, ids, mask, options, on_token, on_encoded, encoder_inputs, stopping).cpu()
 
     def hf_generate(
         self,

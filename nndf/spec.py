@@ -96,6 +96,12 @@ class FamilyHooks:
         raise UsageError(f"--tgt-lang {code} applies to multilingual translation models (BART's mbart-large-50); "
                          "this family has no target languages")
 
+    def decoder_input_ids(self, labels: list[int], start_token_id: int, config) -> list[int]:
+        """An encoder-decoder model's teacher-forced decoder inputs for target `labels`, as its forward builds
+        them when given labels (lm-eval scores these models through `model(labels=...)`): the decoder's start token,
+        then the labels shifted right."""
+        return [start_token_id, *labels[:-1]]
+
     def fp32_modules(self) -> tuple[str, ...]:
         """Module names (dotted suffixes, e.g. "DenseReluDense.wo") whose layers must stay in fp32 when a backend
         builds in fp16, because their activations overflow fp16's range (T5's feed-forward output)."""

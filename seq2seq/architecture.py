@@ -74,6 +74,13 @@ class EncoderDecoder(TextInputs):
     def benchmark_inputs(self, length: int) -> str:
         return f"{length} encoder"
 
+    lm_eval_backend = "seq2seq"  # lm-eval encodes context and continuation apart (nndf.loglikelihood)
+
+    def decoder_inputs(self, model):
+        """target ids -> the decoder's teacher-forced inputs, as the model's forward builds them from labels."""
+        hooks, config, start = model.spec.hooks, model.loaded.config, model.decoder.start_token_id
+        return lambda labels: hooks.decoder_input_ids(labels, start, config)
+
     def lambada(self, texts, model, tokens_to_generate: int, top_n: int, batch_size: int = 1):
         from nndf.architectures import batching
         from nndf.seq2seq.evaluation import evaluate_lambada_seq2seq
@@ -82,8 +89,21 @@ class EncoderDecoder(TextInputs):
             return model.logits(ids, decoder_ids, attention_mask=mask)
 
         return evaluate_lambada_seq2seq(texts, model.tokenizer, scored, top_n=top_n,
-                                        start_token_id=model.decoder.start_token_id,
-                                        max_positions=model.max_positions, **batching(model, batch_size, 4))
+                                        decoder_inputs=self.decoder_inputs(model), max_positions=model.max_positions,
+                                        **batching(model, batch_size, 4))
+
+    def loglikelihoods(self, model, pairs, batch_size: int = 1, progress: bool = True) -> list[tuple[float, bool]]:
+        """lm-eval's loglikelihood of (encoder ids, continuation ids) pairs: each side cut from the left to the
+        model's positions, the continuation teacher-forced on the decoder."""
+        from nndf.architectures import batching
+        from nndf.seq2seq.evaluation import seq2seq_scores
+
+        def scored(ids, mask, decoder_ids):
+            return model.logits(ids, decoder_ids, attention_mask=mask)
+
+        cut = [(context[-model.max_positions:], continuation[-model.max_positions:]) for context, continuation in pairs]
+        return seq2seq_scores(scored, cut, self.decoder_inputs(model), progress=progress,
+                              **batching(model, batch_size, 4))
 
     def fidelity(self, texts, model, batch_size: int = 1):
         from nndf.architectures import batching
@@ -96,11 +116,12 @@ class EncoderDecoder(TextInputs):
             return model.logits(ids, decoder_ids, attention_mask=mask)
 
         return logit_fidelity_seq2seq(texts, model.tokenizer, reference, candidate,
-                                      start_token_id=model.decoder.start_token_id, max_positions=model.max_positions,
+                                      decoder_inputs=self.decoder_inputs(model), max_positions=model.max_positions,
                                       **batching(model, batch_size, 8))
 
     def lambada_note(self, tokens_to_generate: int) -> str:
-        return ("encoder-decoder scoring as lm-evaluation-harness does it: the passage without its last word goes to "
-                "the encoder, the target word's tokens (with the tokenizer's special tokens) are scored on the "
-                "decoder, teacher-forced; top-N and token ppl over those target tokens; lm-eval acc = every target "
-                "token greedy, ppl per passage; no sequence ppl (--tokens-to-generate does not apply).")
+        return ("encoder-decoder scoring as lm-evaluation-harness's hf model does it: the passage without its last "
+                "word goes to the encoder (with the tokenizer's special tokens), the target word's own tokens (no "
+                "special tokens: no </s>, <s> or language code) are scored on the decoder, teacher-forced; lm-eval acc "
+                "= every target token greedy, ppl per passage; top-N = share of the target tokens among the N highest "
+                "logits; token ppl over the same tokens; no sequence ppl (--tokens-to-generate does not apply).")

@@ -160,6 +160,8 @@ class ImageToText(EncoderDecoder):
     def benchmark_inputs(self, length: int) -> str:
         return "images + " + (f"{length}-token text prefix" if length else "no text prefix")
 
+    lm_eval_backend = None  # lm-eval's text tasks do not apply to an image captioner
+
     def check_lambada(self, spec) -> None:
         raise UsageError(f"LAMBADA is a text benchmark and {spec.family} captions images, so accuracy does not apply "
                          "to it; use run or compare, which caption the family's checkpoint photos")

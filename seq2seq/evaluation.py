@@ -1,12 +1,23 @@
-"""LAMBADA for encoder-decoder models, scored the way lm-evaluation-harness scores them.
+"""LAMBADA for encoder-decoder models, scored as lm-evaluation-harness 0.4.13's `hf` model (`backend=seq2seq`)
+scores them: its figures equal lm-eval's own on the same model and passages (tests/test_lm_eval.py runs both).
 
-lm-evaluation-harness 0.4 (`HFLM` with the seq2seq backend) splits a passage as for decoder-only models (context =
-all but the last space-separated word, target = ' ' + that word) but encodes the two separately, each with the
-tokenizer's special tokens (T5 ends each with `</s>`; BART wraps each in `<s> ... </s>`): the context goes to the
-encoder and the target's tokens are the decoder's labels, teacher-forced behind the decoder start token. A passage
-counts as correct when every target token is the argmax; perplexity is exp(-mean over passages of the target's
-summed log-likelihood). Top-1 / top-N / top-10 and token perplexity are reported over the same target tokens
-(NVIDIA's demo defines its accuracy for decoder-only models only).
+A passage is split as for decoder-only models: context = all but the last space-separated word, target = ' ' + that
+word. The context is encoded WITH the tokenizer's special tokens and goes to the encoder (T5: `... </s>`; BART:
+`<s> ... </s>`; mBART-50: `en_XX ... </s>`, its source language code first). The target is encoded WITHOUT special
+tokens (lm-eval's `_encode_pair`: `add_special_tokens=False`), and those tokens are the decoder's labels,
+teacher-forced: the decoder reads the inputs the model's own forward builds from labels (the start token, then the
+labels shifted right; mBART's forward wraps the last label to the front instead, see
+`FamilyHooks.decoder_input_ids`). So exactly the target word's tokens are scored: no `</s>`, `<s>` or language code.
+Both sides are cut from the left to the model's positions.
+
+What each column of `accuracy` scores for these models:
+
+- lm-eval acc: share of passages whose every target token is the argmax; lm-eval ppl: exp(-mean over passages of
+  the target's summed natural-log likelihood), per passage, not per token;
+- top-1 / top-N / top-10: share of the target's tokens that are among the N highest logits at their position (NVIDIA's
+  demo defines its TopN for decoder-only models only; this is the same count over the target word's tokens);
+- token ppl: exp(mean over passages of the target's mean negative log-likelihood per token, each clipped at 12 as
+  NVIDIA clips it), capped at 1e5; there is no sequence ppl (`--tokens-to-generate` does not apply).
 """
 
 from __future__ import annotations
@@ -20,45 +31,56 @@ from tqdm import tqdm
 
 from nndf.batching import length_groups, pad_right
 from nndf.errors import UsageError
-from nndf.evaluation import (MAX_LOG_PPL, MAX_PPL, FidelityMetrics, LambadaMetrics, lm_eval_score, compare_logits,
-                             lm_eval_context_target)
+from nndf.evaluation import MAX_LOG_PPL, MAX_PPL, FidelityMetrics, LambadaMetrics, compare_logits, lm_eval_pair
+from nndf.loglikelihood import score
 
 # (encoder ids (B, S), encoder mask (B, S), decoder ids (B, T)), each padded on the right -> logits (B, T, V)
 Seq2SeqLogitsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# target (label) ids -> the decoder's teacher-forced input ids, as long as the target
+DecoderInputsFn = Callable[[list[int]], list[int]]
 
 
 def encode_pair(tokenizer, text: str, max_positions: int) -> tuple[list[int], list[int]]:
-    """(encoder ids, target ids) as lm-eval's seq2seq `_encode_pair` builds them, each cut from the left."""
-    context, target = lm_eval_context_target(text)
-    n_spaces = len(context) - len(context.rstrip())
-    if n_spaces:
-        target = context[-n_spaces:] + target
-        context = context[:-n_spaces]
-    context_ids = list(tokenizer(context)["input_ids"])[-max_positions:]
-    target_ids = list(tokenizer(target)["input_ids"])[-max_positions:]
-    if not context_ids or not target_ids:
-        raise UsageError(f"passage {text[:40]!r} gives an empty context or target; pass LAMBADA-style passages")
-    return context_ids, target_ids
+    """(encoder ids, target ids) of a passage as lm-eval's seq2seq `_encode_pair` builds them, each cut from the
+    left to `max_positions` as its `hf` model cuts them."""
+    context_ids, target_ids = lm_eval_pair(tokenizer, text, separately=True)
+    if not target_ids:
+        raise UsageError(f"passage {text[:40]!r} gives an empty target word; pass LAMBADA-style passages")
+    return context_ids[-max_positions:], target_ids[-max_positions:]
 
 
-def _teacher_forced(logits_fn: Seq2SeqLogitsFn, pairs: Sequence[tuple[list[int], list[int]]], start: int,
-                    dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
-    """Logits (T, V) for each target position of each (context, target) pair, run as one right-padded batch: the
-    encoder reads the contexts under their mask, the decoder the start token and the target shifted right."""
-    context_ids, context_mask = pad_right([context for context, _ in pairs])
-    decoder_ids, _ = pad_right([[start, *target[:-1]] for _, target in pairs])
-    with torch.no_grad():
-        out = torch.as_tensor(logits_fn(context_ids, context_mask, decoder_ids))
-    out = out.detach().to(device="cpu", dtype=dtype)
-    return [out[row, : len(target)] for row, (_, target) in enumerate(pairs)]
+def teacher_forced_logits(logits_fn: Seq2SeqLogitsFn, pairs: Sequence[tuple[list[int], list[int]]],
+                          decoder_inputs: DecoderInputsFn, batch_size: int, max_batch_tokens: int | None,
+                          dtype: torch.dtype = torch.float32):
+    """(index, logits (T, V)) for every (encoder ids, target ids) pair, T = the target's length, computed in batches
+    of pairs whose encoder and target lengths are equal (`nndf.batching`: the figures of one pair at a time)."""
+    for group in length_groups([(len(c), len(t)) for c, t in pairs], batch_size, max_batch_tokens):
+        context_ids, context_mask = pad_right([pairs[i][0] for i in group])
+        decoder_ids, _ = pad_right([decoder_inputs(pairs[i][1]) for i in group])
+        with torch.no_grad():
+            out = torch.as_tensor(logits_fn(context_ids, context_mask, decoder_ids))
+        out = out.detach().to(device="cpu", dtype=dtype)
+        for row, index in enumerate(group):
+            yield index, out[row, : len(pairs[index][1])]
 
 
-def _groups(pairs: Sequence[tuple[list[int], list[int]]], batch_size: int, max_batch_tokens: int | None):
-    return length_groups([(len(c), len(t)) for c, t in pairs], batch_size, max_batch_tokens)
+def seq2seq_scores(logits_fn: Seq2SeqLogitsFn, pairs: Sequence[tuple[list[int], list[int]]],
+                   decoder_inputs: DecoderInputsFn, *, batch_size: int = 1, max_batch_tokens: int | None = None,
+                   progress: bool = True) -> list[tuple[float, bool]]:
+    """(summed log-likelihood, all greedy) of every (encoder ids, target ids) pair, in the pairs' order."""
+    if any(not target for _, target in pairs):
+        raise UsageError("a loglikelihood request has an empty continuation; there is nothing to score")
+    scores: list = [None] * len(pairs)
+    with tqdm(total=len(pairs), desc="loglikelihood", unit="request", file=sys.stderr, disable=not progress) as bar:
+        for index, logits in teacher_forced_logits(logits_fn, pairs, decoder_inputs, batch_size, max_batch_tokens):
+            scores[index] = score(logits, pairs[index][1])
+            bar.update(1)
+    return scores
 
 
-def evaluate_lambada_seq2seq(texts: Sequence[str], tokenizer, logits_fn: Seq2SeqLogitsFn, *, start_token_id: int,
-                             top_n: int = 5, max_positions: int, progress: bool = True, batch_size: int = 1,
+def evaluate_lambada_seq2seq(texts: Sequence[str], tokenizer, logits_fn: Seq2SeqLogitsFn, *,
+                             decoder_inputs: DecoderInputsFn, top_n: int = 5, max_positions: int,
+                             progress: bool = True, batch_size: int = 1,
                              max_batch_tokens: int | None = None) -> LambadaMetrics:
     """Every metric of `LambadaMetrics` over the target word's tokens (see the module docstring)."""
     if top_n < 1:
@@ -66,21 +88,19 @@ def evaluate_lambada_seq2seq(texts: Sequence[str], tokenizer, logits_fn: Seq2Seq
     if not texts:
         raise UsageError("there are no LAMBADA passages to evaluate; pass a dataset with at least one passage")
     top_ns = tuple(dict.fromkeys((1, top_n, 10)))
+    pairs = [encode_pair(tokenizer, text, max_positions) for text in texts]
+    scores: list = [None] * len(pairs)
+    with tqdm(total=len(pairs), desc="LAMBADA", unit="passage", file=sys.stderr, disable=not progress) as bar:
+        for index, logits in teacher_forced_logits(logits_fn, pairs, decoder_inputs, batch_size, max_batch_tokens):
+            expected = torch.tensor(pairs[index][1])[:, None]
+            passage_hits = {n: int((logits.topk(min(n, logits.shape[-1]), dim=-1).indices == expected)
+                                   .any(dim=-1).sum()) for n in top_ns}
+            scores[index] = (*score(logits, pairs[index][1]), passage_hits)
+            bar.update(1)
     hits = dict.fromkeys(top_ns, 0)
     tokens = greedy_count = 0
     logliks: list[float] = []
     token_log_ppls: list[float] = []
-    pairs = [encode_pair(tokenizer, text, max_positions) for text in texts]
-    scores: list = [None] * len(pairs)
-    with tqdm(total=len(pairs), desc="LAMBADA", unit="passage", file=sys.stderr, disable=not progress) as bar:
-        for group in _groups(pairs, batch_size, max_batch_tokens):
-            for index, logits in zip(group, _teacher_forced(logits_fn, [pairs[i] for i in group], start_token_id)):
-                target = pairs[index][1]
-                expected = torch.tensor(target)[:, None]
-                passage_hits = {n: int((logits.topk(min(n, logits.shape[-1]), dim=-1).indices == expected)
-                                       .any(dim=-1).sum()) for n in top_ns}
-                scores[index] = (*lm_eval_score(logits, target), passage_hits)
-            bar.update(len(group))
     for (loglik, greedy, passage_hits), (_, target) in zip(scores, pairs):  # in passage order
         logliks.append(loglik)
         greedy_count += greedy
@@ -99,20 +119,20 @@ def evaluate_lambada_seq2seq(texts: Sequence[str], tokenizer, logits_fn: Seq2Seq
 
 
 def logit_fidelity_seq2seq(texts: Sequence[str], tokenizer, reference_fn: Seq2SeqLogitsFn,
-                           candidate_fn: Seq2SeqLogitsFn, *, start_token_id: int, max_positions: int,
+                           candidate_fn: Seq2SeqLogitsFn, *, decoder_inputs: DecoderInputsFn, max_positions: int,
                            progress: bool = True, batch_size: int = 1,
                            max_batch_tokens: int | None = None) -> FidelityMetrics:
     """Top-1 agreement and mean KL(reference || candidate) over the teacher-forced target positions."""
     pairs = [encode_pair(tokenizer, text, max_positions) for text in texts]
     per_passage: list = [None] * len(pairs)
     with tqdm(total=len(pairs), desc="fidelity", unit="passage", file=sys.stderr, disable=not progress) as bar:
-        for group in _groups(pairs, batch_size, max_batch_tokens):
-            batch = [pairs[i] for i in group]
-            refs = _teacher_forced(reference_fn, batch, start_token_id, torch.float64)
-            cands = _teacher_forced(candidate_fn, batch, start_token_id, torch.float64)
-            for index, ref, cand in zip(group, refs, cands):
-                per_passage[index] = compare_logits(ref, cand)
-            bar.update(len(group))
+        candidates = teacher_forced_logits(candidate_fn, pairs, decoder_inputs, batch_size, max_batch_tokens,
+                                           torch.float64)
+        references = teacher_forced_logits(reference_fn, pairs, decoder_inputs, batch_size, max_batch_tokens,
+                                           torch.float64)
+        for (index, ref), (_, cand) in zip(references, candidates):  # both walk the same groups in the same order
+            per_passage[index] = compare_logits(ref, cand)
+            bar.update(1)
     positions = agree = 0
     kl_sum = 0.0
     for n, a, k in per_passage:  # in passage order

@@ -75,8 +75,8 @@ def test_info_lists_the_three_graphs(text_models, capsys):
 
 
 def test_seq2seq_lambada_scores_the_target_word_on_the_decoder(text_models):
-    """lm-eval's seq2seq pairing: context and target encoded separately with special tokens; a model whose logits
-    put each target token first is right on every passage, with perplexity 1."""
+    """lm-eval's seq2seq pairing: the context encoded with the tokenizer's special tokens, the target without (no
+    </s> is scored); a model whose logits put each target token first is right on every passage, with perplexity 1."""
     import torch
 
     from nndf.lambada import read_jsonl_texts
@@ -87,8 +87,8 @@ def test_seq2seq_lambada_scores_the_target_word_on_the_decoder(text_models):
     tokenizer = load_tokenizer(str(text_models["T5"]), get_spec("T5"))
     texts = read_jsonl_texts(LAMBADA_FILE)[:4]
     context, target = encode_pair(tokenizer, texts[0], 512)
-    assert context[-1] == target[-1] == tokenizer.eos_token_id
-    assert tokenizer.decode(target, skip_special_tokens=True).strip() == texts[0].split(" ")[-1]
+    assert context[-1] == tokenizer.eos_token_id and tokenizer.eos_token_id not in target
+    assert tokenizer.decode(target).strip() == texts[0].split(" ")[-1]
 
     pairs = [encode_pair(tokenizer, t, 512) for t in texts]
 
@@ -101,8 +101,8 @@ def test_seq2seq_lambada_scores_the_target_word_on_the_decoder(text_models):
         return logits
 
     for batch_size in (1, 3):
-        metrics = evaluate_lambada_seq2seq(texts, tokenizer, oracle, start_token_id=0, max_positions=512,
-                                           progress=False, batch_size=batch_size)
+        metrics = evaluate_lambada_seq2seq(texts, tokenizer, oracle, decoder_inputs=lambda t: [0, *t[:-1]],
+                                           max_positions=512, progress=False, batch_size=batch_size)
         assert metrics.lm_eval_accuracy == 1.0 and metrics.top1 == 1.0
         assert metrics.lm_eval_perplexity == pytest.approx(1.0, abs=1e-6)
 

@@ -1,8 +1,9 @@
 """BART and mBART-50 (Meta): encoder-decoder with learned positions (BART's offset of 2 is the model's own code).
 
-Data only, plus hooks for the decoder's own layer and head counts and for mBART-50's target language: generation
+Data only, plus hooks for the decoder's own layer and head counts, for mBART-50's target language (generation
 starts from `</s>` and the language code is forced as the first generated token (`forced_bos_token_id`), which
-`--tgt-lang` sets. mBART's pre-norm layers, final layer norms and scaled embeddings are config fields.
+`--tgt-lang` sets) and for mBART's own way of building teacher-forced decoder inputs from labels. mBART's pre-norm
+layers, final layer norms and scaled embeddings are config fields.
 bart-large-cnn carries its hub generation config (4 beams, no repeated 3-grams, 56 to 142 tokens, length penalty
 2, early stopping, forced BOS/EOS) so random weights generate under the same rules as the real checkpoint.
 """
@@ -55,6 +56,18 @@ class BartHooks(FamilyHooks):
             raise UsageError(f"--tgt-lang {code} needs the mBART-50 vocabulary, and this model has "
                              f"{config.vocab_size} tokens; give its tokenizer with --tokenizer-dir")
         return token
+
+
+    def decoder_input_ids(self, labels: list[int], start_token_id: int, config) -> list[int]:
+        """mBART's forward builds its decoder inputs from labels with its own `shift_tokens_right`, which puts the
+        last label first (mBART's training targets end with the language code); BART's shifts behind its start
+        token. transformers' own function, so that teacher-forced scores equal lm-eval's `hf` model's."""
+        if config.model_type != "mbart":
+            return super().decoder_input_ids(labels, start_token_id, config)
+        import torch
+        from transformers.models.mbart.modeling_mbart import shift_tokens_right
+
+        return shift_tokens_right(torch.tensor([labels]), config.pad_token_id)[0].tolist()
 
 
 def _size(hub_id: str, params: str, base: dict, d_model: int, layers: int, heads: int, **extra) -> Variant:
