@@ -20,6 +20,8 @@ from nndf.errors import HarnessError, OneSentenceParser, UsageError
 ACTIONS: dict[str, tuple[str, str]] = {
     "benchmark": ("benchmark", "time generation at fixed input/output lengths on random inputs (no early stop)"),
     "accuracy": ("accuracy", "LAMBADA top-N accuracy and perplexity (NVIDIA demo and lm-evaluation-harness)"),
+    "evaluate": ("evaluate", "lm-evaluation-harness tasks on each backend: lm-eval's table, and each metric against "
+                 "the first backend"),
     "chat": ("chat", "type prompts and see each backend's reply and time; 'exit' or Ctrl-D ends"),
     "run": ("run", "the family's sample inputs from checkpoint.toml: accuracy against labels and runtimes"),
     "compare": ("compare", "one table of checkpoint accuracy and runtimes across the backends given"),

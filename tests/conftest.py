@@ -89,6 +89,27 @@ def seq2seq_dirs(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def text_models(tmp_path_factory) -> dict[str, Path]:
+    """Tiny T5, BART and mBART-50 whose vocabularies hold their tokenizers' ids, with the tokenizer in the folder
+    (tests/tokenizers_offline.py: real layouts, made offline), keyed "T5", "BART" and "mBART"."""
+    if not SHARED_DATA.exists():
+        pytest.skip(f"{SHARED_DATA} is absent (../shared/data is not beside this checkout)")
+    from family_examples import SEQ2SEQ_EXAMPLES
+    from tokenizers_offline import bart_tokenizer_dir, mbart50_tokenizer_dir, t5_tokenizer_dir, vocab_size
+
+    root = tmp_path_factory.mktemp("seq2seq-text")
+    made = {}
+    for key, example, tokenizer in (("T5", "t5", t5_tokenizer_dir(root / "t5-tok")),
+                                    ("BART", "bart", bart_tokenizer_dir(root / "bart-tok")),
+                                    ("mBART", "mbart", mbart50_tokenizer_dir(root / "mbart-tok"))):
+        config = dict(SEQ2SEQ_EXAMPLES[example][1], vocab_size=vocab_size(tokenizer))
+        if "max_position_embeddings" in config:
+            config["max_position_embeddings"] = 256  # BART's checkpoint prompt is 131 tokens
+        made[key] = build_tiny(root, example, config, tokenizer_dir=tokenizer)
+    return made
+
+
+@pytest.fixture(scope="session")
 def blip_dir(tmp_path_factory) -> Path:
     """A tiny random BLIP captioner (tests/family_examples.py BLIP_EXAMPLE), built once per session."""
     from family_examples import BLIP_EXAMPLE

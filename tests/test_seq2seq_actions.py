@@ -1,5 +1,6 @@
 """Every action on the encoder-decoder families, through the command line, with real-layout tokenizers made
-offline (tests/tokenizers_offline.py): T5 with a SentencePiece model, BART with GPT-2's byte-level BPE."""
+offline (tests/tokenizers_offline.py): T5 with a SentencePiece model, BART with GPT-2's byte-level BPE (the
+`text_models` fixture of conftest.py)."""
 
 from __future__ import annotations
 
@@ -8,26 +9,7 @@ import sys
 
 import pytest
 
-from conftest import LAMBADA_FILE, SHARED_DATA, build_tiny
-from family_examples import SEQ2SEQ_EXAMPLES
-
-
-@pytest.fixture(scope="module")
-def text_models(tmp_path_factory):
-    """Tiny T5 and BART whose vocabularies hold their tokenizers' ids, with the tokenizer in the folder."""
-    if not SHARED_DATA.exists():
-        pytest.skip(f"{SHARED_DATA} is absent (../shared/data is not beside this checkout)")
-    from tokenizers_offline import bart_tokenizer_dir, t5_tokenizer_dir, vocab_size
-
-    root = tmp_path_factory.mktemp("seq2seq-text")
-    made = {}
-    for example, tokenizer in (("t5", t5_tokenizer_dir(root / "t5-tok")), ("bart", bart_tokenizer_dir(root / "bart-tok"))):
-        family, config = SEQ2SEQ_EXAMPLES[example]
-        config = dict(config, vocab_size=vocab_size(tokenizer))
-        if "max_position_embeddings" in config:
-            config["max_position_embeddings"] = 256  # BART's checkpoint prompt is 131 tokens
-        made[family] = build_tiny(root, example, config, tokenizer_dir=tokenizer)
-    return made
+from conftest import LAMBADA_FILE
 
 
 @pytest.mark.parametrize("family", ["T5", "BART"])

@@ -1,0 +1,227 @@
+"""`evaluate`: lm-evaluation-harness tasks on each backend through our loop, lm-eval's own table per backend, then
+each metric's difference from the first backend (what int8 or int4 weights cost in the figures people quote).
+
+    python run.py evaluate GPT2 frameworks onnxrt onnxrt-int8 --tasks lambada_openai \\
+        --dataset-file lambada_test.jsonl
+
+Each backend runs `lm_eval.simple_evaluate` once with `nndf.lm_eval.NndfLM` over it; the tasks, their data and
+lm-eval itself are checked before any model loads (nndf.lm_eval_tasks). lm-eval's progress and its bootstrap
+messages go to stderr, so stdout holds the tables.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+from nndf.errors import UsageError
+from nndf.results import Column, Result
+
+DEFAULT_BATCH_SIZE = 16
+BATCH_HELP = ("loglikelihood requests per forward pass (requests of one length together, so the figures equal "
+              "those of one request at a time) and generation requests per batch (equal context lengths)")
+EXTRA = "eval"  # the optional dependency that brings lm-eval
+
+
+def add_arguments(parser) -> None:
+    e = parser.add_argument_group("evaluate (lm-evaluation-harness)")
+    e.add_argument("--tasks", required=True, metavar="T1,T2",
+                   help="lm-eval tasks, groups or tags separated by commas, e.g. lambada_openai,hellaswag")
+    e.add_argument("--limit", type=_limit, metavar="N",
+                   help="at most N documents per task (below 1: that share of them), as lm-eval's --limit")
+    e.add_argument("--num-fewshot", type=int, metavar="K", help="few-shot examples per prompt (default: the task's)")
+    e.add_argument("--include-path", nargs="+", action="extend", metavar="DIR",
+                   help="folders of lm-eval task YAML files, as lm-eval's --include_path (e.g. tasks reading local "
+                   "data: dataset_path: json, dataset_kwargs: {data_files: {test: FILE}})")
+    e.add_argument("--dataset-file", nargs="+", action="extend", metavar="[TASK=]FILE", dest="task_files",
+                   help="the task (TASK= may be left out when one task is given) reads this local json/jsonl, csv or "
+                   "parquet file as the split it evaluates instead of its hub data set; prompts and metrics stay "
+                   "lm-eval's (e.g. lambada_openai=../shared/data/lambada/lambada_test.jsonl)")
+    e.add_argument("--max-gen-toks", type=int, default=256,
+                   help="most new tokens of a generation task's answer unless the task sets its own (default 256, "
+                   "as lm-eval's hf model)")
+    e.add_argument("--bootstrap-iters", type=int, default=100000,
+                   help="bootstrap resamples for the stderr of metrics without a closed form, e.g. perplexity; 0 "
+                   "skips stderr (default 100000, as lm-eval)")
+
+
+def _limit(text: str) -> int | float:
+    value = float(text)
+    return int(value) if value >= 1 and value.is_integer() else value
+
+
+def require_lm_eval():
+    """lm-eval itself, or the sentence that says how to install it (before any model loads)."""
+    try:
+        import lm_eval
+        import lm_eval.evaluator  # noqa: F401 - simple_evaluate
+    except ImportError as exc:
+        raise UsageError(f"evaluate needs lm-evaluation-harness, which is not installed ({exc.msg}); install the "
+                         f"'{EXTRA}' extra: pip install -e \".[{EXTRA}]\" (lm-eval 0.4.13)") from exc
+    return lm_eval
+
+
+@contextlib.contextmanager
+def _bootstrap_in_process():
+    """lm-eval's bootstrap for stderr runs in this process (its DISABLE_MULTIPROC), with the same seeds and figures
+    as its worker pool: forking a process that holds ONNX Runtime sessions or a CUDA context is unsafe, and the
+    forked workers would inherit the CLI's SIGTERM handler."""
+    previous = os.environ.get("DISABLE_MULTIPROC")
+    os.environ["DISABLE_MULTIPROC"] = "1"
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ["DISABLE_MULTIPROC"]
+        else:
+            os.environ["DISABLE_MULTIPROC"] = previous
+
+
+def _check_flags(args) -> None:
+    if args.limit is not None and args.limit <= 0:
+        raise UsageError(f"--limit must be positive, got {args.limit}")
+    if args.num_fewshot is not None and args.num_fewshot < 0:
+        raise UsageError(f"--num-fewshot must be 0 or more, got {args.num_fewshot}")
+    if args.max_gen_toks < 1:
+        raise UsageError(f"--max-gen-toks must be at least 1, got {args.max_gen_toks}")
+    if args.bootstrap_iters < 0:
+        raise UsageError(f"--bootstrap-iters must be 0 or more, got {args.bootstrap_iters}")
+
+
+def run(args) -> list[Result]:
+    lm_eval = require_lm_eval()
+    from nndf.actions.common import label, open_models, say
+    from nndf.architectures import architecture
+    from nndf.lm_eval import NndfLM
+    from nndf.lm_eval_tasks import prepare_tasks
+    from nndf.registry import resolve
+
+    _check_flags(args)
+    spec, _ = resolve(args.model, args.variant)
+    if architecture(spec).lm_eval_backend is None:
+        raise UsageError(f"{spec.family} captions images and lm-evaluation-harness's tasks here are text, so evaluate "
+                         "does not apply to it; use run or compare, which caption its checkpoint photos")
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="nndf-tasks-") as folder:
+        tasks = prepare_tasks(args.tasks, args.task_files, args.include_path, folder)
+        models = open_models(args)
+        for number, model in enumerate(models, start=1):
+            say(f"evaluating {', '.join(tasks.names)} on {label(model)} ({number} of {len(models)})")
+            lm = NndfLM(model, batch_size=args.batch_size, max_gen_toks=args.max_gen_toks)
+            started = time.perf_counter()
+            with contextlib.redirect_stdout(sys.stderr), _bootstrap_in_process():  # lm-eval prints its progress
+                out = lm_eval.simple_evaluate(model=lm, tasks=tasks.specs, task_manager=tasks.manager,
+                                              num_fewshot=args.num_fewshot, limit=args.limit,
+                                              bootstrap_iters=args.bootstrap_iters, log_samples=False)
+            runs.append((model, out, time.perf_counter() - started))
+    from nndf.actions.common import describe
+
+    context = dict(describe(models[0]), tasks=tasks.names, limit=args.limit, num_fewshot=args.num_fewshot,
+                   dataset_files=args.task_files, include_path=args.include_path)
+    results = [backend_table(model, out, seconds, context) for model, out, seconds in runs]
+    if len(runs) > 1:
+        results.append(difference_table([label(m) for m, _, _ in runs], [out for _, out, _ in runs], models[0],
+                                        context))
+    return results
+
+
+# --------------------------------------------------------------------------------------------------------- tables
+HIGHER_IS_BETTER = {True: " ↑", False: " ↓"}  # as lm-eval's table marks them
+
+
+@dataclass
+class LmEvalResult(Result):
+    """One backend's lm-eval results: printed as lm-eval's own table (`lm_eval.utils.make_table`), kept whole in
+    the JSON (`lm_eval`: its results, configs, versions, n-shot; no per-document samples)."""
+
+    lm_eval: dict = field(default_factory=dict)
+
+    def render(self, verbose: bool = False) -> str:
+        from lm_eval.utils import make_table
+
+        lines = [self.title]
+        if verbose:
+            lines += [f"{key}: {value}" for key, value in self.context.items()]
+        lines.append(make_table(self.lm_eval).rstrip())
+        if self.lm_eval.get("groups"):
+            lines.append(make_table(self.lm_eval, "groups").rstrip())
+        return "\n".join(lines + list(self.notes))
+
+    def to_dict(self) -> dict:
+        return dict(super().to_dict(), lm_eval=self.lm_eval)
+
+
+def _jsonable(out: dict) -> dict:
+    """lm-eval's results as plain JSON, as its own CLI writes them (functions and other objects as strings)."""
+    from lm_eval.utils import handle_non_serializable
+
+    return json.loads(json.dumps({k: v for k, v in out.items() if k != "samples"}, default=handle_non_serializable))
+
+
+def metric_rows(out: dict) -> list[dict]:
+    """Every (task, filter, metric) of lm-eval's results as a row: value, stderr (None where lm-eval has none)."""
+    rows = []
+    for task, metrics in out["results"].items():
+        better = out.get("higher_is_better", {}).get(task, {})
+        for key, value in sorted(metrics.items()):
+            metric, comma, filter_name = key.partition(",")
+            if not comma or metric.endswith("_stderr"):
+                continue
+            stderr = metrics.get(f"{metric}_stderr,{filter_name}")
+            rows.append({"task": task, "filter": filter_name, "n_shot": out.get("n-shot", {}).get(task),
+                         "metric": metric + HIGHER_IS_BETTER.get(better.get(metric), ""), "value": value,
+                         "stderr": stderr if _is_number(stderr) else None})
+    return rows
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def backend_table(model, out: dict, seconds: float, context: dict) -> LmEvalResult:
+    from importlib.metadata import version
+
+    from nndf.actions.common import label
+
+    notes = []
+    if out.get("config", {}).get("limit") is not None:
+        notes.append(f"--limit {out['config']['limit']}: the first documents of each task only (lm-eval: for checks, "
+                     "not for reporting).")
+    title = (f"evaluate {model.spec.family} {model.variant.name} on {label(model)}: lm-evaluation-harness "
+             f"{version('lm_eval')}, {seconds:.1f} s")
+    columns = [Column("task", "task"), Column("filter", "filter"), Column("n_shot", "n-shot"),
+               Column("metric", "metric"), Column("value", "value", "{:.6g}"), Column("stderr", "stderr", "{:.4g}")]
+    return LmEvalResult("evaluate", title, columns, metric_rows(out), dict(context, backend=label(model),
+                        seconds=seconds), notes, lm_eval=_jsonable(out))
+
+
+def difference_table(labels: list[str], outs: list[dict], first_model, context: dict) -> Result:
+    """Each numeric metric of every backend beside the first backend's, with the difference and its share."""
+    def keyed(out):
+        rows = metric_rows(out)
+        return {(r["task"], r["filter"], r["metric"]): r["value"] for r in rows if _is_number(r["value"])}
+
+    base, others = keyed(outs[0]), [keyed(out) for out in outs[1:]]
+    rows = []
+    for (task, filter_name, metric), value in base.items():
+        row = {"task": task, "metric": metric if filter_name == "none" else f"{metric} ({filter_name})", "v0": value}
+        for i, other in enumerate(others, start=1):
+            theirs = other.get((task, filter_name, metric))
+            row[f"v{i}"] = theirs
+            row[f"d{i}"] = None if theirs is None else theirs - value
+            row[f"r{i}"] = None if theirs is None or value == 0 else (theirs - value) / abs(value)
+        rows.append(row)
+    columns = [Column("task", "task"), Column("metric", "metric"), Column("v0", labels[0], "{:.6g}")]
+    for i, name in enumerate(labels[1:], start=1):
+        columns += [Column(f"v{i}", name, "{:.6g}"), Column(f"d{i}", f"{name} - {labels[0]}", "{:+.4g}"),
+                    Column(f"r{i}", "relative", "{:+.3%}")]
+    notes = [f"difference: the backend's value minus {labels[0]}'s on the same documents; relative: that over "
+             f"{labels[0]}'s value. ↑ higher is better (a negative difference is what the backend costs), ↓ lower is "
+             "better (a positive one is)."]
+    title = f"evaluate {first_model.spec.family} {first_model.variant.name}: each metric against {labels[0]}"
+    return Result("evaluate", title, columns, rows, context, notes)

@@ -1,0 +1,165 @@
+"""lm-evaluation-harness tasks for `evaluate`: names checked, local data files put in place of the hub's, and a task
+whose data cannot be had said in one sentence, all before any model loads.
+
+lm-eval's tasks name a data set on the Hugging Face hub (`lambada_openai` reads `EleutherAI/lambada_openai`).
+Offline, a task reads local files in one of two ways, both lm-eval's own:
+
+- `--include-path DIR`: a folder of task YAML files, as lm-eval's `--include_path` (a file there can `include:`
+  a task's YAML and set `dataset_path: json` with `dataset_kwargs: {data_files: {test: FILE}}`);
+- `--dataset-file [TASK=]FILE`: that YAML written for the user: a task that includes the named task's own YAML
+  (prompts, metrics, filters unchanged) and reads FILE (json/jsonl, csv or parquet) as the split the task evaluates
+  (its test split, else its validation split). Few-shot examples then come from the same file, as lm-eval does for
+  a task with no other split.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from nndf.errors import HarnessError, UsageError
+
+# Local data files by suffix -> the `datasets` builder that reads them.
+FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+# `datasets` builders that read local files (a task with one of these needs no hub).
+LOCAL_BUILDERS = {"json", "csv", "parquet", "text", "arrow", "pandas", "imagefolder", "audiofolder"}
+# huggingface_hub's and datasets' names for "the hub did not answer" (besides ConnectionError).
+HUB_FAILURES = {"OfflineModeIsEnabled", "LocalEntryNotFoundError", "DatasetNotFoundError"}
+DATASET_FILE_HINT = ("give the data as a local file with --dataset-file TASK=FILE (json/jsonl, csv or parquet; e.g. "
+                     "lambada_openai=lambada_test.jsonl) or a task folder with --include-path DIR whose YAML reads "
+                     "local files (dataset_path: json, dataset_kwargs: {data_files: ...})")
+
+
+@functools.lru_cache(maxsize=4)
+def task_manager(include_paths: tuple[str, ...] = ()):
+    """lm-eval's TaskManager over its own tasks and `include_paths`: indexing its 15000 task files takes seconds,
+    so a process builds it once per set of folders."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=list(include_paths) or None)
+
+
+@dataclass
+class Tasks:
+    """What `lm_eval.simple_evaluate` takes: the task manager and one spec per task (a name, or the path of a YAML
+    written here that points the task at a local file)."""
+
+    manager: object
+    specs: list[str]
+    names: list[str]
+
+
+def parse_task_names(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise UsageError("--tasks names no task; give lm-eval task names separated by commas, e.g. lambada_openai")
+    return list(dict.fromkeys(names))
+
+
+def _dataset_files(values: list[str] | None, names: list[str]) -> dict[str, Path]:
+    """--dataset-file values as {task: file}; a value without TASK= belongs to the only task given."""
+    files: dict[str, Path] = {}
+    for value in values or []:
+        task, sep, path = value.rpartition("=")
+        if not sep:
+            if len(names) != 1:
+                raise UsageError(f"--dataset-file {value} does not say which of the tasks {', '.join(names)} reads "
+                                 "it; write it as TASK=FILE")
+            task = names[0]
+        if task not in names:
+            raise UsageError(f"--dataset-file names task '{task}', which is not among --tasks ({', '.join(names)})")
+        file = Path(path)
+        if not file.is_file():
+            raise UsageError(f"--dataset-file {value}: {path} is not a file")
+        if file.suffix.lower() not in FILE_BUILDERS:
+            raise UsageError(f"--dataset-file {value}: {file.name} is not one of the readable kinds "
+                             f"({', '.join(FILE_BUILDERS)})")
+        files[task] = file.resolve()
+    return files
+
+
+def _check_known(manager, names: list[str]) -> None:
+    for name in names:
+        if name in manager.all_tasks or Path(name).is_file():
+            continue
+        close = difflib.get_close_matches(name, manager.all_tasks, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else "; `lm_eval ls tasks` lists them"
+        raise UsageError(f"--tasks: '{name}' is not an lm-eval task, group or tag (nor a task YAML file){hint}")
+
+
+def _override(manager, name: str, data_file: Path, folder: Path) -> str:
+    """The path of a task YAML that includes task `name`'s own and reads `data_file` as the split it evaluates."""
+    import yaml
+
+    entry = manager.task_index[name]
+    if entry.yaml_path is None or "task" not in (entry.cfg or {}) or "group" in entry.cfg:
+        raise UsageError(f"--dataset-file applies to a single task, and '{name}' is a group or tag of tasks; name "
+                         "one of its tasks, or give a task folder with --include-path")
+    config = entry.cfg
+    split = config.get("test_split") or config.get("validation_split")
+    if split is None:
+        raise UsageError(f"lm-eval task '{name}' evaluates no test or validation split, so --dataset-file cannot "
+                         "stand in for it; give a task folder with --include-path")
+    override = {"include": str(Path(entry.yaml_path).resolve()),
+                "dataset_path": FILE_BUILDERS[data_file.suffix.lower()], "dataset_name": None,
+                "dataset_kwargs": {"data_files": {split: str(data_file)}}}
+    for key in ("training_split", "validation_split", "test_split", "fewshot_split"):
+        if config.get(key) is not None and config.get(key) != split:
+            override[key] = None  # only the given file exists now
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(override, sort_keys=False), encoding="utf-8")
+    return str(path)
+
+
+def _hub_path(manager, spec: str) -> str | None:
+    """The hub data set a task reads (None: local files, or not a single task)."""
+    entry = manager.task_index.get(spec)
+    config = (entry.cfg or {}) if entry is not None else {}
+    path = config.get("dataset_path")
+    if not isinstance(path, str) or path in LOCAL_BUILDERS or Path(path).exists():
+        return None
+    return path
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """Whether a failure is the hub not answering (offline, no network) rather than a broken task or file."""
+    while exc is not None:
+        if isinstance(exc, ConnectionError) or type(exc).__name__ in HUB_FAILURES:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _check_loads(manager, specs: list[str], names: list[str]) -> None:
+    """Build each task once (lm-eval loads its data then), so that a missing data set fails before a model loads."""
+    for spec, name in zip(specs, names):
+        try:
+            manager.load([spec])
+        except Exception as exc:  # lm-eval and `datasets` raise many kinds; each is told in one sentence
+            hub = _hub_path(manager, spec)
+            if hub is not None and _unreachable(exc):
+                why = "HF_HUB_OFFLINE is set" if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") else "offline?"
+                raise HarnessError(f"lm-eval task {name} reads its data set {hub} from the Hugging Face hub, which "
+                                   f"cannot be reached ({why}); {DATASET_FILE_HINT}") from exc
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            raise HarnessError(f"lm-eval task {name} could not be loaded ({reason[:300]}); check its YAML and data "
+                               f"files, or {DATASET_FILE_HINT}") from exc
+
+
+def prepare_tasks(task_names: str, dataset_files: list[str] | None, include_paths: list[str] | None,
+                  folder: Path) -> Tasks:
+    """The tasks of `--tasks`, local files of `--dataset-file` put in place (YAML written into `folder`, which must
+    outlive the evaluation), every one loaded once to fail early."""
+    names = parse_task_names(task_names)
+    for path in include_paths or []:
+        if not Path(path).is_dir():
+            raise UsageError(f"--include-path {path} is not a folder; it takes a folder of lm-eval task YAML files")
+    files = _dataset_files(dataset_files, names)
+    manager = task_manager(tuple(str(Path(p).resolve()) for p in include_paths or []))
+    _check_known(manager, names)
+    specs = [_override(manager, name, files[name], Path(folder)) if name in files else name for name in names]
+    _check_loads(manager, specs, names)
+    return Tasks(manager, specs, names)

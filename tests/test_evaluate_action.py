@@ -1,0 +1,122 @@
+"""`run.py evaluate`: lm-eval's own table per backend and each metric against the first backend, from the command
+line and from Python; local task data; one sentence for a task that needs the hub offline, for a missing lm-eval,
+and for bad task flags, each before any model loads."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from conftest import LAMBADA_FILE, SHARED_DATA, TRAINED_TINY_GPT2
+
+pytest.importorskip("lm_eval", reason="lm-eval (the eval and test extras) is absent")
+if not SHARED_DATA.exists():
+    pytest.skip(f"{SHARED_DATA} is absent (../shared/data is not beside this checkout)", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def passages(tmp_path_factory):
+    """20 LAMBADA passages the trained tiny GPT-2 partly knows (it memorised lines 2500-2999)."""
+    path = tmp_path_factory.mktemp("evaluate") / "lambada-2490.jsonl"
+    lines = LAMBADA_FILE.read_text(encoding="utf-8").splitlines()[2490:2510]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_evaluate_prints_lm_eval_tables_and_each_metric_against_the_first_backend(passages, onnx_work_dir, tmp_path,
+                                                                                  capsys):
+    from nndf.cli import main
+
+    report = tmp_path / "evaluate.json"
+    code = main(["evaluate", "GPT2", "frameworks", "onnxrt", "onnxrt-int8", "--torch-dir", str(TRAINED_TINY_GPT2),
+                 "--working-dir", str(onnx_work_dir), "--tasks", "lambada_openai", "--dataset-file", str(passages),
+                 "--bootstrap-iters", "10", "--json", str(report)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    for backend in ("frameworks", "onnxrt", "onnxrt int8"):
+        assert f"evaluate GPT2 gpt2 on {backend}: lm-evaluation-harness 0.4.13" in out
+    assert out.count("|lambada_openai|") == 3 and out.count("|Version|Filter|n-shot|") == 3  # lm-eval's own table, once per backend
+    assert "bootstrapping" not in out and "evaluating lambada_openai on onnxrt int8 (3 of 3)" in err
+    assert "each metric against frameworks" in out and "onnxrt int8 - frameworks" in out
+
+    results = json.loads(report.read_text())["results"]
+    tables, difference = results[:3], results[3]
+    values = [{(r["metric"]): r["value"] for r in table["rows"]} for table in tables]
+    for table, value in zip(tables, values):
+        lm = table["lm_eval"]["results"]["lambada_openai"]  # lm-eval's results, kept whole
+        assert lm["acc,none"] == value["acc ↑"] and lm["perplexity,none"] == value["perplexity ↓"]
+        assert table["lm_eval"]["n-samples"]["lambada_openai"]["effective"] == 20
+    assert 0.4 < values[0]["acc ↑"] < 1  # 10 of the 20 passages were memorised: a real accuracy
+    assert values[1] == pytest.approx(values[0], rel=1e-6)  # ONNX Runtime fp32: the same figures
+    for row in difference["rows"]:
+        metric = row["metric"]
+        assert row["v0"] == values[0][metric] and row["v2"] == values[2][metric]
+        assert row["d2"] == pytest.approx(values[2][metric] - values[0][metric])
+
+
+def test_evaluate_from_python_returns_the_tables(passages, tiny_gpt2_dir):
+    import nndf
+
+    results = nndf.run("evaluate", "GPT2", "frameworks", torch_dir=str(tiny_gpt2_dir), tasks="lambada_openai",
+                       dataset_file=[f"lambada_openai={passages}"], limit=5, bootstrap_iters=0)
+    [table] = results  # one backend: no difference table
+    assert {row["metric"] for row in table.rows} == {"acc ↑", "perplexity ↓"}
+    assert table.lm_eval["results"]["lambada_openai"]["sample_len"] == 5
+    assert "|lambada_openai|" in table.render() and "--limit 5" in table.render()
+
+
+def test_a_task_that_needs_the_hub_offline_is_one_sentence(tiny_gpt2_dir, monkeypatch, capsys):
+    from nndf.cli import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code = main(["evaluate", "GPT2", "frameworks", "--torch-dir", str(tiny_gpt2_dir), "--tasks", "lambada_openai"])
+    err = capsys.readouterr().err
+    assert code == 1
+    error = [line for line in err.splitlines() if line.startswith("error:")]
+    assert error == [
+        "error: lm-eval task lambada_openai reads its data set EleutherAI/lambada_openai from the Hugging Face hub, "
+        "which cannot be reached (HF_HUB_OFFLINE is set); give the data as a local file with --dataset-file "
+        "TASK=FILE (json/jsonl, csv or parquet; e.g. lambada_openai=lambada_test.jsonl) or a task folder with "
+        "--include-path DIR whose YAML reads local files (dataset_path: json, dataset_kwargs: {data_files: ...})"]
+    assert "loading" not in err  # before any model
+
+
+def test_without_lm_eval_evaluate_names_the_extra(tiny_gpt2_dir, monkeypatch, capsys):
+    from nndf.cli import main
+
+    monkeypatch.setitem(sys.modules, "lm_eval", None)  # as if not installed
+    code = main(["evaluate", "GPT2", "frameworks", "--torch-dir", str(tiny_gpt2_dir), "--tasks", "lambada_openai"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("error: evaluate needs lm-evaluation-harness, which is not installed")
+    assert "install the 'eval' extra" in err and "loading" not in err
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--tasks", "lambada_opnai"], "'lambada_opnai' is not an lm-eval task, group or tag (nor a task YAML file); "
+                                   "did you mean lambada_openai"),
+    (["--tasks", "lambada", "--dataset-file", str(LAMBADA_FILE)], "--dataset-file applies to a single task, and "
+                                                                   "'lambada' is a group or tag"),
+    (["--tasks", "lambada_openai,hellaswag", "--dataset-file", str(LAMBADA_FILE)], "does not say which of the tasks"),
+    (["--tasks", "lambada_openai", "--dataset-file", "hellaswag=x.jsonl"], "names task 'hellaswag', which is not "
+                                                                           "among --tasks"),
+    (["--tasks", "lambada_openai", "--dataset-file", str(SHARED_DATA / "README.md")], "is not one of the readable"),
+    (["--tasks", "lambada_openai", "--limit", "0"], "--limit must be positive"),
+    (["--tasks", ","], "--tasks names no task"),
+])
+def test_bad_task_flags_are_one_sentence_before_any_model_loads(flags, message, tiny_gpt2_dir, capsys):
+    from nndf.cli import main
+
+    code = main(["evaluate", "GPT2", "frameworks", "--torch-dir", str(tiny_gpt2_dir), *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "loading" not in err
+
+
+def test_image_captioning_family_is_refused_before_loading(capsys):
+    from nndf.cli import main
+
+    code = main(["evaluate", "BLIP", "frameworks", "--random-weights", "--tasks", "lambada_openai"])
+    err = capsys.readouterr().err
+    assert code == 2 and "BLIP captions images" in err and "loading" not in err
