@@ -138,8 +138,9 @@ class DecoderOnly(TextInputs):
 
     def lambada_note(self, tokens_to_generate: int) -> str:
         return (f"top-N, token and sequence perplexity as NVIDIA's demo defines them over the last "
-                f"{tokens_to_generate} token(s); lm-eval columns as lm-evaluation-harness lambada_openai computes "
-                "them (target = last word; acc = every target token greedy; ppl per passage).")
+                f"{tokens_to_generate} token(s); lm-eval columns as lm-evaluation-harness 0.4.13's hf model computes "
+                "lambada_openai (target = last word, encoded with the tokenizer's own special tokens; acc = every "
+                "target token greedy; ppl per passage).")
 
 
 def batching(model, batch_size: int, bytes_per_logit: int) -> dict:

@@ -8,7 +8,8 @@ Two LAMBADA metric families are reported side by side because people compare aga
 
 * NVIDIA's TensorRT HuggingFace demo (`run.py accuracy`): TopN accuracy and token/sequence perplexity of the last
   `tokens_to_generate` tokens of the passage, teacher-forced.
-* lm-evaluation-harness 0.4 `lambada_openai`: greedy accuracy and perplexity of the last space-separated word.
+* lm-evaluation-harness 0.4.13 `lambada_openai`: greedy accuracy and perplexity of the last space-separated word,
+  equal to lm-eval's own `hf` model's figures (its request encoding: `nndf.loglikelihood`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,9 @@
-"""`accuracy`: LAMBADA top-N accuracy and perplexity on each backend, NVIDIA-demo and lm-eval definitions side by side."""
+"""`accuracy`: LAMBADA on each backend: NVIDIA's top-N accuracy and token/sequence perplexity beside
+lm-evaluation-harness's `lambada_openai` acc and ppl (equal to lm-eval 0.4.13's own `hf` model's figures).
+
+What each column scores: `nndf.evaluation` (decoder-only models), `nndf.seq2seq.evaluation` (encoder-decoder models:
+the target word's own tokens on the decoder); the note under the table says it too.
+"""
 
 from __future__ import annotations
 

@@ -214,14 +214,14 @@ def difference_table(labels: list[str], outs: list[dict], first_model, context: 
             theirs = other.get((task, filter_name, metric))
             row[f"v{i}"] = theirs
             row[f"d{i}"] = None if theirs is None else theirs - value
-            row[f"r{i}"] = None if theirs is None or value == 0 else (theirs - value) / abs(value)
+            row[f"r{i}"] = None if theirs is None or value == 0 else 100 * (theirs - value) / abs(value)
         rows.append(row)
     columns = [Column("task", "task"), Column("metric", "metric"), Column("v0", labels[0], "{:.6g}")]
     for i, name in enumerate(labels[1:], start=1):
         columns += [Column(f"v{i}", name, "{:.6g}"), Column(f"d{i}", f"{name} - {labels[0]}", "{:+.4g}"),
-                    Column(f"r{i}", "relative", "{:+.3%}")]
+                    Column(f"r{i}", "relative", "{:+.3g}%")]
     notes = [f"difference: the backend's value minus {labels[0]}'s on the same documents; relative: that over "
-             f"{labels[0]}'s value. ↑ higher is better (a negative difference is what the backend costs), ↓ lower is "
+             f"{labels[0]}'s value, in percent. ↑ higher is better (a negative difference is what the backend costs), ↓ lower is "
              "better (a positive one is)."]
     title = f"evaluate {first_model.spec.family} {first_model.variant.name}: each metric against {labels[0]}"
     return Result("evaluate", title, columns, rows, context, notes)
