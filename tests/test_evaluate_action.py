@@ -67,6 +67,33 @@ def test_evaluate_from_python_returns_the_tables(passages, tiny_gpt2_dir):
     assert "|lambada_openai|" in table.render() and "--limit 5" in table.render()
 
 
+def test_include_path_runs_task_folders_with_rolling_and_generation_tasks(passages, tmp_path, capsys):
+    """lm-eval's --include-path: task YAMLs reading local files, here a rolling-perplexity task (as WikiText) and a
+    generation task with stop sequences (as GSM8K), beside a --dataset-file task."""
+    from nndf.cli import main
+
+    data = {"dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(passages)}}, "test_split": "test"}
+    tasks = {
+        "rolling_local": dict(data, output_type="loglikelihood_rolling", doc_to_text="", doc_to_target="{{text}}",
+                              metric_list=[{"metric": m} for m in ("word_perplexity", "byte_perplexity")]),
+        "generate_local": dict(data, output_type="generate_until", doc_to_text="{{text.split(' ')[:-1]|join(' ')}}",
+                               doc_to_target="{{' '+text.split(' ')[-1]}}",
+                               generation_kwargs={"until": ["\n", ".", ","], "max_gen_toks": 8},
+                               metric_list=[{"metric": "exact_match", "aggregation": "mean",
+                                             "higher_is_better": True}]),
+    }
+    for name, config in tasks.items():  # JSON is YAML
+        (tmp_path / f"{name}.yaml").write_text(json.dumps(dict(config, task=name)))
+    code = main(["evaluate", "GPT2", "frameworks", "--torch-dir", str(TRAINED_TINY_GPT2), "--tasks",
+                 "rolling_local,generate_local,lambada_openai", "--include-path", str(tmp_path), "--dataset-file",
+                 f"lambada_openai={passages}", "--limit", "4", "--bootstrap-iters", "0"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    for cell in ("|rolling_local", "|word_perplexity", "|byte_perplexity", "|generate_local", "|exact_match",
+                 "|lambada_openai"):
+        assert cell in out, cell
+
+
 def test_a_task_that_needs_the_hub_offline_is_one_sentence(tiny_gpt2_dir, monkeypatch, capsys):
     from nndf.cli import main
 

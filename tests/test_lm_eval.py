@@ -37,6 +37,8 @@ class Case:
 CASES = {
     "gpt2-random": Case("GPT2", "tiny-gpt2", (0, 20), "causal"),
     "gpt2-trained": Case("GPT2", "trained-gpt2", (2490, 2520), "causal", min_acc=0.6),
+    # a tokenizer that prepends BOS, as OPT's and Llama's do: lm-eval scores the passage after it
+    "gpt2-bos": Case("GPT2", "tiny-gpt2-bos", (0, 20), "causal", backends=("frameworks",)),
     "t5": Case("T5", "T5", (0, 20), "seq2seq"),
     "bart": Case("BART", "BART", (0, 20), "seq2seq"),
     "mbart": Case("BART", "mBART", (0, 20), "seq2seq", backends=("frameworks",)),
@@ -46,10 +48,26 @@ CASES = {
 MODEL_DIRS = {
     "tiny-gpt2": lambda request: request.getfixturevalue("tiny_gpt2_dir"),
     "trained-gpt2": lambda request: TRAINED_TINY_GPT2,
+    "tiny-gpt2-bos": lambda request: request.getfixturevalue("tiny_gpt2_bos_dir"),
     "T5": lambda request: request.getfixturevalue("text_models")["T5"],
     "BART": lambda request: request.getfixturevalue("text_models")["BART"],
     "mBART": lambda request: request.getfixturevalue("text_models")["mBART"],
 }
+
+
+@pytest.fixture(scope="module")
+def tiny_gpt2_bos_dir(tiny_gpt2_dir, tmp_path_factory) -> Path:
+    """The tiny random GPT-2 with GPT-2's tokenizer made to prepend BOS (`add_bos_token`, as OPT's does)."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    folder = tmp_path_factory.mktemp("bos") / "tiny-gpt2-bos"
+    shutil.copytree(tiny_gpt2_dir, folder)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_gpt2_dir, add_bos_token=True)
+    assert tokenizer("a b")["input_ids"][0] == tokenizer.bos_token_id
+    tokenizer.save_pretrained(folder)
+    return folder
 
 
 @pytest.fixture(scope="module")
