@@ -50,20 +50,26 @@ from nndf.loglikelihood import encode, prefix_token_id
 DEFAULT_MAX_GEN_TOKS = 256
 
 
+def check_text_family(spec) -> None:
+    """lm-eval's tasks here are text: a family whose architecture has no lm-eval backend (BLIP) is refused."""
+    from nndf.architectures import architecture
+
+    if architecture(spec).lm_eval_backend is None:
+        raise UsageError(f"{spec.family} reads images and lm-evaluation-harness's tasks here are text, so evaluate "
+                         "does not apply to it; use run or compare, which caption its checkpoint photos")
+
+
 class NndfLM(TemplateLM):
     """An lm-eval model over a `nndf.model.Model` (one family's variant on one backend)."""
 
     def __init__(self, model, batch_size: int = 16, max_gen_toks: int = DEFAULT_MAX_GEN_TOKS,
                  progress: bool = True) -> None:
         super().__init__()
-        backend = model.architecture.lm_eval_backend
-        if backend is None:
-            raise UsageError(f"{model.spec.family} reads images and lm-evaluation-harness's tasks here are text, so "
-                             "evaluate does not apply to it; use run or compare, which caption its checkpoint photos")
+        check_text_family(model.spec)
         if batch_size < 1 or max_gen_toks < 1:
             raise UsageError(f"batch_size and max_gen_toks must be at least 1, got {batch_size} and {max_gen_toks}")
         self.model = model
-        self.backend = backend  # lm-eval's "causal" or "seq2seq": how _encode_pair encodes a request
+        self.backend = model.architecture.lm_eval_backend  # "causal" or "seq2seq": how _encode_pair encodes
         self.tokenizer = model.tokenizer
         self.batch_size = batch_size
         self._max_gen_toks = max_gen_toks

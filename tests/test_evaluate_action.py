@@ -37,7 +37,8 @@ def test_evaluate_prints_lm_eval_tables_and_each_metric_against_the_first_backen
     assert code == 0, err
     for backend in ("frameworks", "onnxrt", "onnxrt int8"):
         assert f"evaluate GPT2 gpt2 on {backend}: lm-evaluation-harness 0.4.13" in out
-    assert out.count("|lambada_openai|") == 3 and out.count("|Version|Filter|n-shot|") == 3  # lm-eval's own table, once per backend
+    # lm-eval's own table, once per backend
+    assert out.count("|lambada_openai|") == 3 and out.count("|Version|Filter|n-shot|") == 3
     assert "bootstrapping" not in out and "evaluating lambada_openai on onnxrt int8 (3 of 3)" in err
     assert "each metric against frameworks" in out and "onnxrt int8 - frameworks" in out
 
@@ -146,4 +147,4 @@ def test_image_captioning_family_is_refused_before_loading(capsys):
 
     code = main(["evaluate", "BLIP", "frameworks", "--random-weights", "--tasks", "lambada_openai"])
     err = capsys.readouterr().err
-    assert code == 2 and "BLIP captions images" in err and "loading" not in err
+    assert code == 2 and "BLIP reads images" in err and "loading" not in err

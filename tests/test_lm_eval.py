@@ -173,10 +173,10 @@ def requests(context_chars: int):
     texts = read_jsonl_texts(LAMBADA_FILE)
     known = texts[2500:2504]
     rolling = [Instance("loglikelihood_rolling", {}, (text,), i) for i, text in enumerate(known + [" ".join(known)])]
-    generate = [Instance("generate_until", {}, (text[:context_chars], {"until": [",", ".", "\n\n"], "max_gen_toks": 16}), i)
-                for i, text in enumerate(known)]
-    generate += [Instance("generate_until", {}, (text[:context_chars // 2], {"until": ["e", "\n"], "do_sample": False,
-                                                             "max_gen_toks": 12}), 10 + i)
+    at_words = {"until": [",", ".", "\n\n"], "max_gen_toks": 16}
+    mid_word = {"until": ["e", "\n"], "do_sample": False, "max_gen_toks": 12}
+    generate = [Instance("generate_until", {}, (text[:context_chars], at_words), i) for i, text in enumerate(known)]
+    generate += [Instance("generate_until", {}, (text[:context_chars // 2], mid_word), 10 + i)
                  for i, text in enumerate(known)]
     return rolling, generate
 

@@ -95,17 +95,13 @@ def _check_flags(args) -> None:
 
 def run(args) -> list[Result]:
     lm_eval = require_lm_eval()
-    from nndf.actions.common import label, open_models, say
-    from nndf.architectures import architecture
-    from nndf.lm_eval import NndfLM
+    from nndf.actions.common import describe, label, open_models, say
+    from nndf.lm_eval import NndfLM, check_text_family
     from nndf.lm_eval_tasks import prepare_tasks
     from nndf.registry import resolve
 
     _check_flags(args)
-    spec, _ = resolve(args.model, args.variant)
-    if architecture(spec).lm_eval_backend is None:
-        raise UsageError(f"{spec.family} captions images and lm-evaluation-harness's tasks here are text, so evaluate "
-                         "does not apply to it; use run or compare, which caption its checkpoint photos")
+    check_text_family(resolve(args.model, args.variant)[0])
     runs = []
     with tempfile.TemporaryDirectory(prefix="nndf-tasks-") as folder:
         tasks = prepare_tasks(args.tasks, args.task_files, args.include_path, folder)
@@ -117,10 +113,9 @@ def run(args) -> list[Result]:
             with contextlib.redirect_stdout(sys.stderr), _bootstrap_in_process():  # lm-eval prints its progress
                 out = lm_eval.simple_evaluate(model=lm, tasks=tasks.specs, task_manager=tasks.manager,
                                               num_fewshot=args.num_fewshot, limit=args.limit,
-                                              bootstrap_iters=args.bootstrap_iters, log_samples=False)
+                                              batch_size=args.batch_size, bootstrap_iters=args.bootstrap_iters,
+                                              log_samples=False)
             runs.append((model, out, time.perf_counter() - started))
-    from nndf.actions.common import describe
-
     context = dict(describe(models[0]), tasks=tasks.names, limit=args.limit, num_fewshot=args.num_fewshot,
                    dataset_files=args.task_files, include_path=args.include_path)
     results = [backend_table(model, out, seconds, context) for model, out, seconds in runs]
@@ -221,7 +216,7 @@ def difference_table(labels: list[str], outs: list[dict], first_model, context: 
         columns += [Column(f"v{i}", name, "{:.6g}"), Column(f"d{i}", f"{name} - {labels[0]}", "{:+.4g}"),
                     Column(f"r{i}", "relative", "{:+.3g}%")]
     notes = [f"difference: the backend's value minus {labels[0]}'s on the same documents; relative: that over "
-             f"{labels[0]}'s value, in percent. ↑ higher is better (a negative difference is what the backend costs), ↓ lower is "
-             "better (a positive one is)."]
+             f"{labels[0]}'s value, in percent. ↑ higher is better (a negative difference is what the backend "
+             "costs), ↓ lower is better (a positive one is)."]
     title = f"evaluate {first_model.spec.family} {first_model.variant.name}: each metric against {labels[0]}"
     return Result("evaluate", title, columns, rows, context, notes)
