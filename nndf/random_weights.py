@@ -4,7 +4,7 @@
 uniform), then the model's `_init_weights` draws them again with the model's distributions, and some of those
 are drawn a third time (GPT-2's scaled `c_proj`, T5's shared embedding, an LM head drawn and then tied to the
 embedding). On the CPU, where one `normal_` pass over gpt2-large's 0.77 G parameters takes about 3 s, that made
-`--random-weights` wait 2 to 3 times longer than drawing once (bench/random_weights.py, bench/README.md).
+`--random-weights` take about twice as long as drawing once (bench/random_weights.py, bench/README.md).
 
 `build_random_model` keeps transformers as the authority on *what* to draw and does the drawing once:
 

@@ -129,3 +129,34 @@ def test_gpu_random_weights_are_drawn_on_the_gpu_reproducibly():
         assert torch.equal(buffers[key].cpu().to(buffer.dtype), buffer), key
     weight = first.model.layers[0].mlp.up_proj.weight.detach().float()
     assert float(weight.std()) == pytest.approx(config.initializer_range, rel=0.05)
+
+
+def _bench_script():
+    import importlib.util
+
+    from conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("bench_random_weights", REPO / "bench" / "random_weights.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_models_are_what_they_claim(capsys):
+    """bench/random_weights.py's 1B model has Llama-3.2-1B's 1.24 G parameters, registry names resolve to their
+    known configs, and a model that is neither is refused naming the flag (exit 2)."""
+    bench = _bench_script()
+    auto, config = bench.model_config("llama-3.2-1b-shape")
+    with torch.device("meta"):
+        model = auto.from_config(config)
+    assert sum(p.numel() for p in model.parameters()) == pytest.approx(1.236e9, rel=0.01)
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    _, gpt2 = bench.model_config("GPT2:gpt2-large")
+    assert (gpt2.n_layer, gpt2.n_embd) == (36, 1280)
+    assert bench.parse_args([]).models == ["GPT2:gpt2-large", "GPT2:gpt2-xl", "llama-3.2-1b-shape"]
+    with pytest.raises(SystemExit) as info:
+        bench.parse_args(["--models", "gpt2-large"])
+    assert info.value.code == 2 and "--models gpt2-large: give FAMILY:VARIANT" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        bench.parse_args(["--models", "GPT2:gpt2-huge"])
+    assert info.value.code == 2 and "unknown --variant 'gpt2-huge' for GPT2" in capsys.readouterr().err
