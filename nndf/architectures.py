@@ -24,6 +24,7 @@ import importlib
 import torch
 
 from nndf.errors import UsageError
+from nndf.reference import pytorch_logits, seeded_prompts
 from nndf.spec import BuildSettings, ModelSpec, ShapeSpec
 
 # ModelSpec.architecture -> "module:class" of its strategy (imported on first use).
@@ -63,8 +64,6 @@ class TextInputs:
     @staticmethod
     def reference_logits(model, *inputs) -> torch.Tensor:
         """The PyTorch model's float logits for what `decoder.logits(*inputs)` scores (the fp16 check)."""
-        from nndf.model import pytorch_logits
-
         return pytorch_logits(model, *inputs)
 
 
@@ -94,8 +93,6 @@ class DecoderOnly(TextInputs):
 
     def check_batches(self, shapes, loaded) -> list[tuple[torch.Tensor, ...]]:
         """Seeded prompts for the fp16 check, scored through `decoder.logits`."""
-        from nndf.backends.trt.fp16 import seeded_prompts
-
         return [(ids,) for ids in seeded_prompts(shapes.rows.min, shapes.prompt.max, shapes.vocab_size)]
 
     def label_ids(self, tokenizer, prompt_ids: torch.Tensor, label: str) -> list[int]:

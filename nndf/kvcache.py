@@ -12,6 +12,7 @@ from typing import Mapping
 import torch
 
 KINDS = ("key", "value")
+PAST_LENGTH = "past_length"  # a static step's extra input: how many positions its buffers hold (0-d int64)
 
 
 def past_name(layer: int, kind: str) -> str:
@@ -101,8 +102,6 @@ class StaticKVCache(KVCache):
 
     def past_feeds(self) -> dict[str, torch.Tensor]:
         """The whole buffers and `past_length` (set on the device without a host synchronisation)."""
-        from nndf.export.wrapper import PAST_LENGTH
-
         self.past_length.fill_(self.length)
         return {**self.buffers, PAST_LENGTH: self.past_length}
 

@@ -1,7 +1,8 @@
 """Model and tokenizer from one of three sources: a hub id, a local folder (--torch-dir), or random weights.
 
 Random weights are built from the variant's known config, so every variant runs offline (benchmarks do not care
-what the weights are). The hub path is the ordinary transformers one; its failures (offline, unknown id) become
+what the weights are), drawn once from one seeded generator with transformers' own distributions
+(`nndf.random_weights`). The hub path is the ordinary transformers one; its failures (offline, unknown id) become
 one sentence that says which flag to use instead.
 """
 
@@ -17,6 +18,7 @@ from typing import Callable
 import torch
 
 from nndf.errors import HarnessError, UsageError
+from nndf.random_weights import DRAW_REVISION, build_random_model
 from nndf.spec import ModelSpec, Variant
 
 
@@ -162,7 +164,7 @@ def load_model(
     elif random_weights:
         config = known_config(variant)
         source = f"random weights (seed {seed}) from the known {variant.name} config"
-        weights_id = f"random:{variant.name}:seed={seed}:{sorted(variant.config.items())}"
+        weights_id = f"random:{variant.name}:seed={seed}:draw={DRAW_REVISION}:{sorted(variant.config.items())}"
         tokenizer_source = tokenizer_dir or variant.hub_id
 
         built_on = torch.device(device).type
@@ -170,11 +172,9 @@ def load_model(
             weights_id += f":built-on-{built_on}"
 
         def loader():
-            torch.manual_seed(seed)
-            # Built where the weights will live, in their dtype: a GPU runs every layer's initializer in a fraction
-            # of a second, where building on the CPU and moving took minutes for gpt2-xl (issue 11).
-            with torch.device(device):
-                model = auto.from_config(known_config(variant), dtype=dtype)
+            # Built where the weights will live, in their dtype (building on the CPU and moving took minutes for
+            # gpt2-xl on a GPU machine, issue 11), each weight drawn once with transformers' distributions.
+            model = build_random_model(auto, known_config(variant), dtype=dtype, device=device, seed=seed)
             model.generation_config = known_generation_config(variant, model.config)
             return model
     else:

@@ -22,6 +22,7 @@ from nndf.backends import BackendOptions, split_backend
 from nndf.errors import HarnessError, UsageError
 from nndf.generation import GenerationOptions, generate
 from nndf.loading import LoadedModel, load_model
+from nndf.reference import pytorch_logits
 from nndf.registry import resolve
 from nndf.spec import BuildSettings
 
@@ -218,18 +219,6 @@ class Model:
     def artifacts(self) -> list[str]:
         """Files this backend runs (exported or quantized graphs, engines); empty for PyTorch."""
         return [str(p) for session in self.decoder.sessions for p in getattr(session, "artifacts", [])]
-
-
-def pytorch_logits(model: torch.nn.Module, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor | None = None,
-                   attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """A PyTorch model's float logits (on the CPU) for what `Model.logits` scores: every position of `input_ids`,
-    or of `decoder_input_ids` (teacher-forced) given `input_ids` on an encoder-decoder model's encoder."""
-    device = next(model.parameters()).device
-    extra = {} if decoder_input_ids is None else {"decoder_input_ids": decoder_input_ids.to(device)}
-    if attention_mask is not None:
-        extra["attention_mask"] = attention_mask.to(device)
-    with torch.inference_mode():
-        return model(input_ids.to(device), **extra).logits.float().cpu()
 
 
 def target_language_token(loaded: LoadedModel, code: str) -> int:

@@ -6,6 +6,7 @@ import torch
 
 from nndf.errors import UsageError
 from nndf.architectures import TextInputs
+from nndf.reference import seeded_prompts
 from nndf.seq2seq.decoder import Seq2SeqDecoder
 from nndf.seq2seq.shapes import Seq2SeqShapeSpec
 from nndf.seq2seq.wrappers import TextGraphs
@@ -44,8 +45,6 @@ class EncoderDecoder(TextInputs):
 
     def check_batches(self, shapes, loaded) -> list[tuple[torch.Tensor, ...]]:
         """Seeded inputs of `decoder.logits` for the fp16 check: encoder ids and teacher-forced decoder ids."""
-        from nndf.backends.trt.fp16 import seeded_prompts
-
         start, generator = start_token_id(loaded), torch.Generator().manual_seed(1)
         batches = []
         for ids in seeded_prompts(shapes.batch.min, shapes.encoder.max, shapes.vocab_size):

@@ -17,6 +17,7 @@ import torch
 
 from nndf.decoder import TokenState
 from nndf.errors import UsageError
+from nndf.reference import seeded_prompts
 from nndf.seq2seq.architecture import EncoderDecoder
 from nndf.seq2seq.decoder import Seq2SeqDecoder
 from nndf.seq2seq.image_graphs import ImageGraphs
@@ -142,8 +143,6 @@ class ImageToText(EncoderDecoder):
 
     def check_batches(self, shapes, loaded) -> list[tuple[torch.Tensor, ...]]:
         """Seeded images and text for the fp16 check, scored teacher-forced through all three graphs."""
-        from nndf.backends.trt.fp16 import seeded_prompts
-
         generator = torch.Generator().manual_seed(1)
         batches = []
         for ids in seeded_prompts(shapes.batch.min, shapes.prompt.max, shapes.vocab_size):

@@ -131,22 +131,17 @@ def test_artifacts_are_atomic_and_carry_metadata(tmp_path):
 
 
 def test_random_weights_are_built_on_their_device_and_named_by_it():
-    """--random-weights builds the model where it will run (seeded); on the CPU the weights are exactly those of
-    `from_config` with the same seed, and weights drawn on another device get their own identity (so an export of
+    """--random-weights builds the model where it will run (seeded; tests/test_random_weights.py compares the
+    weights with `from_config`'s), and weights drawn on another device get their own identity (so an export of
     them is never mistaken for the CPU-drawn one)."""
-    from transformers import AutoModelForCausalLM
-
     from family_examples import FAMILY_EXAMPLES
-    from nndf.loading import known_config, load_model
+    from nndf.loading import load_model
     from nndf.spec import Variant
 
     spec = get_spec("GPT2")
     tiny = Variant.of("test/tiny-gpt2", "0.1M", FAMILY_EXAMPLES["GPT2"])
     loaded = load_model(spec, tiny, random_weights=True, device="cpu", seed=3)
-    torch.manual_seed(3)
-    expected = AutoModelForCausalLM.from_config(known_config(tiny)).state_dict()
-    got = loaded.model.state_dict()
-    assert list(got) == list(expected) and all(torch.equal(got[k], expected[k]) for k in got)
+    assert {tensor.device.type for tensor in loaded.model.state_dict().values()} == {"cpu"}
     elsewhere = load_model(spec, tiny, random_weights=True, device="cuda", seed=3)  # weights not drawn until used
     assert elsewhere.weights_id == loaded.weights_id + ":built-on-cuda" and elsewhere._model is None
 

@@ -21,6 +21,7 @@ from nndf.backends import BackendOptions
 from nndf.backends import trt as trt_backend
 from nndf.errors import UsageError
 from nndf.export import engine_build, engine_cache
+from nndf.export.engine_request import EngineRequest
 from nndf.export.precision import module_nodes
 from nndf.model import Model
 from nndf.spec import BuildSettings
@@ -147,11 +148,9 @@ def test_fp16_build_pins_the_named_layers_to_fp32(tmp_path, monkeypatch):
                   FakeLayer("node_linear_55", "float32"), FakeLayer("node_Shape_3", "int64"),
                   FakeLayer("node_add", "float16")]
         monkeypatch.setitem(sys.modules, "polygraphy.backend.trt", fake_polygraphy(b"E", seen, FakeNetwork(layers)))
-        request = engine_cache.EngineRequest(stem="T5-t5-small-encoder", graph="encoder",
-                                             onnx_path=tmp_path / "encoder.onnx", onnx_id="x",
-                                             input_names=("input_ids",), output_names=("encoder_hidden_states",),
-                                             profiles=[{"input_ids": ((1, 1), (1, 4), (1, 8))}], fp16=fp16,
-                                             fp32_layers=names)
+        request = EngineRequest(stem="T5-t5-small-encoder", graph="encoder", onnx_path=tmp_path / "encoder.onnx",
+                                onnx_id="x", input_names=("input_ids",), output_names=("encoder_hidden_states",),
+                                profiles=[{"input_ids": ((1, 1), (1, 4), (1, 8))}], fp16=fp16, fp32_layers=names)
         engine_build.build_engine(request, tmp_path / f"{fp16}.engine", tmp_path / "c", {}, messages.append)
         marked = [layer.name for layer in layers if layer.precision == "float32"]
         assert seen["create"].get("precision_constraints") == ("obey" if fp16 else None)

@@ -32,6 +32,7 @@ from nndf.backends import BackendOptions
 from nndf.backends import trt as trt_backend
 from nndf.backends.trt import FP16_LOGIT_BOUND, availability, unavailable_reason
 from nndf.errors import HarnessError, UsageError
+from nndf.reference import seeded_prompts
 from nndf.export import engine_cache
 from nndf.spec import BuildSettings
 from nndf.workspace import metadata_path, read_metadata
@@ -346,7 +347,7 @@ def test_gpu_dynamic_batch_and_cuda_graphs(tiny_gpt2_dir, gpu_work, monkeypatch)
 def test_gpu_fp16_engine_logits_within_bound(tiny_gpt2_dir, gpu_work):
     trt_model, _ = _gpu_pair(tiny_gpt2_dir, gpu_work, fp16=True, input_seq_len=32, output_seq_len=8)
     shapes = trt_model.shapes
-    batches = [(ids,) for ids in trt_backend.seeded_prompts(shapes.rows.min, shapes.prompt.max, shapes.vocab_size)]
+    batches = [(ids,) for ids in seeded_prompts(shapes.rows.min, shapes.prompt.max, shapes.vocab_size)]
     fidelity = trt_backend.fp16_check(trt_model.decoder, trt_model.loaded.model, batches)
     assert fidelity.relative <= FP16_LOGIT_BOUND, fidelity
     assert read_metadata(trt_model.artifacts[0])["fp16_check"]["relative"] <= FP16_LOGIT_BOUND

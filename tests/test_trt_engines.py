@@ -16,7 +16,8 @@ import pytest
 from fake_tensorrt import DEVICE, fake_polygraphy, fake_tensorrt
 from nndf.errors import HarnessError, UsageError
 from nndf.export import engine_build, engine_cache
-from nndf.export.engine_cache import DeviceInfo, EngineRequest
+from nndf.export.engine_cache import DeviceInfo
+from nndf.export.engine_request import EngineRequest
 from nndf.kvcache import past_names
 from nndf.spec import BuildSettings, ShapeSpec
 from nndf.workspace import metadata_path, read_metadata, write_artifact

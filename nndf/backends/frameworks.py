@@ -19,8 +19,8 @@ import torch
 from nndf.backends import BackendOptions
 from nndf.backends.cuda_graphs import StepGraphs
 from nndf.errors import HarnessError, UsageError
-from nndf.export.wrapper import PAST_LENGTH, DecoderWrapper
-from nndf.kvcache import GrowingKVCache, StaticKVCache, past_names
+from nndf.export.wrapper import DecoderWrapper
+from nndf.kvcache import PAST_LENGTH, GrowingKVCache, StaticKVCache, past_names
 from nndf.loading import LoadedModel
 from nndf.spec import BuildSettings, ShapeSpec
 

@@ -76,15 +76,16 @@ def _tensorrt(opts: ConvertOptions, module: TaskModule, source: Path, out: Path)
     the decoders' engine cache (reused while its metadata matches, memory checked first) into `out`."""
     from nndf.backends.trt import _free_gpu_memory, _gpu
     from nndf.export import engine_cache
+    from nndf.export.engine_request import EngineRequest
 
     gpu = _gpu()
     (b0, b1, b2), (s0, s1, s2) = opts.batch_size, opts.seq_len
     profile = {name: ((b0, s0), (b1, s1), (b2, s2)) for name in module.graph_inputs}
     int8 = opts.quantization
-    request = engine_cache.EngineRequest(stem=opts.name, onnx_path=source, onnx_id=f"{source.name}:{_digest(source)}",
-                                         input_names=module.graph_inputs, output_names=module.task.outputs,
-                                         profiles=[profile], fp16=not int8, graph="encoder",
-                                         extra={"int8": int8, "workspace_mib": opts.workspace_size})
+    request = EngineRequest(stem=opts.name, onnx_path=source, onnx_id=f"{source.name}:{_digest(source)}",
+                            input_names=module.graph_inputs, output_names=module.task.outputs,
+                            profiles=[profile], fp16=not int8, graph="encoder",
+                            extra={"int8": int8, "workspace_mib": opts.workspace_size})
     params = sum(p.numel() for p in module.parameters())
     plan, _ = engine_cache.obtain_engine(request, gpu.info, out, params, free_gpu=_free_gpu_memory(gpu.device),
                                          free_host=engine_cache.available_host_memory(), report=say)

@@ -16,14 +16,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import Callable, Mapping
 
 from nndf.errors import HarnessError
+from nndf.export.engine_request import EngineRequest
 from nndf.workspace import write_artifact
 from nndf.progress import say
-
-if TYPE_CHECKING:
-    from nndf.export.engine_cache import EngineRequest
 
 INSTALL_HINT = "pip install -e '.[tensorrt]' (or pip install tensorrt polygraphy) on a machine with an NVIDIA GPU"
 

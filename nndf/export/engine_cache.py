@@ -5,7 +5,7 @@ optimization profiles derived from the one `ShapeSpec`, precision, the preview f
 the GPU's name and its compute capability, passed in as a `DeviceInfo`. All of it goes into the engine's metadata
 and its hash into the file name, so an engine is reused only on the setup that built it; anything else rebuilds
 with a message that says what changed. Engines and the timing cache are written to temporary files and renamed
-into place. The build itself is `nndf.export.engine_build`; nothing here needs a GPU, including the memory check
+into place. The request is `nndf.export.engine_request`, the build itself `nndf.export.engine_build`; nothing here needs a GPU, including the memory check
 before a build.
 """
 
@@ -14,12 +14,13 @@ from __future__ import annotations
 import os
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
 from nndf.errors import HarnessError, UsageError
 from nndf.export.engine_build import build_engine, describe_profiles
+from nndf.export.engine_request import EngineRequest
 from nndf.progress import say
 from nndf.workspace import artifact_name, as_json, first_mismatch, read_metadata
 
@@ -58,34 +59,6 @@ class DeviceInfo:
         """A file-name-safe tag: trt10.3.0-NVIDIA-A100-SXM4-40GB-sm80."""
         gpu = re.sub(r"[^A-Za-z0-9.]+", "-", self.gpu_name).strip("-") or "gpu"
         return f"trt{self.tensorrt_version}-{gpu}-sm{self.compute_capability.replace('.', '')}"
-
-
-@dataclass(frozen=True)
-class EngineRequest:
-    """One engine to build: the exported graph it comes from and how (profiles come from the ShapeSpec).
-
-    A decoder-only model has one (`graph` "decoder"); an encoder-decoder model three, one per graph ("encoder",
-    "cross", "decoder"), each with its own stem, names and profiles. `fp32_layers` are the ONNX nodes whose layers
-    stay fp32 in an fp16 build (`nndf.export.precision.module_nodes` of the family's `fp32_modules`).
-    """
-
-    stem: str  # e.g. "GPT2-gpt2-decoder", "T5-t5-small-encoder"
-    onnx_path: Path
-    onnx_id: str  # the export's artifact name: it already hashes the weights, exporter versions and use_cache
-    input_names: tuple[str, ...]
-    output_names: tuple[str, ...]
-    profiles: list[dict[str, tuple[tuple[int, ...], ...]]]
-    fp16: bool = False
-    tf32: bool = True
-    preview_dynamic_shapes: bool = True
-    postfix: str = ""
-    extra: Mapping[str, object] = field(default_factory=dict)  # anything else that shaped the engine
-    graph: str = "decoder"
-    fp32_layers: tuple[str, ...] = ()
-
-    @property
-    def precision(self) -> str:
-        return "fp16" if self.fp16 else ("tf32" if self.tf32 else "fp32")
 
 
 def validate_postfix(postfix: str) -> None:

@@ -18,9 +18,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer, StaticLayer
 
-from nndf.kvcache import KINDS, past_names, present_names
-
-PAST_LENGTH = "past_length"  # a static step's extra input: how many positions its buffers hold (0-d int64)
+from nndf.kvcache import KINDS, PAST_LENGTH, past_names, present_names
 
 
 def accepts(model_class: type, argument: str) -> bool:

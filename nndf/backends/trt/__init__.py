@@ -33,7 +33,7 @@ from nndf.backends.trt.availability import (
 from nndf.backends.trt.buffers import PingPongCache, Staging, tensor_address
 from nndf.backends.trt.engine_io import EngineIO, Ranges, check_engine_io, choose_profile, profile_accepts, torch_dtype
 from nndf.backends.trt.fp16 import (
-    FP16_LOGIT_BOUND, Fidelity, fp16_check, fp16_warning, fp32_cpu_copy, logit_fidelity, seeded_prompts,
+    FP16_LOGIT_BOUND, Fidelity, fp16_check, fp16_warning, fp32_cpu_copy, logit_fidelity,
 )
 from nndf.backends.trt.runner import TrtSession
 from nndf.progress import say
@@ -43,7 +43,7 @@ from nndf.spec import BuildSettings, ShapeSpec
 __all__ = [
     "DESCRIPTION", "FP16_LOGIT_BOUND", "INSTALL_HINT", "USE_TF32", "EngineIO", "Fidelity", "PingPongCache", "Ranges",
     "Staging", "TrtSession", "check_available", "check_engine_io", "choose_profile", "fp16_check", "fp16_warning",
-    "fp32_cpu_copy", "logit_fidelity", "open_seq2seq", "open_session", "profile_accepts", "seeded_prompts",
+    "fp32_cpu_copy", "logit_fidelity", "open_seq2seq", "open_session", "profile_accepts",
     "tensor_address", "torch_dtype", "unavailable_reason",
 ]
 
@@ -106,12 +106,13 @@ def _open_engine(loaded: LoadedModel, settings: BuildSettings, options: BackendO
     """The session of one graph, and whether its engine was built now: the given engine (its file already
     checked), else the engine cache's (reused when its metadata matches, else built after the memory check)."""
     from nndf.export import engine_build, engine_cache
+    from nndf.export.engine_request import EngineRequest
 
     common = dict(trt=gpu.trt, device=gpu.device, role=graph.role, flag=graph.flag, cuda_graph=options.cuda_graph)
     if given is not None:
         return TrtSession(given, graph.input_names, graph.output_names, graph.profiles,
                           source=f"{graph.flag} {given}", **common), False
-    request = engine_cache.EngineRequest(
+    request = EngineRequest(
         stem=f"{loaded.spec.family}-{loaded.variant.name}-{graph.graph}",
         graph=graph.graph,
         onnx_path=export.graph,
@@ -180,7 +181,7 @@ def open_session(loaded: LoadedModel, settings: BuildSettings, options: BackendO
     from nndf.architectures import DecoderOnly
     from nndf.decoder import Decoder
     from nndf.export.onnx import export_decoder, model_io
-    from nndf.model import pytorch_logits
+    from nndf.reference import pytorch_logits
 
     gpu = _gpu()
     shapes = ShapeSpec.derive(settings, loaded.spec, loaded.config)

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from nndf.reference import pytorch_logits
+
 FP16_LOGIT_BOUND = 0.01
 """The largest logit difference an fp16 engine may show against fp32 PyTorch, relative to the logits' scale.
 
@@ -73,20 +75,12 @@ def fp32_cpu_copy(model: torch.nn.Module) -> torch.nn.Module:
     return clone.eval()
 
 
-def seeded_prompts(rows: int, limit: int, vocab: int, lengths=(8, 16, 32), seed: int = 0) -> list[torch.Tensor]:
-    """Seeded random token ids (rows, n), one batch per length in `lengths` capped at `limit`, shortest first."""
-    generator = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, vocab, (rows, n), generator=generator) for n in sorted({min(n, limit) for n in lengths})]
-
-
 def fp16_check(decoder, model: torch.nn.Module, batches, reference_logits=None) -> Fidelity:
     """Score each batch of inputs through `decoder.logits(*inputs)` (a `Decoder`, or a `Seq2SeqDecoder` given
     encoder and decoder ids, over the engines) and through `reference_logits(copy, *inputs)` on an fp32 CPU copy
-    of `model` (default `nndf.model.pytorch_logits`); compare."""
-    if reference_logits is None:
-        from nndf.model import pytorch_logits as reference_logits
-
+    of `model` (default `nndf.reference.pytorch_logits`); compare."""
     reference = fp32_cpu_copy(model)
+    reference_logits = reference_logits or pytorch_logits
     pairs = [(decoder.logits(*inputs).float().cpu().clone(), reference_logits(reference, *inputs))
              for inputs in batches]
     return logit_fidelity(pairs)

@@ -20,7 +20,7 @@ def engine_plan(loaded: LoadedModel, settings: BuildSettings, options: BackendOp
     after the graph, since an engine's real name hashes the GPU it is built on)."""
     from nndf.backends.trt import USE_TF32
     from nndf.export.engine_build import describe_profiles, trtexec_command
-    from nndf.export.engine_cache import EngineRequest
+    from nndf.export.engine_request import EngineRequest
 
     strategy = architecture(loaded.spec)
     shapes = strategy.derive_shapes(settings, loaded.spec, loaded.config)
