@@ -77,8 +77,8 @@ class Model:
         gen = self.loaded.generation_config
         defaults = self.spec.hooks.generation_defaults(self.loaded.config)  # what the model's generate() passes
         eos = defaults.get("eos_token_id", gen.eos_token_id)
-        if isinstance(eos, (list, tuple)):
-            eos = eos[0] if eos else None
+        if isinstance(eos, (list, tuple)):  # instruct checkpoints end at any of several tokens
+            eos = tuple(eos) or None
         return GenerationOptions(
             max_new_tokens=max_new_tokens,
             min_new_tokens=min_new_tokens,
