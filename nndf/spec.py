@@ -268,6 +268,9 @@ class ShapeSpec:
         opt_prompt = prompt_len or max(1, max_positions // 2)
         max_prompt = prompt_len or max_positions
         max_total = min(max_positions, (prompt_len + new_len) if prompt_len and new_len else max_positions)
+        restart = hooks.cache_restart_length(config)
+        if restart is not None and max_prompt <= restart < max_total:
+            max_prompt = restart + 1  # the step that restarts the cache feeds the whole sequence so far
         return cls(
             rows=Dim(lo * beams, settings.batch_size * beams, hi * beams),
             prompt=Dim(1, opt_prompt, max_prompt),
