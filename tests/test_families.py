@@ -1,18 +1,24 @@
-"""Every registered family: its variants' known configs, and parity with Hugging Face generate() on frameworks
-and onnxrt for greedy and beam search, batches with masks, with and without cache."""
+"""Every registered family: its variants' known configs, and parity with Hugging Face generate() on frameworks,
+onnxrt and the trt runner (over the fake TensorRT of tests/fake_tensorrt.py) for greedy and beam search, batches
+with masks, with and without cache. The onnxrt and trt tests share one export per family (the session's
+`onnx_work_dir`), which is why the trt family test lives here rather than in tests/test_trt.py."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 import torch
 
 import nndf
 from conftest import build_tiny, decoder_only_families
+from fake_tensorrt import fake_gpu  # noqa: F401  (a fixture)
 from family_examples import FAMILY_EXAMPLES
 from nndf.loading import known_config
 from nndf.registry import FAMILIES, get_spec, resolve
+from nndf.spec import BuildSettings
+from test_generation_parity import PROMPT_LENGTHS, _batch
 
 FAMILY_NAMES = list(FAMILIES)
 
@@ -77,6 +83,30 @@ def test_family_parity_with_hf_generate(family, backend, use_cache, family_dirs,
         assert torch.equal(ours, reference), f"{family} {backend} beams={num_beams}"
 
 
+def check_family_on_trt(family: str, family_dirs, work, device: str):
+    """The family's tiny model on trt (batch 3 with left padding, beams 2, dynamic batch 1..3) against HF generate():
+    greedy and beam search must give the same tokens. Returns the trt model."""
+    settings = BuildSettings(batch_size=3, num_beams=2, dynamic_batch=True, min_dynamic_batch=1, max_dynamic_batch=3,
+                             input_seq_len=9, output_seq_len=8, use_mask=True)
+    model = nndf.load(family, backend="trt", torch_dir=str(family_dirs[family]), working_dir=str(work), device=device,
+                      settings=settings)
+    reference = nndf.load(family, backend="frameworks", loaded=model.loaded)
+    ids, mask = _batch(PROMPT_LENGTHS[3], vocab=1000)  # within the family examples' vocabulary of 1000 ...
+    ids = ids.masked_fill(mask == 0, 5)  # ... padding ids included
+    for num_beams in (1, 2):
+        ours = model.generate(ids, mask, max_new_tokens=8, num_beams=num_beams)
+        assert torch.equal(ours, reference.hf_generate(ids, mask, max_new_tokens=8, num_beams=num_beams)), num_beams
+    return model
+
+
+@pytest.mark.parametrize("family", decoder_only_families())
+def test_fake_trt_engine_matches_hf_generate(fake_gpu, family, family_dirs, onnx_work_dir):
+    """Each family's graph (BLOOM without position ids, OPT's offset, rotary, local attention, sliding windows,
+    soft-capping) through the trt runner; the `gpu` twin is in tests/test_trt.py."""
+    model = check_family_on_trt(family, family_dirs, onnx_work_dir, "cpu")
+    assert model.artifacts[0].endswith(".engine") and Path(model.artifacts[0]).name.startswith(family)
+
+
 @pytest.mark.parametrize("family", decoder_only_families())
 def test_onnx_graph_is_exact_up_to_the_last_position(family, family_dirs, onnx_work_dir):
     """The export traces with past and new lengths of at most half the positions each (see `dynamic_dims`); the
@@ -130,3 +160,23 @@ def test_every_action_runs_for_every_family(family, family_dirs_with_tokenizer, 
         out, err = capsys.readouterr()
         assert code == 0, f"{argv[0]}: {err}"
         assert f"{argv[0]} " in out and "frameworks" in out
+
+
+@pytest.mark.parametrize("family", ["Phi3", "Gemma"])  # longrope past its switch; soft-capping and local windows
+def test_accuracy_on_onnxrt_gives_the_pytorch_figures(family, family_dirs_with_tokenizer, tmp_path, capsys):
+    """`accuracy` on the exported graph: LAMBADA passages (longer than the tiny models' windows and longrope's
+    original length) score as on PyTorch, and the fidelity columns say so."""
+    import json
+
+    from conftest import LAMBADA_FILE
+    from nndf.cli import main
+
+    out = tmp_path / "accuracy.json"
+    code = main(["accuracy", family, "frameworks", "onnxrt", "--torch-dir", str(family_dirs_with_tokenizer[family]),
+                 "--dataset-file", str(LAMBADA_FILE), "--num-samples", "4", "--working-dir", str(tmp_path),
+                 "--json", str(out)])
+    assert code == 0, capsys.readouterr().err
+    pytorch, onnxrt = json.loads(out.read_text())["results"][0]["rows"]
+    assert onnxrt["top1_agreement"] == 1.0 and onnxrt["mean_kl"] < 1e-6
+    for metric in ("top1", "token_perplexity", "sequence_perplexity", "lm_eval_accuracy", "lm_eval_perplexity"):
+        assert onnxrt[metric] == pytest.approx(pytorch[metric], rel=1e-4), metric
