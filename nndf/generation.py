@@ -34,6 +34,7 @@ class GenerationOptions:
     eos_token_id: int | tuple[int, ...] | None = None  # several: a row ends at any of them (instruct checkpoints)
     pad_token_id: int | None = None
     min_length: int = 0
+    repetition_penalty: float = 1.0  # instruct generation configs set it (Qwen2.5-Instruct: 1.05 to 1.1)
     no_repeat_ngram_size: int = 0
     forced_bos_token_id: int | None = None
     forced_eos_token_id: int | None = None
@@ -61,21 +62,26 @@ class GenerationOptions:
     def pad(self) -> int | None:
         return self.pad_token_id if self.pad_token_id is not None else self.first_eos
 
-    def processors(self, prompt_len: int):
+    def processors(self, prompt_len: int, prompt_mask: torch.Tensor | None = None):
         """The logits processors `generate()` would apply, built from transformers' own classes in its order.
 
         They are pure functions of (tokens so far, scores), so reusing them keeps parity exact as transformers
-        changes. `prompt_len` is the length of the loop's sequences before the first new token.
+        changes. `prompt_len` is the length of the loop's sequences before the first new token; `prompt_mask` their
+        mask, one row per sequence in flight (the repetition penalty ignores each row's left padding).
         """
         from transformers import (
             ForcedBOSTokenLogitsProcessor, ForcedEOSTokenLogitsProcessor, LogitsProcessorList,
             MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor, NoRepeatNGramLogitsProcessor,
+            RepetitionPenaltyLogitsProcessor,
         )
 
         eos = list(self.eos_ids) or None
         max_length = prompt_len + self.max_new_tokens
         min_length = self.min_length if self.min_new_tokens is None else prompt_len + self.min_new_tokens
         processors = LogitsProcessorList()
+        if self.repetition_penalty != 1.0:
+            padding = None if prompt_mask is None else (prompt_mask != 0).int().argmax(dim=1)
+            processors.append(RepetitionPenaltyLogitsProcessor(float(self.repetition_penalty), padding))
         if self.no_repeat_ngram_size > 0:
             processors.append(NoRepeatNGramLogitsProcessor(self.no_repeat_ngram_size))
         if eos is not None and min_length > 0 and self.min_new_tokens is None:
@@ -133,7 +139,7 @@ def stop_check_interval(device: torch.device) -> int:
 
 def greedy_search(decoder, state: TokenState, options, on_token=None) -> torch.Tensor:
     rows, prompt_len = state.tokens.shape
-    processors = options.processors(prompt_len)
+    processors = options.processors(prompt_len, state.mask)
     cache = decoder.new_cache(rows, prompt_len + options.max_new_tokens)
     eos = torch.tensor(options.eos_ids, device=state.tokens.device) if options.eos_ids else None
     device = state.tokens.device
@@ -177,7 +183,7 @@ def beam_search(decoder, state: TokenState, batch: int, options, on_token=None) 
     rows, prompt_len = state.tokens.shape
     beams = options.num_beams
     device = state.tokens.device
-    processors = options.processors(prompt_len)
+    processors = options.processors(prompt_len, state.mask)
     max_length = prompt_len + options.max_new_tokens
     eos = torch.tensor(options.eos_ids, device=device) if options.eos_ids else None
     penalty = options.length_penalty

@@ -88,6 +88,7 @@ class Model:
             eos_token_id=eos,
             pad_token_id=defaults.get("pad_token_id", gen.pad_token_id),
             min_length=int(gen.min_length or 0),
+            repetition_penalty=float(gen.repetition_penalty or 1.0),
             no_repeat_ngram_size=int(gen.no_repeat_ngram_size or 0),
             forced_bos_token_id=next((t for t in (forced_bos_token_id, self.forced_bos_token_id,
                                                   gen.forced_bos_token_id) if t is not None), None),

@@ -79,6 +79,19 @@ def test_several_eos_tokens_end_rows_like_hf(tiny_gpt2_dir, num_beams):
 
 
 @pytest.mark.parametrize("num_beams", [1, 3])
+def test_repetition_penalty_of_the_generation_config_like_hf(tiny_gpt2_dir, num_beams):
+    """Instruct generation configs set a repetition penalty (Qwen2.5-Instruct), which `generate()` applies in greedy
+    and beam search alike, leaving out each row's left padding."""
+    m = nndf.load("GPT2", torch_dir=str(tiny_gpt2_dir), device="cpu")
+    ids, mask = _batch([5, 9, 3])
+    plain = m.hf_generate(ids, mask, max_new_tokens=12, num_beams=num_beams)
+    m.loaded.model.generation_config.repetition_penalty = 1.5
+    ours = m.generate(ids, mask, max_new_tokens=12, num_beams=num_beams)
+    assert torch.equal(ours, m.hf_generate(ids, mask, max_new_tokens=12, num_beams=num_beams))
+    assert not torch.equal(ours, plain), "the penalty changed nothing: the test lost its point"
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
 def test_min_new_tokens_suppresses_eos_like_hf(tiny_gpt2_dir, num_beams):
     m, ids, mask, eos = _model_with_likely_eos(tiny_gpt2_dir)
     ours = m.generate(ids, mask, max_new_tokens=12, min_new_tokens=12, num_beams=num_beams)
