@@ -16,17 +16,15 @@ from pathlib import Path
 
 from nndf.spec import ModelSpec, Variant
 
-_GEMMA = {"model_type": "gemma", "vocab_size": 256000, "head_dim": 256, "hidden_act": "gelu_pytorch_tanh",
-          "max_position_embeddings": 8192, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "bos_token_id": 2,
-          "eos_token_id": 1, "pad_token_id": 0, "tie_word_embeddings": True}
-_GEMMA2 = dict(_GEMMA, model_type="gemma2", hidden_activation="gelu_pytorch_tanh", sliding_window=4096,
+_COMMON = {"vocab_size": 256000, "head_dim": 256, "max_position_embeddings": 8192, "rms_norm_eps": 1e-6,
+           "rope_theta": 10000.0, "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0, "tie_word_embeddings": True}
+_GEMMA = dict(_COMMON, model_type="gemma", hidden_act="gelu_pytorch_tanh")
+_GEMMA2 = dict(_COMMON, model_type="gemma2", hidden_activation="gelu_pytorch_tanh", sliding_window=4096,
                attn_logit_softcapping=50.0, final_logit_softcapping=30.0)
-_GEMMA3 = dict(_GEMMA, model_type="gemma3_text", vocab_size=262144, max_position_embeddings=32768,
+_GEMMA3 = dict(_COMMON, model_type="gemma3_text", vocab_size=262144, max_position_embeddings=32768,
                hidden_activation="gelu_pytorch_tanh", sliding_window=512, rope_theta=1000000.0,
                rope_local_base_freq=10000.0, query_pre_attn_scalar=256, final_logit_softcapping=None,
                attn_logit_softcapping=None)
-_GEMMA3.pop("hidden_act")
-_GEMMA2.pop("hidden_act")
 
 
 def _shape(layers: int, width: int, heads: int, kv_heads: int, mlp: int, **extra) -> dict:
