@@ -1,7 +1,7 @@
 """The Llama-class families' quirks: each one switched on for real in the tiny examples, and exact where the parity
 tests' shapes do not reach.
 
-tests/test_families.py compares whole sequences with Hugging Face `generate()` on frameworks and onnxrt. Here:
+tests/test_family_parity.py compares whole sequences with Hugging Face `generate()` on every backend. Here:
 the same weights without a quirk compute other logits (so a backend that lost it could not pass those tests),
 longrope's two factor sets in the exported graph, Phi-3's cache restart on the trt runner, the KV cache of
 grouped-query attention in `--info`, and any hub id of a family's architecture as a variant.

@@ -8,7 +8,7 @@ itself: engine reuse and rebuilds, the given-engine checks, dtype casts, the pin
 CUDA-graph bookkeeping, the fp16 check, and the shared generation loop with parity against Hugging Face
 `generate()`. The engine cache and build are tests/test_trt_engines.py, the runner's pure parts
 tests/test_trt_runner.py, encoder-decoder models tests/test_seq2seq_trt.py, every decoder family's tiny graph
-tests/test_families.py (beside its onnxrt parity, whose export it shares).
+tests/test_family_parity.py (beside its onnxrt parity, whose export it shares).
 
 Tests marked `gpu` build real engines with TensorRT and Polygraphy; they skip without CUDA (conftest) or without
 TensorRT, and run with `python -m pytest -m gpu` on a GPU machine.
@@ -36,7 +36,7 @@ from nndf.errors import HarnessError, UsageError
 from nndf.export import engine_cache
 from nndf.spec import BuildSettings
 from nndf.workspace import metadata_path, read_metadata
-from test_families import check_family_on_trt
+from test_family_parity import check_family_on_trt
 from test_generation_parity import PROMPT_LENGTHS, _batch
 
 FAMILY_NAMES = decoder_only_families()  # encoder-decoder families: tests/test_seq2seq_trt.py
