@@ -7,6 +7,7 @@ one sentence that says which flag to use instead.
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 import time
@@ -101,7 +102,7 @@ def known_config(variant: Variant):
         raise UsageError(f"--random-weights builds a listed variant from its known config, and {variant.hub_id} has "
                          "none (`run.py list` shows the listed ones): drop --random-weights to load it from the hub or "
                          "its cache, or give a local copy with --torch-dir")
-    config_args = dict(variant.config)
+    config_args = copy.deepcopy(dict(variant.config))  # transformers writes into nested dicts (rope_scaling)
     return AutoConfig.for_model(config_args.pop("model_type"), **config_args)
 
 

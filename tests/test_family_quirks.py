@@ -174,3 +174,12 @@ def test_random_weights_of_an_unlisted_hub_id_is_one_sentence(capsys):
                            "--random-weights to load it from the hub or its cache, or give a local copy with --torch-dir")
     code, _, err = run_cli(capsys, "benchmark", "Llama", "frameworks", "--variant", "no-org-here")
     assert code == 2 and "or the hub id (org/name) of any Llama checkpoint" in err
+
+
+def test_building_a_known_config_leaves_the_registry_data_alone():
+    """transformers writes `rope_theta` into the rope_scaling dict it is given: the variant's data (and so the
+    weights id that names its exports) must not change when its config is built."""
+    variant = get_spec("Llama").variant("Llama-3.1-8B")
+    before = repr(sorted(variant.config.items()))
+    known_config(variant)
+    assert repr(sorted(variant.config.items())) == before
