@@ -80,7 +80,8 @@ class DecoderOnly(TextInputs):
         from nndf.decoder import Decoder
 
         session = backend_module(backend).open_session(loaded, settings, options)
-        return Decoder(session, shapes, loaded.spec.hooks)
+        hooks = loaded.spec.hooks
+        return Decoder(session, shapes, hooks, hooks.cache_restart_length(loaded.config))
 
     def check_length(self, prompt_len: int, max_new_tokens: int, shapes) -> None:
         total = prompt_len + max_new_tokens

@@ -42,11 +42,13 @@ class TokenState:
 class Decoder:
     """Drives a decoder `Session`: `step` runs the tokens the cache has not seen yet (or all, without cache)."""
 
-    def __init__(self, session: Session, shapes: ShapeSpec, hooks: FamilyHooks) -> None:
+    def __init__(self, session: Session, shapes: ShapeSpec, hooks: FamilyHooks,
+                 cache_restart: int | None = None) -> None:
         self.session = session
         self.shapes = shapes
         self.hooks = hooks
         self.use_cache = shapes.use_cache
+        self.cache_restart = cache_restart  # FamilyHooks.cache_restart_length of the model's config
 
     @property
     def device(self) -> torch.device:
@@ -100,6 +102,9 @@ class Decoder:
     def step(self, state: TokenState, cache: KVCache | None, all_logits: bool = False) -> torch.Tensor:
         """Logits for the tokens after `cache.length` (all tokens without a cache): (rows, 1, vocab) for the last
         of them, or (rows, new tokens, vocab) with `all_logits`."""
+        if cache is not None and self.cache_restart is not None and \
+                0 < cache.length <= self.cache_restart < state.tokens.shape[1]:
+            cache.restart()  # as the model's generate() does (FamilyHooks.cache_restart_length)
         seen = cache.length if cache is not None else 0
         new = state.tokens.shape[1] - seen
         positions = self._positions(new, state.tokens.device)

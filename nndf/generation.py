@@ -31,9 +31,10 @@ class GenerationOptions:
     num_beams: int = 1
     length_penalty: float = 1.0
     early_stopping: bool | str = False
-    eos_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None  # several: a row ends at any of them (instruct checkpoints)
     pad_token_id: int | None = None
     min_length: int = 0
+    repetition_penalty: float = 1.0  # instruct generation configs set it (Qwen2.5-Instruct: 1.05 to 1.1)
     no_repeat_ngram_size: int = 0
     forced_bos_token_id: int | None = None
     forced_eos_token_id: int | None = None
@@ -47,24 +48,40 @@ class GenerationOptions:
             raise UsageError(f"--num-beams must be at least 1, got {self.num_beams}")
 
     @property
-    def pad(self) -> int | None:
-        return self.pad_token_id if self.pad_token_id is not None else self.eos_token_id
+    def eos_ids(self) -> tuple[int, ...]:
+        """Every token that ends a row (a generation config may list several)."""
+        eos = self.eos_token_id
+        return () if eos is None else tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
 
-    def processors(self, prompt_len: int):
+    @property
+    def first_eos(self) -> int | None:
+        """The EOS `generate()` pads with when there is no pad token: the first one listed."""
+        return self.eos_ids[0] if self.eos_ids else None
+
+    @property
+    def pad(self) -> int | None:
+        return self.pad_token_id if self.pad_token_id is not None else self.first_eos
+
+    def processors(self, prompt_len: int, prompt_mask: torch.Tensor | None = None):
         """The logits processors `generate()` would apply, built from transformers' own classes in its order.
 
         They are pure functions of (tokens so far, scores), so reusing them keeps parity exact as transformers
-        changes. `prompt_len` is the length of the loop's sequences before the first new token.
+        changes. `prompt_len` is the length of the loop's sequences before the first new token; `prompt_mask` their
+        mask, one row per sequence in flight (the repetition penalty ignores each row's left padding).
         """
         from transformers import (
             ForcedBOSTokenLogitsProcessor, ForcedEOSTokenLogitsProcessor, LogitsProcessorList,
             MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor, NoRepeatNGramLogitsProcessor,
+            RepetitionPenaltyLogitsProcessor,
         )
 
-        eos = self.eos_token_id
+        eos = list(self.eos_ids) or None
         max_length = prompt_len + self.max_new_tokens
         min_length = self.min_length if self.min_new_tokens is None else prompt_len + self.min_new_tokens
         processors = LogitsProcessorList()
+        if self.repetition_penalty != 1.0:
+            padding = None if prompt_mask is None else (prompt_mask != 0).int().argmax(dim=1)
+            processors.append(RepetitionPenaltyLogitsProcessor(float(self.repetition_penalty), padding))
         if self.no_repeat_ngram_size > 0:
             processors.append(NoRepeatNGramLogitsProcessor(self.no_repeat_ngram_size))
         if eos is not None and min_length > 0 and self.min_new_tokens is None:
@@ -127,9 +144,9 @@ def stop_check_interval(device: torch.device) -> int:
 
 def greedy_search(decoder, state: TokenState, options, on_token=None, stopping=None) -> torch.Tensor:
     rows, prompt_len = state.tokens.shape
-    processors = options.processors(prompt_len)
+    processors = options.processors(prompt_len, state.mask)
     cache = decoder.new_cache(rows, prompt_len + options.max_new_tokens)
-    eos = options.eos_token_id
+    eos = torch.tensor(options.eos_ids, device=state.tokens.device) if options.eos_ids else None
     ends = eos is not None or stopping is not None  # rows can end before max_new_tokens
     device = state.tokens.device
     check_every = stop_check_interval(device)
@@ -142,7 +159,7 @@ def greedy_search(decoder, state: TokenState, options, on_token=None, stopping=N
         if ends and options.pad is not None:
             next_tokens = torch.where(unfinished, next_tokens, torch.full_like(next_tokens, options.pad))
         if eos is not None:
-            unfinished &= next_tokens != eos
+            unfinished &= ~torch.isin(next_tokens, eos)
         state.append(next_tokens)
         if stopping is not None:
             done = torch.as_tensor(stopping(state.tokens, scores), dtype=torch.bool, device=device)
@@ -176,19 +193,20 @@ def beam_search(decoder, state: TokenState, batch: int, options, on_token=None) 
     rows, prompt_len = state.tokens.shape
     beams = options.num_beams
     device = state.tokens.device
-    processors = options.processors(prompt_len)
+    processors = options.processors(prompt_len, state.mask)
     max_length = prompt_len + options.max_new_tokens
-    eos = options.eos_token_id
+    eos = torch.tensor(options.eos_ids, device=device) if options.eos_ids else None
     penalty = options.length_penalty
     early_stopping = options.early_stopping
 
-    # Keep 2 x beams candidates, so that beams that end with EOS still leave `beams` running ones.
-    keep = max(2, 1 + (eos is not None)) * beams
+    # Keep (EOS tokens + 1) x beams candidates (at least 2 x), so that beams that end with an EOS still leave `beams`
+    # running ones.
+    keep = max(2, 1 + len(options.eos_ids)) * beams
     top_beam_mask = torch.cat([torch.ones(beams, dtype=torch.bool), torch.zeros(keep - beams, dtype=torch.bool)])
     top_beam_mask = top_beam_mask.to(device)
 
     # The same fill value as transformers (`pad or eos if eos is set else -1`): it shows in shorter hypotheses.
-    fill = (options.pad_token_id or eos) if eos is not None else -1
+    fill = (options.pad_token_id or options.first_eos) if eos is not None else -1
     running = torch.full((batch, beams, max_length), fill, dtype=torch.int64, device=device)
     running[:, :, :prompt_len] = state.tokens.view(batch, beams, prompt_len)
     finished = running.clone()
@@ -218,7 +236,7 @@ def beam_search(decoder, state: TokenState, batch: int, options, on_token=None) 
 
         hits_stop = torch.full_like(topk_tokens, cur_len + 1 >= max_length, dtype=torch.bool)
         if eos is not None:
-            hits_stop |= topk_tokens == eos
+            hits_stop |= torch.isin(topk_tokens, eos)
 
         # The best `beams` candidates that did not stop go on running.
         running_candidates = topk_scores + hits_stop.float() * -1e9

@@ -77,6 +77,10 @@ class KVCache:
                 )
         self.length = new_length
 
+    def restart(self) -> None:
+        """Hold no positions again: the next step feeds the whole sequence and writes it from the start."""
+        self.length = 0
+
     def reorder(self, row_index: torch.Tensor) -> None:
         """Make row r hold what row `row_index[r]` held (beam search keeps the cache of the beams it continues)."""
         for buf in self.buffers.values():
@@ -118,10 +122,15 @@ class GrowingKVCache:
 
     def __init__(self, num_layers: int, rows: int, kv_heads: int, head_dim: int, max_len: int,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> None:
-        empty = torch.zeros((rows, kv_heads, 0, head_dim), dtype=dtype, device=device)
-        self.tensors = {name: empty for name in past_names(num_layers)}
+        self.empty = torch.zeros((rows, kv_heads, 0, head_dim), dtype=dtype, device=device)
+        self.tensors = {name: self.empty for name in past_names(num_layers)}
         self.num_layers = num_layers
         self.max_len = max_len
+        self.length = 0
+
+    def restart(self) -> None:
+        """Hold no positions again: the next step feeds the whole sequence."""
+        self.tensors = {name: self.empty for name in self.tensors}
         self.length = 0
 
     def past_feeds(self) -> dict[str, torch.Tensor]:

@@ -8,6 +8,7 @@ one sentence that says which flag to use instead.
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 import time
@@ -95,10 +96,15 @@ def _transformers_class(name: str):
 
 
 def known_config(variant: Variant):
-    """The variant's config from the registry's data, without touching the hub."""
+    """The variant's config from the registry's data, without touching the hub; a UsageError for a hub id that the
+    family does not list (it has no known config)."""
     from transformers import AutoConfig
 
-    config_args = dict(variant.config)
+    if not variant.has_known_config:
+        raise UsageError(f"--random-weights builds a listed variant from its known config, and {variant.hub_id} has "
+                         "none (`run.py list` shows the listed ones): drop --random-weights to load it from the hub or "
+                         "its cache, or give a local copy with --torch-dir")
+    config_args = copy.deepcopy(dict(variant.config))  # transformers writes into nested dicts (rope_scaling)
     return AutoConfig.for_model(config_args.pop("model_type"), **config_args)
 
 
@@ -126,10 +132,24 @@ def load_config(spec: ModelSpec, variant: Variant, *, torch_dir: str | None = No
         return AutoConfig.from_pretrained(torch_dir)
     if not random_weights:
         try:
-            return AutoConfig.from_pretrained(variant.hub_id)
-        except OSError:
-            pass
+            return check_architecture(spec, variant, AutoConfig.from_pretrained(variant.hub_id))
+        except OSError as exc:
+            if not variant.has_known_config:
+                _hub_failure(variant, exc)
     return known_config(variant)
+
+
+def check_architecture(spec: ModelSpec, variant: Variant, config):
+    """`config` when the hub's config of an unlisted hub id has one of the family's architectures (model types),
+    else a UsageError naming the family that runs it."""
+    if variant.has_known_config or not spec.model_types or config.model_type in spec.model_types:
+        return config
+    from nndf.registry import family_of_model_type
+
+    owner = family_of_model_type(config.model_type)
+    hint = f"; run it as {owner}" if owner else ""
+    raise UsageError(f"--variant {variant.hub_id} is a {config.model_type} model, not one of the {spec.family} "
+                     f"family's ({', '.join(spec.model_types)}){hint}")
 
 
 def load_model(
@@ -178,25 +198,25 @@ def load_model(
             model.generation_config = known_generation_config(variant, model.config)
             return model
     else:
-        config = _hub_config(variant.hub_id)
+        config = check_architecture(spec, variant, _hub_config(variant))
         source = f"hub {variant.hub_id}"
         weights_id = f"hub:{variant.hub_id}@{getattr(config, '_commit_hash', None)}"
         tokenizer_source = tokenizer_dir or variant.hub_id
 
         def loader():
-            return _from_hub(auto, variant.hub_id, dtype).to(device)
+            return _from_hub(auto, variant, dtype).to(device)
     if dtype != torch.float32:  # exports are fp32 copies of the loaded weights: fp16-rounded ones are other weights
         weights_id += f":{str(dtype).replace('torch.', '')}"
     return LoadedModel(spec, variant, config, source, tokenizer_source, weights_id, loader)
 
 
-def _hub_config(hub_id: str):
+def _hub_config(variant: Variant):
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(hub_id)
+        return AutoConfig.from_pretrained(variant.hub_id)
     except OSError as exc:
-        _hub_failure(hub_id, exc)
+        _hub_failure(variant, exc)
 
 
 def _files_signature(folder: Path) -> str:
@@ -209,20 +229,22 @@ def _has_tokenizer(folder: Path) -> bool:
     return any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json"))
 
 
-def _from_hub(auto, hub_id: str, dtype: torch.dtype):
+def _from_hub(auto, variant: Variant, dtype: torch.dtype):
     try:
-        return auto.from_pretrained(hub_id, dtype=dtype)
+        return auto.from_pretrained(variant.hub_id, dtype=dtype)
     except OSError as exc:
-        _hub_failure(hub_id, exc)
+        _hub_failure(variant, exc)
 
 
-def _hub_failure(hub_id: str, exc: OSError):
+def _hub_failure(variant: Variant, exc: OSError):
     """One sentence for a model the hub cannot give us, naming the flags that avoid the hub."""
     offline = os.environ.get("HF_HUB_OFFLINE") == "1"
     why = "HF_HUB_OFFLINE=1 is set and it is not in the local cache" if offline else f"{exc}".splitlines()[0]
+    instead = (" or --random-weights to build it from its known config" if variant.has_known_config else
+               " (it is not a listed variant, so there is no known config to build it from)")
     raise HarnessError(
-        f"could not load '{hub_id}' from the Hugging Face hub ({why}); "
-        "pass --torch-dir DIR for a local copy or --random-weights to build it from its known config"
+        f"could not load '{variant.hub_id}' from the Hugging Face hub ({why}); pass --torch-dir DIR for a local copy"
+        f"{instead}"
     ) from None
 
 

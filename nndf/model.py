@@ -78,8 +78,8 @@ class Model:
         gen = self.loaded.generation_config
         defaults = self.spec.hooks.generation_defaults(self.loaded.config)  # what the model's generate() passes
         eos = defaults.get("eos_token_id", gen.eos_token_id)
-        if isinstance(eos, (list, tuple)):
-            eos = eos[0] if eos else None
+        if isinstance(eos, (list, tuple)):  # instruct checkpoints end at any of several tokens
+            eos = tuple(eos) or None
         return GenerationOptions(
             max_new_tokens=max_new_tokens,
             min_new_tokens=min_new_tokens,
@@ -89,6 +89,7 @@ class Model:
             eos_token_id=eos,
             pad_token_id=defaults.get("pad_token_id", gen.pad_token_id),
             min_length=int(gen.min_length or 0),
+            repetition_penalty=float(gen.repetition_penalty or 1.0),
             no_repeat_ngram_size=int(gen.no_repeat_ngram_size or 0),
             forced_bos_token_id=next((t for t in (forced_bos_token_id, self.forced_bos_token_id,
                                                   gen.forced_bos_token_id) if t is not None), None),

@@ -20,6 +20,12 @@ FAMILIES: dict[str, str] = {
     "CerebrasGPT": "nndf.models.cerebras",
     "OPT": "nndf.models.opt",
     "BLOOM": "nndf.models.bloom",
+    "Llama": "nndf.models.llama",
+    "Mistral": "nndf.models.mistral",
+    "Qwen2": "nndf.models.qwen2",
+    "Qwen3": "nndf.models.qwen3",
+    "Phi3": "nndf.models.phi3",
+    "Gemma": "nndf.models.gemma",
     "T5": "nndf.models.t5",
     "BART": "nndf.models.bart",
     "BLIP": "nndf.models.blip",
@@ -49,17 +55,21 @@ def get_spec(family: str) -> ModelSpec:
 
 
 def resolve(family: str, variant: str | None) -> tuple[ModelSpec, Variant]:
-    """The family and variant a user means; `GPT2 --variant EleutherAI/gpt-j-6B` finds GPT-J's spec."""
+    """The family and variant a user means: a variant the family lists, else one a family under its umbrella lists
+    (`GPT2 --variant EleutherAI/gpt-j-6B` finds GPT-J's spec), else a hub id of the family's own architecture."""
     spec = get_spec(family)
-    try:
-        return spec, spec.variant(variant)
-    except UsageError:
+    if variant is not None and spec.known_variant(variant) is None:
         for member in UMBRELLAS.get(spec.family, ()):
             other = get_spec(member)
-            if variant is not None and any(variant.lower() in (v.name.lower(), v.hub_id.lower())
-                                           for v in other.variants):
-                return other, other.variant(variant)
-        raise
+            known = other.known_variant(variant)
+            if known is not None:
+                return other, known
+    return spec, spec.variant(variant)
+
+
+def family_of_model_type(model_type: str) -> str | None:
+    """The family whose known variants have this transformers `model_type` (None: no family lists it)."""
+    return next((name for name in FAMILIES if model_type in get_spec(name).model_types), None)
 
 
 def all_specs() -> list[ModelSpec]:

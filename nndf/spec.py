@@ -36,6 +36,22 @@ class Variant:
         return cls(name=hub_id.split("/")[-1], hub_id=hub_id, config=dict(base, **overrides), params=params,
                    generation=dict(generation or {}))
 
+    @classmethod
+    def from_hub(cls, hub_id: str) -> "Variant":
+        """Any checkpoint of a family's architecture by its hub id (`--variant someorg/some-llama-finetune`): its
+        config comes from the hub or its cache, or with --torch-dir from a folder; there is no known one."""
+        return cls(name=hub_id.split("/")[-1], hub_id=hub_id, config={})
+
+    @property
+    def has_known_config(self) -> bool:
+        return bool(self.config)
+
+
+def looks_like_hub_id(name: str) -> bool:
+    """`org/name` as the Hugging Face hub spells repositories: two non-empty parts, no spaces."""
+    parts = name.split("/")
+    return len(parts) == 2 and all(parts) and not any(c.isspace() for c in name) and not name.startswith(".")
+
 
 class FamilyHooks:
     """Per-family behaviour with sensible defaults; a family subclasses this only for its real quirks."""
@@ -60,6 +76,12 @@ class FamilyHooks:
 
     def vocab_size(self, config) -> int:
         return int(config.vocab_size)
+
+    def cache_restart_length(self, config) -> int | None:
+        """A length at which the model's own `generate()` drops its KV cache once and recomputes the whole sequence:
+        the first step whose sequence is longer than this, with at most this many positions cached, runs without
+        a cache (None, the default: never). The loop does the same, so that its tokens stay `generate()`'s."""
+        return None
 
     def encoder_module(self, model):
         """The module that encodes the input of an encoder-decoder model (timed on its own in benchmarks)."""
@@ -128,16 +150,29 @@ class ModelSpec:
     def default_variant(self) -> Variant:
         return self.variants[0]
 
+    @property
+    def model_types(self) -> tuple[str, ...]:
+        """The transformers `model_type`s of the family's known variants (what a hub id of it must have)."""
+        return tuple(dict.fromkeys(str(v.config["model_type"]) for v in self.variants if "model_type" in v.config))
+
+    def known_variant(self, name: str) -> Variant | None:
+        """The listed variant called `name` (its short name or hub id, any case), or None."""
+        wanted = name.lower()
+        return next((v for v in self.variants if wanted in (v.name.lower(), v.hub_id.lower())), None)
+
     def variant(self, name: str | None) -> Variant:
-        """The variant called `name` (its short name or hub id, any case), or a UsageError listing the allowed."""
+        """The variant called `name`: a listed one, else any hub id (org/name) of the family's architecture (no
+        known config); anything else is a UsageError listing the allowed."""
         if name is None:
             return self.default_variant
-        wanted = name.lower()
-        for v in self.variants:
-            if wanted in (v.name.lower(), v.hub_id.lower()):
-                return v
+        known = self.known_variant(name)
+        if known is not None:
+            return known
+        if looks_like_hub_id(name):
+            return Variant.from_hub(name)
         allowed = ", ".join(v.name for v in self.variants)
-        raise UsageError(f"unknown --variant '{name}' for {self.family}; allowed: {allowed}")
+        raise UsageError(f"unknown --variant '{name}' for {self.family}; allowed: {allowed}, or the hub id "
+                         f"(org/name) of any {self.family} checkpoint")
 
 
 @dataclass(frozen=True)
@@ -239,6 +274,9 @@ class ShapeSpec:
         opt_prompt = prompt_len or max(1, max_positions // 2)
         max_prompt = prompt_len or max_positions
         max_total = min(max_positions, (prompt_len + new_len) if prompt_len and new_len else max_positions)
+        restart = hooks.cache_restart_length(config)
+        if restart is not None and max_prompt <= restart < max_total:
+            max_prompt = restart + 1  # the step that restarts the cache feeds the whole sequence so far
         return cls(
             rows=Dim(lo * beams, settings.batch_size * beams, hi * beams),
             prompt=Dim(1, opt_prompt, max_prompt),
@@ -277,6 +315,19 @@ class ShapeSpec:
         past = Dim(1, max(1, self.total.opt - 1), max(1, self.total.max - 1))
         generation = shapes(Dim(1, 1, 1), Dim(2, self.total.opt, self.total.max), Dim(1, 1, 1), past)
         return [context, generation]
+
+    def kv_bytes_per_token(self, bytes_per_value: int) -> int:
+        """Bytes the (self-attention) KV cache holds per token of one sequence: a key and a value per layer, each
+        KV heads x head size. Grouped- and multi-query attention keep only their KV heads (Llama 3.1 8B: 8 of 32)."""
+        return 2 * self.num_layers * self.kv_heads * self.head_dim * bytes_per_value
+
+    def kv_cache_note(self, bytes_per_value: int) -> str:
+        """The `--info` line on the KV cache's size, per token and at the build's largest shapes."""
+        per_token = self.kv_bytes_per_token(bytes_per_value)
+        whole = per_token * self.rows.max * self.total.max
+        return (f"KV cache: {per_token:,} bytes per token and sequence (2 x {self.num_layers} layers x "
+                f"{self.kv_heads} KV heads x {self.head_dim} head size x {bytes_per_value} bytes); "
+                f"{whole / 2**20:,.1f} MiB at {self.rows.max} rows x {self.total.max} positions")
 
     def kv_shape(self, rows: int, length: int) -> tuple[int, int, int, int]:
         """Shape of one layer's key or value cache: (rows, kv heads, length, head dim)."""

@@ -103,7 +103,7 @@ class CaptionDecoderWrapper(StepWrapper):
 
     def forward(self, input_ids, attention_mask, position_ids, logits_to_keep, *rest):
         count = 2 * self.num_layers
-        self_attention = self.self_attention_cache(None, rest[count:], input_ids)
+        self_attention = self.self_attention_cache(rest[count:], input_ids)
         cache = cross_attention_cache(rest[:count], self_attention, self.num_layers)
         # The cross-attention layers run only when encoder states are given; they read the cache, not this.
         placeholder = rest[0].new_zeros(()).expand(input_ids.shape[0], 1, 1)

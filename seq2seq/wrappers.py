@@ -96,7 +96,7 @@ def cross_attention_cache(cross, self_attention, num_layers: int) -> EncoderDeco
     """A cache whose cross-attention part holds the given keys and values as already computed (`is_updated`), so
     the model reads them instead of projecting encoder states, and whose self-attention part is `self_attention`."""
     cache = EncoderDecoderCache(self_attention, DynamicCache())
-    cache.cross_attention_cache = past_as_cache(None, cross)
+    cache.cross_attention_cache = past_as_cache(cross)
     cache.is_updated = {layer: True for layer in range(num_layers)}
     return cache
 
@@ -109,7 +109,7 @@ class DecoderWrapper(StepWrapper):
 
     def forward(self, input_ids, encoder_attention_mask, logits_to_keep, *rest):
         count = 2 * self.num_layers
-        self_attention = self.self_attention_cache(None, rest[count:], input_ids)
+        self_attention = self.self_attention_cache(rest[count:], input_ids)
         cache = cross_attention_cache(rest[:count], self_attention, self.num_layers)
         rows, length = encoder_attention_mask.shape
         placeholder = rest[0].new_zeros(()).expand(rows, length, 1)  # sizes the encoder mask only

@@ -42,9 +42,22 @@ TINY_GPT2 = dict(n_layer=2, n_head=2, n_embd=32, n_positions=128, vocab_size=502
                  eos_token_id=50256)
 
 
-def build_tiny(tmp_root: Path, name: str, config_kwargs: dict, seed: int = 0, tokenizer_dir: Path | None = None) -> Path:
+def draw_constants(model: torch.nn.Module, std: float = 0.2) -> None:
+    """Redraw every parameter that a fresh model holds at one constant value (biases at 0, norm weights at 1, or
+    Gemma's at 0 under its 1 + weight): otherwise the q/k/v biases or q/k norms of a tiny model would compute what
+    a model without them computes, and a test could not see them lost."""
+    with torch.no_grad():
+        for parameter in model.parameters():
+            flat = parameter.flatten()
+            if flat.numel() > 1 and bool((flat == flat[0]).all()):
+                parameter.add_(torch.randn_like(parameter) * std)
+
+
+def build_tiny(tmp_root: Path, name: str, config_kwargs: dict, seed: int = 0, tokenizer_dir: Path | None = None,
+               constants_drawn: bool = False) -> Path:
     """Save a seeded random model of `config_kwargs` and return its folder; a decoder-only model gets the real GPT-2
-    tokenizer when it is present, an encoder-decoder model `tokenizer_dir` when given."""
+    tokenizer when it is present, an encoder-decoder model `tokenizer_dir` when given. `constants_drawn`: biases and
+    norm weights drawn at random too (`draw_constants`)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForSeq2SeqLM
 
     kwargs = dict(config_kwargs)
@@ -54,6 +67,8 @@ def build_tiny(tmp_root: Path, name: str, config_kwargs: dict, seed: int = 0, to
     if hasattr(config, "vision_config"):
         auto = AutoModelForImageTextToText
     model = auto.from_config(config)
+    if constants_drawn:
+        draw_constants(model)
     folder = tmp_root / name
     model.save_pretrained(folder)
     if tokenizer_dir is not None:
@@ -73,10 +88,11 @@ def tiny_gpt2_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def family_dirs(tmp_path_factory) -> dict[str, Path]:
     """One tiny random model per registered family (tests/family_examples.py), built once per session."""
-    from family_examples import FAMILY_EXAMPLES
+    from family_examples import CONSTANTS_DRAWN, FAMILY_EXAMPLES
 
     root = tmp_path_factory.mktemp("families")
-    return {name: build_tiny(root, name, config) for name, config in FAMILY_EXAMPLES.items()}
+    return {name: build_tiny(root, name, config, constants_drawn=name in CONSTANTS_DRAWN)
+            for name, config in FAMILY_EXAMPLES.items()}
 
 
 @pytest.fixture(scope="session")

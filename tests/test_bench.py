@@ -308,3 +308,43 @@ def test_tiny_run_through_the_worker_protocol(tiny_gpt2_dir, bench_work_dir, tmp
         assert report["raw"]["warm_up"][b]["hf"]["tokens"] == report["raw"]["warm_up"][b]["onnxrt"]["tokens"]
         assert len(report["raw"]["warm_up"][b]["hf"]["tokens"]) == int(b)
     assert any(g["status"] == "SKIP" and "optimum was not among --engines" in g["text"] for g in report["goals"])
+
+
+def test_family_parity_shrinks_published_configs_keeping_their_quirks():
+    """bench/family_parity.py's held-out configs: the published head ratios, rope settings, windows (shrunk below
+    the test prompts, or kept out of reach where the published window exceeds the model), soft-caps and head sizes,
+    at CPU size; every case builds."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from nndf.registry import get_spec
+
+    parity = _load_bench(REPO / "bench" / "family_parity.py")
+
+    def shrunk(case: str, layers: int = 2) -> dict:
+        family, variant = case.split(":")
+        return parity.shrink(dict(get_spec(family).variant(variant).config), layers)
+
+    smol = shrunk("Llama:SmolLM2-135M")
+    assert (smol["num_attention_heads"], smol["num_key_value_heads"], smol["hidden_size"]) == (9, 3, 144)
+    assert smol["tie_word_embeddings"] and smol["rope_theta"] == 100000.0 and smol["intermediate_size"] == 384
+    llama = shrunk("Llama:Llama-3.1-8B")
+    assert (llama["num_attention_heads"], llama["num_key_value_heads"]) == (8, 2)
+    assert llama["rope_scaling"] == dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                         original_max_position_embeddings=32)
+    phi = shrunk("Phi3:Phi-3.5-mini-instruct")
+    long = get_spec("Phi3").variant("Phi-3.5-mini-instruct").config["rope_scaling"]["long_factor"]
+    assert phi["rope_scaling"]["long_factor"] == [long[round(i * 47 / 7)] for i in range(8)]
+    assert (phi["original_max_position_embeddings"], phi["sliding_window"]) == (32, 512)
+    mini = shrunk("Phi3:Phi-3-mini-4k-instruct")
+    assert (mini["original_max_position_embeddings"], mini["sliding_window"]) == (256, 16)
+    gemma = shrunk("Gemma:gemma-2-27b")
+    assert (gemma["head_dim"], gemma["query_pre_attn_scalar"], gemma["sliding_window"]) == (16, 18, 16)
+    assert (gemma["attn_logit_softcapping"], gemma["final_logit_softcapping"]) == (50.0, 30.0)
+    assert (shrunk("Qwen2:Qwen2.5-0.5B")["num_attention_heads"], shrunk("Qwen2:Qwen2.5-0.5B")["num_key_value_heads"]) \
+        == (7, 1)
+    for case, layers in parity.CASES:
+        config = dict(shrunk(case, layers))
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(AutoConfig.for_model(config.pop("model_type"), **config))
+        assert sum(p.numel() for p in model.parameters()) < 2_000_000, case

@@ -1,5 +1,6 @@
-"""Every registered family: its variants' known configs, and parity with Hugging Face generate() on frameworks
-and onnxrt for greedy and beam search, batches with masks, with and without cache."""
+"""Every registered family: its variants' known configs, the family names users type, and every action on a tiny
+model of each decoder family (text actions with the real GPT-2 tokenizer). Parity with Hugging Face `generate()`
+on every backend: tests/test_family_parity.py."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import re
 import pytest
 import torch
 
-import nndf
 from conftest import build_tiny, decoder_only_families
 from family_examples import FAMILY_EXAMPLES
 from nndf.loading import known_config
@@ -55,46 +55,6 @@ def test_gpt2_family_name_reaches_the_families_nvidia_runs_under_it():
     assert resolve("gpt-neo", "gpt-neo-125m")[0].family == "GPTNeo"
 
 
-def _prompts(seed: int = 3):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(4, 990, (3, 10), generator=g)
-    mask = torch.ones_like(ids)
-    mask[0, :3] = 0
-    mask[2, :6] = 0
-    return ids, mask
-
-
-@pytest.mark.parametrize("use_cache", [True, False], ids=["cache", "no-cache"])
-@pytest.mark.parametrize("backend", ["frameworks", "onnxrt"])
-@pytest.mark.parametrize("family", decoder_only_families())  # encoder-decoder ones: tests/test_seq2seq.py
-def test_family_parity_with_hf_generate(family, backend, use_cache, family_dirs, onnx_work_dir):
-    m = nndf.load(family, backend=backend, torch_dir=str(family_dirs[family]), use_cache=use_cache,
-                  working_dir=str(onnx_work_dir), device="cpu")
-    ids, mask = _prompts()
-    for num_beams in (1, 3):
-        ours = m.generate(ids, mask, max_new_tokens=12, num_beams=num_beams)
-        reference = m.hf_generate(ids, mask, max_new_tokens=12, num_beams=num_beams)
-        assert torch.equal(ours, reference), f"{family} {backend} beams={num_beams}"
-
-
-@pytest.mark.parametrize("family", decoder_only_families())
-def test_onnx_graph_is_exact_up_to_the_last_position(family, family_dirs, onnx_work_dir):
-    """The export traces with past and new lengths of at most half the positions each (see `dynamic_dims`); the
-    graph must stay exact beyond that: a prompt of 3/4 of the positions, decoding to the very last one, and logits
-    for a whole max-length text at once."""
-    m = nndf.load(family, backend="onnxrt", torch_dir=str(family_dirs[family]), working_dir=str(onnx_work_dir),
-                  device="cpu")
-    length = m.max_positions * 3 // 4
-    ids = torch.randint(4, 990, (2, length), generator=torch.Generator().manual_seed(5))
-    mask = torch.ones_like(ids)
-    mask[1, :7] = 0
-    new = m.max_positions - length
-    ours = m.generate(ids, mask, max_new_tokens=new, min_new_tokens=new)
-    assert torch.equal(ours, m.hf_generate(ids, mask, max_new_tokens=new, min_new_tokens=new)), family
-    full = ours[:1, -m.max_positions:]  # scoring: logits for every one of max_positions tokens at once
-    torch.testing.assert_close(m.logits(full), m.reference_logits(full), rtol=0, atol=1e-4)
-
-
 @pytest.fixture(scope="module")
 def family_dirs_with_tokenizer(tmp_path_factory):
     """Tiny models whose vocabulary holds the real GPT-2 tokenizer's ids, so that text actions can run on them."""
@@ -130,3 +90,23 @@ def test_every_action_runs_for_every_family(family, family_dirs_with_tokenizer, 
         out, err = capsys.readouterr()
         assert code == 0, f"{argv[0]}: {err}"
         assert f"{argv[0]} " in out and "frameworks" in out
+
+
+@pytest.mark.parametrize("family", ["Phi3", "Gemma"])  # longrope past its switch; soft-capping and local windows
+def test_accuracy_on_onnxrt_gives_the_pytorch_figures(family, family_dirs_with_tokenizer, tmp_path, capsys):
+    """`accuracy` on the exported graph: LAMBADA passages (longer than the tiny models' windows and longrope's
+    original length) score as on PyTorch, and the fidelity columns say so."""
+    import json
+
+    from conftest import LAMBADA_FILE
+    from nndf.cli import main
+
+    out = tmp_path / "accuracy.json"
+    code = main(["accuracy", family, "frameworks", "onnxrt", "--torch-dir", str(family_dirs_with_tokenizer[family]),
+                 "--dataset-file", str(LAMBADA_FILE), "--num-samples", "4", "--working-dir", str(tmp_path),
+                 "--json", str(out)])
+    assert code == 0, capsys.readouterr().err
+    pytorch, onnxrt = json.loads(out.read_text())["results"][0]["rows"]
+    assert onnxrt["top1_agreement"] == 1.0 and onnxrt["mean_kl"] < 1e-6
+    for metric in ("top1", "token_perplexity", "sequence_perplexity", "lm_eval_accuracy", "lm_eval_perplexity"):
+        assert onnxrt[metric] == pytest.approx(pytorch[metric], rel=1e-4), metric

@@ -59,6 +59,39 @@ def test_eos_stops_and_pads_like_hf(tiny_gpt2_dir, num_beams):
 
 
 @pytest.mark.parametrize("num_beams", [1, 3])
+def test_several_eos_tokens_end_rows_like_hf(tiny_gpt2_dir, num_beams):
+    """Instruct checkpoints list several EOS tokens (Phi-3-mini: 32000, 32001, 32007): a row ends at any of them,
+    beam search keeps (EOS tokens + 1) x beams candidates, and finished rows are padded with the first."""
+    m = nndf.load("GPT2", torch_dir=str(tiny_gpt2_dir), device="cpu")
+    ids, mask = _batch([5, 9, 3])
+    free = m.hf_generate(ids, mask, max_new_tokens=12)
+    width = ids.shape[1]
+    stops = [int(free[0, width + 2]), int(free[2, width + 5])]
+    unused = next(t for t in range(50000, 50257) if t not in free)  # the pad: never generated, first in the list
+    m.loaded.model.generation_config.eos_token_id = [unused, *stops]
+    m.loaded.model.generation_config.pad_token_id = None
+    ours = m.generate(ids, mask, max_new_tokens=12, num_beams=num_beams)
+    reference = m.hf_generate(ids, mask, max_new_tokens=12, num_beams=num_beams)
+    assert torch.equal(ours, reference)
+    if num_beams == 1:
+        assert all((ours[:, width:] == stop).any() for stop in stops), "an EOS was never generated"
+        assert (ours[:, width:] == unused).any(), "no finished row was padded"
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_repetition_penalty_of_the_generation_config_like_hf(tiny_gpt2_dir, num_beams):
+    """Instruct generation configs set a repetition penalty (Qwen2.5-Instruct), which `generate()` applies in greedy
+    and beam search alike, leaving out each row's left padding."""
+    m = nndf.load("GPT2", torch_dir=str(tiny_gpt2_dir), device="cpu")
+    ids, mask = _batch([5, 9, 3])
+    plain = m.hf_generate(ids, mask, max_new_tokens=12, num_beams=num_beams)
+    m.loaded.model.generation_config.repetition_penalty = 1.5
+    ours = m.generate(ids, mask, max_new_tokens=12, num_beams=num_beams)
+    assert torch.equal(ours, m.hf_generate(ids, mask, max_new_tokens=12, num_beams=num_beams))
+    assert not torch.equal(ours, plain), "the penalty changed nothing: the test lost its point"
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
 def test_min_new_tokens_suppresses_eos_like_hf(tiny_gpt2_dir, num_beams):
     m, ids, mask, eos = _model_with_likely_eos(tiny_gpt2_dir)
     ours = m.generate(ids, mask, max_new_tokens=12, min_new_tokens=12, num_beams=num_beams)

@@ -244,9 +244,11 @@ def test_default_int8_weight_type_multiplies_exactly_on_this_cpu():
     np.testing.assert_array_equal(session.run(None, {"a": a})[0], a.astype(np.int64) @ w)
 
 
-@pytest.mark.parametrize("family", ["GPTNeo", "GPTJ", "OPT"])  # tied head, untied head, Gemm and MatMul mixed
+# tied head, untied head, Gemm and MatMul mixed; Llama: a tied head as SmolLM2's, Qwen2.5-0.5B's and Gemma's
+@pytest.mark.parametrize("family", ["GPTNeo", "GPTJ", "OPT", "Llama"])
 def test_every_family_quantizes_every_weight_matmul(family, tmp_path_factory, onnx_work_dir):
-    """Other families' graphs (nn.Linear, untied heads, OPT's projections) lose every fp32 weight MatMul too."""
+    """Other families' graphs (nn.Linear, untied heads, OPT's projections, a Llama-class tied head) lose every fp32
+    weight MatMul too."""
     folder = build_tiny(tmp_path_factory.mktemp("family"), family, FAMILY_EXAMPLES[family])
     work = tmp_path_factory.mktemp("quant")
     for kind in ("int8", "int4"):

@@ -7,7 +7,8 @@ active profile, every input's shape set, output shapes from input shapes). That 
 itself: engine reuse and rebuilds, the given-engine checks, dtype casts, the ping-pong KV cache, profile switching,
 CUDA-graph bookkeeping, the fp16 check, and the shared generation loop with parity against Hugging Face
 `generate()`. The engine cache and build are tests/test_trt_engines.py, the runner's pure parts
-tests/test_trt_runner.py, encoder-decoder models tests/test_seq2seq_trt.py.
+tests/test_trt_runner.py, encoder-decoder models tests/test_seq2seq_trt.py, every decoder family's tiny graph
+tests/test_family_parity.py (beside its onnxrt parity, whose export it shares).
 
 Tests marked `gpu` build real engines with TensorRT and Polygraphy; they skip without CUDA (conftest) or without
 TensorRT, and run with `python -m pytest -m gpu` on a GPU machine.
@@ -36,6 +37,7 @@ from nndf.reference import seeded_prompts
 from nndf.export import engine_cache
 from nndf.spec import BuildSettings
 from nndf.workspace import metadata_path, read_metadata
+from test_family_parity import check_family_on_trt
 from test_generation_parity import PROMPT_LENGTHS, _batch
 
 FAMILY_NAMES = decoder_only_families()  # encoder-decoder families: tests/test_seq2seq_trt.py
@@ -127,29 +129,6 @@ def test_fake_engine_tokens_equal_hf_generate(fake_gpu, tiny_gpt2_dir, onnx_work
     calls = session._context.calls
     assert calls[0] == ("profile", 0) and calls[1] == ("execute", 0) and calls[2] == ("profile", 1)
     assert calls.count(("profile", 1)) == 1 and all(c == ("execute", 1) for c in calls[3:])
-
-
-def _check_family_on_trt(family: str, family_dirs, work, device: str):
-    """The family's tiny model on trt (batch 3 with left padding, beams 2, dynamic batch 1..3) against HF generate():
-    greedy and beam search must give the same tokens. Returns the trt model."""
-    settings = BuildSettings(batch_size=3, num_beams=2, dynamic_batch=True, min_dynamic_batch=1, max_dynamic_batch=3,
-                             input_seq_len=9, output_seq_len=8, use_mask=True)
-    model = nndf.load(family, backend="trt", torch_dir=str(family_dirs[family]), working_dir=str(work), device=device,
-                      settings=settings)
-    reference = nndf.load(family, backend="frameworks", loaded=model.loaded)
-    ids, mask = _batch(PROMPT_LENGTHS[3], vocab=1000)  # within the family examples' vocabulary of 1000 ...
-    ids = ids.masked_fill(mask == 0, 5)  # ... padding ids included
-    for num_beams in (1, 2):
-        ours = model.generate(ids, mask, max_new_tokens=8, num_beams=num_beams)
-        assert torch.equal(ours, reference.hf_generate(ids, mask, max_new_tokens=8, num_beams=num_beams)), num_beams
-    return model
-
-
-@pytest.mark.parametrize("family", FAMILY_NAMES)
-def test_fake_engine_every_family_matches_hf_generate(fake_gpu, family, family_dirs, onnx_work_dir):
-    """Each family's graph (BLOOM without position ids, OPT's offset, rotary, local attention) through the runner."""
-    model = _check_family_on_trt(family, family_dirs, onnx_work_dir, "cpu")
-    assert model.artifacts[0].endswith(".engine") and Path(model.artifacts[0]).name.startswith(family)
 
 
 def test_fake_engine_dynamic_batch_and_int32_inputs(fake_gpu, tiny_gpt2_dir, tmp_path, reference_model):
@@ -323,7 +302,7 @@ def test_gpu_fp32_engine_tokens_equal_hf_generate(tiny_gpt2_dir, gpu_work, batch
 def test_gpu_every_family_fp32_engine_tokens_equal_hf_generate(family, family_dirs, gpu_work, monkeypatch):
     _needs_tensorrt()
     monkeypatch.setattr(trt_backend, "USE_TF32", False)  # bit-level parity needs true fp32 matrix products
-    _check_family_on_trt(family, family_dirs, gpu_work, "cuda")
+    check_family_on_trt(family, family_dirs, gpu_work, "cuda")
 
 
 @pytest.mark.gpu

@@ -175,13 +175,16 @@ def describe(model: Model) -> dict:
 def info_result(model: Model) -> Result:
     """`--info`: the settings and every decoder tensor shape, derived from the one ShapeSpec."""
     rows = [{"tensor": name, "shape": shape} for name, shape in model.shapes.describe()]
+    notes = [note for session in model.decoder.sessions for note in getattr(session, "info_notes", [])]
+    if model.shapes.use_cache:
+        notes.append(model.shapes.kv_cache_note(2 if model.settings.fp16 else 4))
     return Result(
         action="info",
         title=f"{model.spec.family} {model.variant.name}: decoder tensors",
         columns=[Column("tensor", "tensor"), Column("shape", "shape")],
         rows=rows,
         context=describe(model),
-        notes=[note for session in model.decoder.sessions for note in getattr(session, "info_notes", [])],
+        notes=notes,
     )
 
 

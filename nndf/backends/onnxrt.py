@@ -45,10 +45,15 @@ class PresentCache:
 
     def __init__(self, num_layers: int, rows: int, kv_heads: int, head_dim: int, max_len: int,
                  dtype=np.float32) -> None:
-        empty = np.zeros((rows, kv_heads, 0, head_dim), dtype=dtype)
-        self.values = {past_name(i, k): empty for i in range(num_layers) for k in KINDS}
+        self.empty = np.zeros((rows, kv_heads, 0, head_dim), dtype=dtype)
+        self.values = {past_name(i, k): self.empty for i in range(num_layers) for k in KINDS}
         self.num_layers = num_layers
         self.max_len = max_len
+        self.length = 0
+
+    def restart(self) -> None:
+        """Hold no positions again: the next step feeds the whole sequence."""
+        self.values = {name: self.empty for name in self.values}
         self.length = 0
 
     def past_feeds(self) -> dict:

@@ -129,6 +129,28 @@ def eager_attention(model):
         model.set_attn_implementation(before)
 
 
+@contextlib.contextmanager
+def attributes_kept(model):
+    """Put back every module attribute the trace set or replaced, so that the PyTorch model runs as before.
+
+    A forward may cache a tensor on its module (transformers' longrope rotary stores `long_inv_freq` on its first
+    call): under the exporter that tensor is a FakeTensor, and the model's later forwards (Hugging Face
+    `generate()`, the frameworks backend) read it and compute garbage. Only plain attributes are restored;
+    parameters and buffers are the model's own (the exporter does not write them).
+    """
+    before = {module: dict(vars(module)) for module in model.modules()}
+    try:
+        yield
+    finally:
+        for module, attributes in before.items():
+            state = vars(module)
+            for name in [name for name in state if name not in attributes]:
+                del state[name]
+            for name, value in attributes.items():
+                if state.get(name) is not value:
+                    state[name] = value
+
+
 def model_io(loaded: LoadedModel, use_cache: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The input and output names a decoder graph of this model must have (its weights are not loaded for it)."""
     return decoder_io(loaded.model_class, loaded.spec.hooks.num_layers(loaded.config), use_cache)
@@ -151,10 +173,13 @@ def trace_to_onnx(wrapper, args, dynamic, io: dict, path: Path, model, label: st
     """Trace `wrapper` with torch's dynamo exporter (eager attention, named dynamic dimensions) and save the graph
     with its weights in one external data file beside it; any exporter failure is one HarnessError."""
     try:
-        with contextlib.redirect_stdout(sys.stderr), eager_attention(model), warnings.catch_warnings(), \
-                quiet_logger("torch.onnx._internal.exporter._registration"), ticking(f"exporting {label}"):
+        with contextlib.redirect_stdout(sys.stderr), eager_attention(model), attributes_kept(model), \
+                warnings.catch_warnings(), quiet_logger("torch.onnx._internal.exporter._registration"), \
+                ticking(f"exporting {label}"):
             # shared named dimensions make the exporter say, once per input, that it keeps the first name
             warnings.filterwarnings("ignore", message=r".*axis name: .* will not be used")
+            # a forward that caches a tensor on its module (longrope's `long_inv_freq`): `attributes_kept` undoes it
+            warnings.filterwarnings("ignore", message=r"The tensor attribute .* was assigned during export")
             # torch's pytree deprecation inside the exporter, not ours to act on
             warnings.filterwarnings("ignore", category=FutureWarning, message=r".*LeafSpec.*")
             program = torch.onnx.export(

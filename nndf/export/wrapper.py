@@ -37,24 +37,28 @@ def decoder_io(model_class: type, num_layers: int, use_cache: bool) -> tuple[tup
     return tuple(inputs), tuple(outputs)
 
 
-def past_as_cache(config, past) -> DynamicCache:
-    """A DynamicCache whose layers hold the given past tensors as they are.
+def past_as_cache(past) -> DynamicCache:
+    """A DynamicCache of full-length layers that hold the given past tensors as they are.
 
-    `DynamicCache.update` would concatenate them to an empty tensor, i.e. copy the whole past once more per step;
-    setting the layers' tensors directly leaves the model's own concatenation as the only copy, as in `generate()`.
-    `config` None makes plain layers, one per pair of tensors (an encoder-decoder's config may count the encoder's
-    layers, not the decoder's).
+    Every layer keeps every position, also where the model attends over a sliding window (Mistral, Gemma 2's local
+    layers): transformers' windowed layer (`DynamicSlidingWindowLayer`, what `DynamicCache(config=...)` makes for
+    them) returns past + new but keeps only the last window - 1 positions, which breaks the flat layout (each
+    present = its past + the new positions) that every backend and graph shares. Over full-length layers the model
+    masks the keys outside the window itself (its sliding-window mask is computed on absolute positions), so
+    attention sees exactly the keys the windowed cache would have kept: the same result, at the price of a cache
+    that grows past the window (GPT-Neo's local layers have always worked this way).
+
+    `DynamicCache.update` would concatenate the tensors to an empty one, i.e. copy the whole past once more per
+    step; setting the layers' tensors directly leaves the model's own concatenation as the only copy, as in
+    `generate()`.
     """
-    cache = DynamicCache(config=config) if config is not None else DynamicCache()
+    cache = DynamicCache()
     for layer in range(len(past) // 2):
         key, value = past[2 * layer], past[2 * layer + 1]
-        if layer < len(cache.layers) and type(cache.layers[layer]) is DynamicLayer:
-            # what lazy_initialization + update would leave, without their empty tensors and concatenations
-            plain = cache.layers[layer]
-            plain.dtype, plain.device, plain.is_initialized = key.dtype, key.device, True
-        else:  # layers with state of their own (sliding windows) go through their own initialisation
-            cache.update(key[:, :, :0], value[:, :, :0], layer)
-        cache.layers[layer].keys, cache.layers[layer].values = key, value
+        plain = DynamicLayer()  # what lazy_initialization + update would leave, without their copies
+        plain.dtype, plain.device, plain.is_initialized = key.dtype, key.device, True
+        plain.keys, plain.values = key, value
+        cache.layers.append(plain)
     return cache
 
 
@@ -118,14 +122,14 @@ class StepWrapper(torch.nn.Module):
             return (*inputs, PAST_LENGTH), ("logits",)
         return tuple(inputs), tuple(outputs)
 
-    def self_attention_cache(self, config, past, input_ids: torch.Tensor):
+    def self_attention_cache(self, past, input_ids: torch.Tensor):
         """The self-attention cache over `past` (with `past_length` last in a static step, which writes
         `input_ids`' positions); an empty one without a cache."""
         if self.static:
             return static_as_cache(past[:-1], past[-1], input_ids.shape[1])
         if not self.use_cache:
             return DynamicCache()
-        return past_as_cache(config, past)
+        return past_as_cache(past)
 
     def keep_kwargs(self, keep: torch.Tensor) -> dict:
         return {"logits_to_keep": keep} if self.slices_before_head else {}
@@ -157,7 +161,7 @@ class DecoderWrapper(StepWrapper):
             extra["position_ids"], rest = rest[0], rest[1:]
         keep, rest = rest[0], rest[1:]
         extra.update(self.keep_kwargs(keep))
-        cache = self.self_attention_cache(self.model.config, rest, input_ids) if self.use_cache else None
+        cache = self.self_attention_cache(rest, input_ids) if self.use_cache else None
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,

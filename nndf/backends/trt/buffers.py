@@ -112,6 +112,10 @@ class PingPongCache:
         self.current = 1 - self.current
         self.length = new_length
 
+    def restart(self) -> None:
+        """Hold no positions again: the next step feeds the whole sequence and writes it from the start."""
+        self.length = 0
+
     def reorder(self, row_index: torch.Tensor) -> None:
         """Row r takes what row `row_index[r]` held (beam search); gathered into the spare buffer, then flipped."""
         index = row_index.to(self.storage.device)
