@@ -9,7 +9,7 @@ child process (this script with `--child`), so that neither starts with memory t
 the model's module first (about 2 s here, the same for both, and paid by any run before it builds a model), then
 times the build from its start to a model whose weights are drawn and tied.
 Builds alternate between the two, round by round. A model is `FAMILY:VARIANT` from the registry (its known
-config), or one of the configs below, written here until their family is registered.
+config).
 """
 
 from __future__ import annotations
@@ -31,31 +31,16 @@ from harness.bench import BUSY_CORES  # noqa: E402
 from harness.render import format_table  # noqa: E402
 from harness.stats import CpuWatch  # noqa: E402
 
-# Llama-3.2-1B's shape (1.24 G parameters, tied embeddings, llama3 rope scaling), as its hub config has it.
-INLINE_CONFIGS = {
-    "llama-3.2-1b-shape": dict(model_type="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                               num_attention_heads=32, num_key_value_heads=8, head_dim=64, vocab_size=128256,
-                               max_position_embeddings=131072, rms_norm_eps=1e-5, tie_word_embeddings=True,
-                               rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=32.0,
-                                                    low_freq_factor=1.0, high_freq_factor=4.0,
-                                                    original_max_position_embeddings=8192),
-                               bos_token_id=128000, eos_token_id=128001),
-}
-DEFAULT_MODELS = ["GPT2:gpt2-large", "GPT2:gpt2-xl", "llama-3.2-1b-shape"]
+DEFAULT_MODELS = ["GPT2:gpt2-large", "GPT2:gpt2-xl", "Llama:Llama-3.2-1B"]
 BUILDERS = ("from_config", "nndf")
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 # Issue 20's goals, in seconds for the nndf build (fp32, CPU): gpt2-large, and any model of about 1 G parameters.
-GOALS = {"GPT2:gpt2-large": 5.0, "llama-3.2-1b-shape": 10.0}
+GOALS = {"GPT2:gpt2-large": 5.0, "Llama:Llama-3.2-1B": 10.0}
 
 
 def model_config(name: str):
-    """(transformers auto class, config) of a `FAMILY:VARIANT` or an inline config's name."""
+    """(transformers auto class, known config) of a registry `FAMILY:VARIANT`."""
     import transformers
-    from transformers import AutoConfig
-
-    if name in INLINE_CONFIGS:
-        args = dict(INLINE_CONFIGS[name])
-        return transformers.AutoModelForCausalLM, AutoConfig.for_model(args.pop("model_type"), **args)
     from nndf.loading import known_config
     from nndf.registry import resolve
 
@@ -105,23 +90,22 @@ def run_child(name: str, builder: str, args) -> dict:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=DEFAULT_MODELS,
-                   help=f"FAMILY:VARIANT of the registry or one of {', '.join(INLINE_CONFIGS)} (default: %(default)s)")
+                   help="FAMILY:VARIANT of the registry (default: %(default)s)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="weights' dtype (default: %(default)s)")
     p.add_argument("--rounds", type=int, default=1, help="builds of each kind per model (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--child", nargs=2, metavar=("MODEL", "BUILDER"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    for name in args.models:
-        if name not in INLINE_CONFIGS and ":" not in name:
-            p.error(f"--models {name}: give FAMILY:VARIANT (python run.py list) or one of {', '.join(INLINE_CONFIGS)}")
-        if name not in INLINE_CONFIGS:
-            from nndf.errors import UsageError
-            from nndf.registry import resolve
+    from nndf.errors import UsageError
+    from nndf.registry import resolve
 
-            try:
-                resolve(*name.split(":", 1))
-            except UsageError as exc:
-                p.error(f"--models {name}: {exc}")
+    for name in args.models:
+        if ":" not in name:
+            p.error(f"--models {name}: give FAMILY:VARIANT (python run.py list)")
+        try:
+            resolve(*name.split(":", 1))
+        except UsageError as exc:
+            p.error(f"--models {name}: {exc}")
     if args.rounds < 1:
         p.error("--rounds must be at least 1")
     return args

@@ -19,22 +19,13 @@ from nndf.spec import Variant
 # Families whose initialisation differs from GPT-2's in ways these tiny transformers configs show, beyond the
 # registered families' examples: Llama's RMSNorm weights are ones and its rotary frequencies a buffer (llama3
 # scaling), Gemma's RMSNorm weights zeros (it scales by 1 + w), and its embedding scale a buffer.
-TRANSFORMERS_ONLY = {
-    "llama": dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, vocab_size=1000, tie_word_embeddings=True,
-                  rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=32.0, low_freq_factor=1.0,
-                                       high_freq_factor=4.0, original_max_position_embeddings=64)),
-    "gemma": dict(model_type="gemma", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=1, head_dim=16, vocab_size=1000),
-}
-EXAMPLES = {**FAMILY_EXAMPLES, **TRANSFORMERS_ONLY}
+EXAMPLES = FAMILY_EXAMPLES  # every family's tiny example (Llama: llama3 rope, Gemma: zero-centred norms)
 
 
 def _auto(name: str):
     import transformers
 
-    auto_class = get_spec(name).auto_class if name in FAMILY_EXAMPLES else "AutoModelForCausalLM"
-    return getattr(transformers, auto_class)
+    return getattr(transformers, get_spec(name).auto_class)
 
 
 def _config(example: dict):
@@ -86,12 +77,12 @@ def test_the_distributions_each_family_asks_for():
     assert gpt2.get_output_embeddings().weight is gpt2.get_input_embeddings().weight
     opt = build_random_model(_auto("OPT"), _config(FAMILY_EXAMPLES["OPT"]), dtype=torch.float32, device="cpu", seed=0)
     assert not opt.model.decoder.embed_tokens.weight[1].any() and opt.model.decoder.embed_tokens.weight[0].all()
-    llama = build_random_model(_auto("llama"), _config(TRANSFORMERS_ONLY["llama"]), dtype=torch.float32,
+    llama = build_random_model(_auto("Llama"), _config(FAMILY_EXAMPLES["Llama"]), dtype=torch.float32,
                                device="cpu", seed=0)
-    assert torch.equal(llama.model.norm.weight, torch.ones(64))
-    gemma = build_random_model(_auto("gemma"), _config(TRANSFORMERS_ONLY["gemma"]), dtype=torch.float32,
+    assert torch.equal(llama.model.norm.weight, torch.ones(FAMILY_EXAMPLES["Llama"]["hidden_size"]))
+    gemma = build_random_model(_auto("Gemma"), _config(FAMILY_EXAMPLES["Gemma"]), dtype=torch.float32,
                                device="cpu", seed=0)
-    assert torch.equal(gemma.model.norm.weight, torch.zeros(64))
+    assert torch.equal(gemma.model.norm.weight, torch.zeros(FAMILY_EXAMPLES["Gemma"]["hidden_size"]))
     ids = torch.tensor([[1, 5, 9, 300]])
     for model in (gpt2, opt, llama, gemma):
         assert torch.isfinite(model(ids).logits).all()
@@ -118,7 +109,7 @@ def test_seeded_reproducible_and_named_by_seed_and_draw():
 def test_gpu_random_weights_are_drawn_on_the_gpu_reproducibly():
     """On CUDA the weights are drawn there (a CUDA generator) in the final dtype, the same for a seed, with the
     buffers and distributions of a CPU from_config build."""
-    auto, config = _auto("llama"), _config(TRANSFORMERS_ONLY["llama"])
+    auto, config = _auto("Llama"), _config(FAMILY_EXAMPLES["Llama"])
     first, again = (build_random_model(auto, config, dtype=torch.float16, device="cuda", seed=5) for _ in range(2))
     assert {p.device.type for p in first.parameters()} == {"cuda"}
     assert all(torch.equal(x, y) for x, y in zip(first.state_dict().values(), again.state_dict().values()))
@@ -143,17 +134,17 @@ def _bench_script():
 
 
 def test_bench_models_are_what_they_claim(capsys):
-    """bench/random_weights.py's 1B model has Llama-3.2-1B's 1.24 G parameters, registry names resolve to their
-    known configs, and a model that is neither is refused naming the flag (exit 2)."""
+    """bench/random_weights.py's 1B model is the registry's Llama-3.2-1B (1.24 G parameters, tied), registry names
+    resolve to their known configs, and a model that is not one is refused naming the flag (exit 2)."""
     bench = _bench_script()
-    auto, config = bench.model_config("llama-3.2-1b-shape")
+    auto, config = bench.model_config("Llama:Llama-3.2-1B")
     with torch.device("meta"):
         model = auto.from_config(config)
     assert sum(p.numel() for p in model.parameters()) == pytest.approx(1.236e9, rel=0.01)
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
     _, gpt2 = bench.model_config("GPT2:gpt2-large")
     assert (gpt2.n_layer, gpt2.n_embd) == (36, 1280)
-    assert bench.parse_args([]).models == ["GPT2:gpt2-large", "GPT2:gpt2-xl", "llama-3.2-1b-shape"]
+    assert bench.parse_args([]).models == ["GPT2:gpt2-large", "GPT2:gpt2-xl", "Llama:Llama-3.2-1B"]
     with pytest.raises(SystemExit) as info:
         bench.parse_args(["--models", "gpt2-large"])
     assert info.value.code == 2 and "--models gpt2-large: give FAMILY:VARIANT" in capsys.readouterr().err
