@@ -3,7 +3,8 @@ models, requests and local LAMBADA passages:
 
 - `lambada_openai` (lm-eval's own task definition, reading a local file as `--dataset-file` makes it): HFLM and
   `NndfLM` on frameworks and onnxrt give the same acc and perplexity to 1e-6 relative, and `run.py accuracy`'s
-  lm-eval columns equal them (decoder-only, T5, BART; mBART on frameworks: its forward's own label shift);
+  lm-eval columns equal them (GPT-2, a Llama-class decoder, T5, BART; mBART on frameworks: its forward's own label
+  shift);
 - `loglikelihood_rolling` and `generate_until` (stop sequences, max tokens) equal HFLM's on the same requests.
 
 A family joins with one entry in CASES (its model folder in MODEL_DIRS).
@@ -39,6 +40,8 @@ CASES = {
     "gpt2-trained": Case("GPT2", "trained-gpt2", (2490, 2520), "causal", min_acc=0.6),
     # a tokenizer that prepends BOS, as OPT's and Llama's do: lm-eval scores the passage after it
     "gpt2-bos": Case("GPT2", "tiny-gpt2-bos", (0, 20), "causal", backends=("frameworks",)),
+    # a Llama-class decoder (grouped-query attention, llama3 rope scaling, tied head) with a BOS-prepending tokenizer
+    "llama": Case("Llama", "tiny-llama", (0, 20), "causal"),
     "t5": Case("T5", "T5", (0, 20), "seq2seq"),
     "bart": Case("BART", "BART", (0, 20), "seq2seq"),
     "mbart": Case("BART", "mBART", (0, 20), "seq2seq", backends=("frameworks",)),
@@ -49,6 +52,7 @@ MODEL_DIRS = {
     "tiny-gpt2": lambda request: request.getfixturevalue("tiny_gpt2_dir"),
     "trained-gpt2": lambda request: TRAINED_TINY_GPT2,
     "tiny-gpt2-bos": lambda request: request.getfixturevalue("tiny_gpt2_bos_dir"),
+    "tiny-llama": lambda request: request.getfixturevalue("tiny_llama_dir"),
     "T5": lambda request: request.getfixturevalue("text_models")["T5"],
     "BART": lambda request: request.getfixturevalue("text_models")["BART"],
     "mBART": lambda request: request.getfixturevalue("text_models")["mBART"],
@@ -65,6 +69,24 @@ def tiny_gpt2_bos_dir(tiny_gpt2_dir, tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("bos") / "tiny-gpt2-bos"
     shutil.copytree(tiny_gpt2_dir, folder)
     tokenizer = AutoTokenizer.from_pretrained(tiny_gpt2_dir, add_bos_token=True)
+    assert tokenizer("a b")["input_ids"][0] == tokenizer.bos_token_id
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny_llama_dir(tmp_path_factory) -> Path:
+    """The tiny Llama of tests/family_examples.py with a vocabulary that holds GPT-2's tokenizer's ids, and that
+    tokenizer made to prepend BOS, as Llama's own tokenizers do."""
+    from transformers import AutoTokenizer
+
+    from conftest import build_tiny
+    from family_examples import CONSTANTS_DRAWN, FAMILY_EXAMPLES
+
+    config = dict(FAMILY_EXAMPLES["Llama"], vocab_size=50272, bos_token_id=50256, eos_token_id=50256)
+    folder = build_tiny(tmp_path_factory.mktemp("llama"), "tiny-llama", config,
+                        constants_drawn="Llama" in CONSTANTS_DRAWN)
+    tokenizer = AutoTokenizer.from_pretrained(folder, add_bos_token=True)
     assert tokenizer("a b")["input_ids"][0] == tokenizer.bos_token_id
     tokenizer.save_pretrained(folder)
     return folder
