@@ -1,5 +1,6 @@
 """Every registered family: its variants' known configs, and parity with Hugging Face generate() on frameworks
-and onnxrt for greedy and beam search, batches with masks, with and without cache."""
+and onnxrt for greedy search, beam search and seeded sampling (with the streamer's calls), batches with masks, with
+and without cache."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 import nndf
 from conftest import build_tiny, decoder_only_families
 from family_examples import FAMILY_EXAMPLES
+from sampling_checks import assert_samples_like_generate
 from nndf.loading import known_config
 from nndf.registry import FAMILIES, get_spec, resolve
 
@@ -75,6 +77,7 @@ def test_family_parity_with_hf_generate(family, backend, use_cache, family_dirs,
         ours = m.generate(ids, mask, max_new_tokens=12, num_beams=num_beams)
         reference = m.hf_generate(ids, mask, max_new_tokens=12, num_beams=num_beams)
         assert torch.equal(ours, reference), f"{family} {backend} beams={num_beams}"
+    assert_samples_like_generate(m, input_ids=ids, attention_mask=mask, max_new_tokens=12)
 
 
 @pytest.mark.parametrize("family", decoder_only_families())

@@ -35,6 +35,7 @@ from nndf.errors import HarnessError, UsageError
 from nndf.export import engine_cache
 from nndf.spec import BuildSettings
 from nndf.workspace import metadata_path, read_metadata
+from sampling_checks import assert_samples_like_generate
 from test_generation_parity import PROMPT_LENGTHS, _batch
 
 FAMILY_NAMES = decoder_only_families()  # encoder-decoder families: tests/test_seq2seq_trt.py
@@ -130,7 +131,7 @@ def test_fake_engine_tokens_equal_hf_generate(fake_gpu, tiny_gpt2_dir, onnx_work
 
 def _check_family_on_trt(family: str, family_dirs, work, device: str):
     """The family's tiny model on trt (batch 3 with left padding, beams 2, dynamic batch 1..3) against HF generate():
-    greedy and beam search must give the same tokens. Returns the trt model."""
+    greedy search, beam search and seeded sampling must give the same tokens. Returns the trt model."""
     settings = BuildSettings(batch_size=3, num_beams=2, dynamic_batch=True, min_dynamic_batch=1, max_dynamic_batch=3,
                              input_seq_len=9, output_seq_len=8, use_mask=True)
     model = nndf.load(family, backend="trt", torch_dir=str(family_dirs[family]), working_dir=str(work), device=device,
@@ -141,6 +142,7 @@ def _check_family_on_trt(family: str, family_dirs, work, device: str):
     for num_beams in (1, 2):
         ours = model.generate(ids, mask, max_new_tokens=8, num_beams=num_beams)
         assert torch.equal(ours, reference.hf_generate(ids, mask, max_new_tokens=8, num_beams=num_beams)), num_beams
+    assert_samples_like_generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=8)
     return model
 
 
