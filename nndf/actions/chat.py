@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -150,24 +151,43 @@ class _Chat:
         ids = torch.tensor([ids])
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, line
 
-    def answer(self, index: int, line: str, inputs: dict, shown: str) -> bool:
-        """Generate and print one backend's reply; False when the user stopped it (Ctrl-C)."""
+    def answer(self, index: int, line: str, inputs: dict, asked: str, began: float) -> bool:
+        """Generate and print one backend's reply, remember it; False when the user stopped it (Ctrl-C). `began`:
+        when this backend's turn began (before its prompt was built), from which the first text shown is timed."""
         model, args = self.models[index], self.args
         name = f"[{label(model):<{self.width}}]"
-        streams = args.stream and args.num_beams == 1
-        written: list[str] = []
-
-        def write(text: str) -> None:
-            if not written:  # a reply's first text, without the space a continuation starts with
-                text = text.lstrip()
-            written.append(text)
-            sys.stdout.write(text)
-            sys.stdout.flush()
-
-        streamer = ReplyStreamer(model.tokenizer, write if streams else (lambda text: None))
-        timer = StepTimer(model.decoder.device)
+        streams = args.stream and args.num_beams == 1  # beam search cannot stream
         if streams:
             print(name + " ", end="", flush=True)
+        try:
+            reply = self._generate(index, inputs, _terminal_writer() if streams else None)
+        except UsageError:
+            if streams:
+                print(flush=True)
+            raise
+        text = model.tokenizer.decode(reply.tokens, skip_special_tokens=True)
+        first_ms = None if reply.first_token_s is None else reply.first_token_s * 1e3
+        rate = len(reply.tokens) / reply.seconds
+        if streams:
+            ended = "stopped: " if reply.stopped else ""
+            first = "" if first_ms is None else f", first token {first_ms:.1f} ms"
+            print(f"\n{' ' * len(name)} ({ended}{len(reply.tokens)} tokens in {reply.seconds * 1e3:.1f} ms, "
+                  f"{rate:.1f} tok/s{first})", flush=True)
+        else:
+            print(f"{name} {reply.seconds * 1e3:8.1f} ms | {text.strip()}" + " (stopped)" * reply.stopped, flush=True)
+        if self.conversations[index] is not None:
+            self.conversations[index].remember(line, text)
+        shown_ms = None if reply.first_text_at is None or not streams else (reply.first_text_at - began) * 1e3
+        self.rows.append({"prompt": asked, "backend": label(model), "ms": reply.seconds * 1e3,
+                          "first_token_ms": first_ms, "first_text_ms": shown_ms, "new_tokens": len(reply.tokens),
+                          "tokens_per_s": rate, "reply": text, "stopped": reply.stopped})
+        return not reply.stopped
+
+    def _generate(self, index: int, inputs: dict, write) -> "_Reply":
+        """One reply: streamed to `write` (None: not shown while generated), stopped by Ctrl-C between tokens."""
+        model, args = self.models[index], self.args
+        streamer = ReplyStreamer(model.tokenizer, write or (lambda text: None))
+        timer = StepTimer(model.decoder.device)
         stopped = False
         with StopOnInterrupt() as interrupt:
             def on_token() -> None:
@@ -180,31 +200,34 @@ class _Chat:
                 out = model.generate(**inputs, max_new_tokens=args.output_seq_len, num_beams=args.num_beams,
                                      on_token=on_token, streamer=streamer if args.num_beams == 1 else None,
                                      stop_strings=self.stops or None, **dict(self.decoding, seed=self.generators[index]))
-                new = model.new_tokens(out, inputs.get("input_ids"))[0].tolist()
-            except Stopped:
-                stopped = True
-                new = streamer.tokens
-            except UsageError:
-                if streams:
-                    print(flush=True)
-                raise
-        seconds = time.perf_counter() - started
-        reply = model.tokenizer.decode(new, skip_special_tokens=True)
-        first_ms = None if timer.time_to_first_token is None else timer.time_to_first_token * 1e3
-        rate = len(new) / seconds
-        if streams:
-            print(flush=True)
-            ended = "stopped: " if stopped else ""
-            first = "" if first_ms is None else f", first token {first_ms:.1f} ms"
-            print(f"{' ' * len(name)} ({ended}{len(new)} tokens in {seconds * 1e3:.1f} ms, {rate:.1f} tok/s{first})",
-                  flush=True)
-        else:
-            print(f"{name} {seconds * 1e3:8.1f} ms | {reply.strip()}" + (" (stopped)" if stopped else ""), flush=True)
-        if self.conversations[index] is not None:
-            self.conversations[index].remember(line, reply)
-        self.rows.append({"prompt": shown, "backend": label(model), "ms": seconds * 1e3, "first_token_ms": first_ms,
-                          "new_tokens": len(new), "tokens_per_s": rate, "reply": reply, "stopped": stopped})
-        return not stopped
+                tokens = model.new_tokens(out, inputs.get("input_ids"))[0].tolist()
+            except Stopped:  # what was streamed so far is the reply
+                stopped, tokens = True, streamer.tokens
+        return _Reply(tokens, stopped, time.perf_counter() - started, timer.time_to_first_token,
+                      streamer.first_text_at)
+
+
+@dataclass
+class _Reply:
+    tokens: list[int]
+    stopped: bool
+    seconds: float
+    first_token_s: float | None  # from the generate() call to the first token chosen (as benchmark times it)
+    first_text_at: float | None  # time.perf_counter() when its first text was shown
+
+
+def _terminal_writer():
+    """Writes a streamed reply to stdout, flushed at each token, without the space a continuation starts with."""
+    written = []
+
+    def write(text: str) -> None:
+        if not written:
+            text = text.lstrip()
+        written.append(text)
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    return write
 
 
 def run(args, stream=None) -> list[Result]:
@@ -244,8 +267,9 @@ def run(args, stream=None) -> list[Result]:
                 continue
             for index in range(len(models)):
                 try:
-                    inputs, shown = chat.inputs(index, line, given)
-                    answered = chat.answer(index, line, inputs, shown)
+                    began = time.perf_counter()
+                    inputs, asked = chat.inputs(index, line, given)
+                    answered = chat.answer(index, line, inputs, asked, began)
                 except UsageError as exc:  # a line that cannot be answered: report it, go on with the next one
                     print(f"error: {exc}", flush=True)
                     break
@@ -254,7 +278,8 @@ def run(args, stream=None) -> list[Result]:
     except KeyboardInterrupt:
         print()
     columns = [Column("backend", "backend"), Column("ms", "time", "{:.1f}", "ms"),
-               Column("first_token_ms", "first token", "{:.1f}", "ms"), Column("new_tokens", "tokens"),
+               Column("first_token_ms", "first token", "{:.1f}", "ms"),
+               Column("first_text_ms", "first text shown", "{:.1f}", "ms"), Column("new_tokens", "tokens"),
                Column("tokens_per_s", "speed", "{:.1f}", "tok/s"), Column("prompt", "prompt")]
     title = f"chat {first.spec.family} {first.variant.name}: {len(chat.rows)} replies, {chat.picked}"
     return [Result("chat", title, columns, chat.rows, describe(first))]
