@@ -22,7 +22,8 @@ ACTIONS: dict[str, tuple[str, str]] = {
     "accuracy": ("accuracy", "LAMBADA top-N accuracy and perplexity (NVIDIA demo and lm-evaluation-harness)"),
     "evaluate": ("evaluate", "lm-evaluation-harness tasks on each backend: lm-eval's table, and each metric against "
                  "the first backend"),
-    "chat": ("chat", "type prompts and see each backend's reply and time; 'exit' or Ctrl-D ends"),
+    "chat": ("chat", "type prompts and see each backend's reply as it is generated, with its time; the chat remembers "
+             "the conversation (/reset forgets it); 'exit', /exit or Ctrl-D ends"),
     "run": ("run", "the family's sample inputs from checkpoint.toml: accuracy against labels and runtimes"),
     "compare": ("compare", "one table of checkpoint accuracy and runtimes across the backends given"),
     "export": ("export", "build (or reuse) the ONNX graphs and engines the given backends run, and show where"),

@@ -26,6 +26,8 @@ class GenerationOptions:
     Lengths count the loop's own sequences: the prompt for a decoder-only model, the decoder's tokens (from its
     start token) for an encoder-decoder model, as in `generate()`. `min_new_tokens` None leaves `min_length` (the
     model's generation config) in charge; a number overrides it, as `generate(min_new_tokens=...)` does.
+    `repetition_penalty` is `generate()`'s (any search); `sampling` says whether and how tokens are drawn
+    (nndf.sampling.Sampling: greedy by default).
     """
 
     max_new_tokens: int = 32

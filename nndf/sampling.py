@@ -109,8 +109,8 @@ class Sampling:
     def warpers(self, device: torch.device | None = None) -> list:
         """`generate()`'s warpers for these settings, in its order (nothing when not sampling)."""
         from transformers import (
-            EpsilonLogitsWarper, EtaLogitsWarper, MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper,
-            TopPLogitsWarper, TypicalLogitsWarper,
+            EpsilonLogitsWarper, EtaLogitsWarper, MinPLogitsWarper, TemperatureLogitsWarper, TopHLogitsWarper,
+            TopKLogitsWarper, TopPLogitsWarper, TypicalLogitsWarper,
         )
 
         if not self.samples:
@@ -119,8 +119,6 @@ class Sampling:
         if self.temperature != 1.0:
             warpers.append(TemperatureLogitsWarper(float(self.temperature)))
         if self.top_h is not None:
-            from transformers.generation.logits_process import TopHLogitsWarper
-
             warpers.append(TopHLogitsWarper(top_h=self.top_h))
         if self.top_k != 0:
             warpers.append(TopKLogitsWarper(top_k=int(self.top_k)))
@@ -162,13 +160,14 @@ class TokenChooser:
 
     The draw is `torch.multinomial(softmax(scores), 1)`, made once per step for every row (finished rows too), so
     the random stream advances exactly as `generate()`'s does. A seeded generator is made on the scores' device at
-    the first draw. On the CPU the same draw is made faster (`cpu_multinomial`).
+    the first draw. On the CPU the same draw is made faster (`CpuDraw`).
     """
 
     def __init__(self, samples: bool, seed: int | torch.Generator | None = None) -> None:
         self.samples = samples
         self.seed = seed
         self.generator = seed if isinstance(seed, torch.Generator) else None
+        self.cpu_draw: CpuDraw | None = None
 
     def __call__(self, scores: torch.Tensor) -> torch.Tensor:
         if not self.samples:
@@ -176,41 +175,49 @@ class TokenChooser:
         if self.generator is None and self.seed is not None:
             self.generator = torch.Generator(device=scores.device).manual_seed(self.seed)
         probs = torch.nn.functional.softmax(scores, dim=-1)
-        if probs.device.type == "cpu" and probs.dtype == torch.float32 and cpu_draw_is_exact():
-            return cpu_multinomial(probs, self.generator)
+        if probs.device.type == "cpu" and probs.dtype == torch.float32 and CpuDraw.is_exact():
+            if self.cpu_draw is None or self.cpu_draw.shape != probs.shape:
+                self.cpu_draw = CpuDraw(probs.shape)
+            return self.cpu_draw(probs, self.generator)
         return torch.multinomial(probs, num_samples=1, generator=self.generator).squeeze(1)
 
 
-def cpu_multinomial(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """`torch.multinomial(probs, 1).squeeze(1)` for float32 probabilities on the CPU: the same token, the same
-    random numbers drawn, in a quarter of the time.
+class CpuDraw:
+    """`torch.multinomial(probs, 1).squeeze(1)` for float32 probabilities of one shape on the CPU: the same tokens
+    and the same random numbers drawn, in a third of the time.
 
     For one sample torch draws q ~ Exp(1) per element (`exponential_`) and takes argmax(probs / q). Its CPU
     exponential_ takes one 53-bit uniform u per element from the generator, serially, and computes
     float(-log1p(-u)) one element at a time (ATen's `exponential_distribution<double>`); here the same uniforms come
-    from `uniform_` on a float64 tensor (the same draws) and the logarithm is taken vectorised. `cpu_draw_is_exact`
-    checks once per process that this build of torch gives identical tokens and generator states, else the loop
-    calls torch.multinomial itself. Probabilities that torch.multinomial refuses (NaN, inf, negative) go to it, so
-    that it raises its own error."""
-    if not bool((probs.min() >= 0) & (probs.max() < float("inf"))):
-        return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
-    uniform = torch.empty(probs.shape, dtype=torch.float64).uniform_(generator=generator)
-    exponential = torch.log1p(uniform.neg_()).neg_().to(torch.float32)
-    return (probs / exponential).argmax(dim=-1)
+    from `uniform_` on a float64 tensor (the same draws) and the logarithm is taken vectorised, in buffers kept from
+    step to step (a fresh tensor of a batch's vocabulary costs more in page faults than the arithmetic).
+    `is_exact` checks once per process that this build of torch gives identical tokens and generator states, else
+    the loop calls torch.multinomial itself. Probabilities that torch.multinomial refuses (NaN, inf, negative) go to
+    it, so that it raises its own error."""
 
+    _exact: bool | None = None
 
-_CPU_DRAW_EXACT: bool | None = None
+    def __init__(self, shape: torch.Size) -> None:
+        self.shape = shape
+        self.uniform = torch.empty(shape, dtype=torch.float64)
+        self.ratio = torch.empty(shape, dtype=torch.float32)
 
+    def __call__(self, probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        if not bool((probs.min() >= 0) & (probs.max() < float("inf"))):
+            return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
+        self.uniform.uniform_(generator=generator)
+        self.ratio.copy_(self.uniform.neg_().log1p_().neg_())  # q ~ Exp(1), rounded to float32 as torch rounds it
+        return torch.div(probs, self.ratio, out=self.ratio).argmax(dim=-1)
 
-def cpu_draw_is_exact() -> bool:
-    """Whether `cpu_multinomial` equals torch.multinomial on this build of torch (asked once per process, on 64 rows
-    of random probabilities: the same tokens and the same generator state after)."""
-    global _CPU_DRAW_EXACT
-    if _CPU_DRAW_EXACT is None:
-        with torch.inference_mode():
-            probs = torch.rand(64, 1000, generator=torch.Generator().manual_seed(0)).softmax(dim=-1)
-            theirs, ours = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
-            expected = torch.multinomial(probs, num_samples=1, generator=theirs).squeeze(1)
-            drawn = cpu_multinomial(probs, ours)
-            _CPU_DRAW_EXACT = torch.equal(drawn, expected) and torch.equal(ours.get_state(), theirs.get_state())
-    return _CPU_DRAW_EXACT
+    @classmethod
+    def is_exact(cls) -> bool:
+        """Whether the draw equals torch.multinomial on this build of torch (asked once per process, on 64 rows of
+        random probabilities: the same tokens and the same generator state after)."""
+        if cls._exact is None:
+            with torch.inference_mode():
+                probs = torch.rand(64, 1000, generator=torch.Generator().manual_seed(0)).softmax(dim=-1)
+                theirs, ours = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+                expected = torch.multinomial(probs, num_samples=1, generator=theirs).squeeze(1)
+                drawn = cls(probs.shape)(probs, ours)
+                cls._exact = torch.equal(drawn, expected) and torch.equal(ours.get_state(), theirs.get_state())
+        return cls._exact
