@@ -24,9 +24,9 @@ from nndf.architectures import architecture
 from nndf.backends import BackendOptions, split_backend
 from nndf.errors import HarnessError, UsageError
 from nndf.generation import GenerationOptions, generate
-from nndf.sampling import SAMPLING_KEYWORDS, Sampling
 from nndf.loading import LoadedModel, load_model
 from nndf.registry import resolve
+from nndf.sampling import SAMPLING_KEYWORDS, Sampling
 from nndf.spec import BuildSettings
 
 
@@ -207,9 +207,11 @@ class Model:
             attention_mask = torch.ones_like(input_ids)
         given = {"min_new_tokens": min_new_tokens, "num_beams": num_beams,
                  "forced_bos_token_id": options.forced_bos_token_id, "streamer": streamer,
-                 **({"stop_strings": stop_strings, "tokenizer": self.tokenizer} if stop_strings else {}),
-                 **(decoding if options.sampling.samples else {"repetition_penalty": decoding.get("repetition_penalty")}),
-                 "do_sample": options.sampling.samples}
+                 **({"stop_strings": stop_strings, "tokenizer": self.tokenizer} if stop_strings else {})}
+        # not sampling (temperature 0 included): of the decoding keywords only the repetition penalty applies
+        penalty_only = {"repetition_penalty": decoding.get("repetition_penalty")}
+        given.update(decoding if options.sampling.samples else penalty_only)
+        given["do_sample"] = options.sampling.samples
         inputs = self.architecture.hf_inputs(input_ids, attention_mask, encoder_inputs, options.pad)
         inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
         encoder = self.spec.hooks.encoder_module(model) if self.architecture.has_encoder else None

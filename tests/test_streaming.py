@@ -19,7 +19,8 @@ from nndf.streaming import ReplyStreamer, cleans_up_spaces
 
 # Pieces that decoding can change as tokens arrive: split characters (euro sign, CJK, accents), the spaces that
 # clean-up rules merge (" .", " ' ", " n't", " do not"), and newlines.
-TRICKY_TEXT = "Hello, world . He said ' yes ' and don 't they 're ok? € 中文 ünïcödé !\nend I 'm we 've do not go ."
+TRICKY_TEXT = ("Hello, world . He said ' yes ' and don 't they 're ok? € 中文 ünïcödé !\n"
+               "end I 'm we 've do not go .")
 
 
 def _streamed(tokenizer, ids: list[int], first_put=(1,)) -> tuple[str, list[str]]:

@@ -199,7 +199,8 @@ class _Chat:
             try:
                 out = model.generate(**inputs, max_new_tokens=args.output_seq_len, num_beams=args.num_beams,
                                      on_token=on_token, streamer=streamer if args.num_beams == 1 else None,
-                                     stop_strings=self.stops or None, **dict(self.decoding, seed=self.generators[index]))
+                                     stop_strings=self.stops or None,
+                                     **dict(self.decoding, seed=self.generators[index]))
                 tokens = model.new_tokens(out, inputs.get("input_ids"))[0].tolist()
             except Stopped:  # what was streamed so far is the reply
                 stopped, tokens = True, streamer.tokens

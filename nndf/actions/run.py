@@ -1,8 +1,9 @@
 """`run`: the family's sample prompts from checkpoint.toml on each backend, scored against the labels.
 
 Accuracy is the share of the label's new tokens that the backend reproduces at the same position (greedy, beam
-search with --num-beams, or sampling with the sampling flags: every backend draws with the same seed); runtimes are medians of the full generation and of one decode step. A second table
-shows what each backend generated for each sample. An image-to-text family (BLIP) captions the checkpoint's photos,
+search with --num-beams, or sampling with the sampling flags: every backend draws with the same seed); runtimes
+are medians of the full generation and of one decode step. A second table shows what each backend generated for
+each sample. An image-to-text family (BLIP) captions the checkpoint's photos,
 or the files given with `--image`.
 """
 
