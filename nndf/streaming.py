@@ -39,12 +39,13 @@ class ReplyStreamer(TextStreamer):
     One sequence, as `TextStreamer`: `put` takes the loop's (1, n) or (n,) tokens of a batch of one.
     """
 
-    def __init__(self, tokenizer, write: Callable[[str], object] | None = None, skip_special_tokens: bool = True):
+    def __init__(self, tokenizer, write: Callable[[str], object] | None = None, skip_special_tokens: bool = True,
+                 cleans_up: bool | None = None):
         super().__init__(tokenizer, skip_prompt=True, skip_special_tokens=skip_special_tokens)
         self.write = write or _stdout_write
         self.tokens: list[int] = []
         self.first_text_at: float | None = None
-        self.cleans_up = cleans_up_spaces(tokenizer)
+        self.cleans_up = cleans_up_spaces(tokenizer) if cleans_up is None else cleans_up  # (given: asked once)
 
     def put(self, value) -> None:
         if value.dim() > 1 and value.shape[0] > 1:

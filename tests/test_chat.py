@@ -185,7 +185,7 @@ def test_a_terminal_sees_tokens_before_the_reply_ends_and_ctrl_c_stops_only_the_
             "--output-seq-len", "900", "--do-sample", "--top-k", "0", "--seed", "3", "--threads", "1"]
     pid, fd = pty.fork()
     if pid == 0:  # the child: the terminal is its stdin, stdout and controlling terminal
-        os.environ.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+        os.environ.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", TRANSFORMERS_VERBOSITY="error")
         os.execv(sys.executable, argv)
     seen = bytearray()
     try:

@@ -36,7 +36,7 @@ from nndf.interrupt import StopOnInterrupt, Stopped
 from nndf.measure import StepTimer
 from nndf.registry import resolve
 from nndf.results import Column, Result
-from nndf.streaming import ReplyStreamer
+from nndf.streaming import ReplyStreamer, cleans_up_spaces
 
 SAMPLES = True
 EXIT_WORDS = {"exit", "quit", "/exit", "/quit"}
@@ -124,6 +124,8 @@ class _Chat:
         seed = self.decoding["seed"]
         self.generators = [torch.Generator(device=m.decoder.device).manual_seed(seed) for m in models]
         self.stops = _stop_strings(args.stop)
+        # asked once, before the chat begins (decoding may print a tokenizer's warning, better not inside a reply)
+        self.cleans_up = cleans_up_spaces(first.tokenizer)
         self.told_truncation = False
         self.rows: list[dict] = []
 
@@ -151,16 +153,17 @@ class _Chat:
         ids = torch.tensor([ids])
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, line
 
-    def answer(self, index: int, line: str, inputs: dict, asked: str, began: float) -> bool:
-        """Generate and print one backend's reply, remember it; False when the user stopped it (Ctrl-C). `began`:
-        when this backend's turn began (before its prompt was built), from which the first text shown is timed."""
+    def answer(self, index: int, line: str, inputs: dict, asked: str, began: float, interrupt) -> bool:
+        """Generate and print one backend's reply, remember it; False when the user stopped it (Ctrl-C: `interrupt`,
+        a StopOnInterrupt around the line's replies). `began`: when this backend's turn began (before its prompt
+        was built), from which the first text shown is timed."""
         model, args = self.models[index], self.args
         name = f"[{label(model):<{self.width}}]"
         streams = args.stream and args.num_beams == 1  # beam search cannot stream
         if streams:
             print(name + " ", end="", flush=True)
         try:
-            reply = self._generate(index, inputs, _terminal_writer() if streams else None)
+            reply = self._generate(index, inputs, _terminal_writer() if streams else None, interrupt)
         except UsageError:
             if streams:
                 print(flush=True)
@@ -183,27 +186,27 @@ class _Chat:
                           "tokens_per_s": rate, "reply": text, "stopped": reply.stopped})
         return not reply.stopped
 
-    def _generate(self, index: int, inputs: dict, write) -> "_Reply":
-        """One reply: streamed to `write` (None: not shown while generated), stopped by Ctrl-C between tokens."""
+    def _generate(self, index: int, inputs: dict, write, interrupt) -> "_Reply":
+        """One reply: streamed to `write` (None: not shown while generated), stopped between tokens once
+        `interrupt` has seen Ctrl-C."""
         model, args = self.models[index], self.args
-        streamer = ReplyStreamer(model.tokenizer, write or (lambda text: None))
+        streamer = ReplyStreamer(model.tokenizer, write or (lambda text: None), cleans_up=self.cleans_up)
         timer = StepTimer(model.decoder.device)
         stopped = False
-        with StopOnInterrupt() as interrupt:
-            def on_token() -> None:
-                timer.mark()
-                interrupt.check()
 
-            started = time.perf_counter()
-            timer.start()
-            try:
-                out = model.generate(**inputs, max_new_tokens=args.output_seq_len, num_beams=args.num_beams,
-                                     on_token=on_token, streamer=streamer if args.num_beams == 1 else None,
-                                     stop_strings=self.stops or None,
-                                     **dict(self.decoding, seed=self.generators[index]))
-                tokens = model.new_tokens(out, inputs.get("input_ids"))[0].tolist()
-            except Stopped:  # what was streamed so far is the reply
-                stopped, tokens = True, streamer.tokens
+        def on_token() -> None:
+            timer.mark()
+            interrupt.check()
+
+        started = time.perf_counter()
+        timer.start()
+        try:
+            out = model.generate(**inputs, max_new_tokens=args.output_seq_len, num_beams=args.num_beams,
+                                 on_token=on_token, streamer=streamer if args.num_beams == 1 else None,
+                                 stop_strings=self.stops or None, **dict(self.decoding, seed=self.generators[index]))
+            tokens = model.new_tokens(out, inputs.get("input_ids"))[0].tolist()
+        except Stopped:  # what was streamed so far is the reply
+            stopped, tokens = True, streamer.tokens
         return _Reply(tokens, stopped, time.perf_counter() - started, timer.time_to_first_token,
                       streamer.first_text_at)
 
@@ -266,16 +269,17 @@ def run(args, stream=None) -> list[Result]:
             if command.startswith("/") and " " not in command and not takes_images:
                 print(f"error: unknown command {line.strip()}; the commands are {RESET} and /exit", flush=True)
                 continue
-            for index in range(len(models)):
-                try:
-                    began = time.perf_counter()
-                    inputs, asked = chat.inputs(index, line, given)
-                    answered = chat.answer(index, line, inputs, asked, began)
-                except UsageError as exc:  # a line that cannot be answered: report it, go on with the next one
-                    print(f"error: {exc}", flush=True)
-                    break
-                if not answered:
-                    break  # Ctrl-C stops this line's replies, not the chat
+            with StopOnInterrupt() as interrupt:  # from the line read on, Ctrl-C stops its replies, not the chat
+                for index in range(len(models)):
+                    try:
+                        began = time.perf_counter()
+                        inputs, asked = chat.inputs(index, line, given)
+                        answered = chat.answer(index, line, inputs, asked, began, interrupt)
+                    except UsageError as exc:  # a line that cannot be answered: report it, go on with the next one
+                        print(f"error: {exc}", flush=True)
+                        break
+                    if not answered:
+                        break
     except KeyboardInterrupt:
         print()
     columns = [Column("backend", "backend"), Column("ms", "time", "{:.1f}", "ms"),
