@@ -157,6 +157,26 @@ def test_beam_search_neither_streams_nor_stops_on_strings(model):
         model.generate(ids, max_new_tokens=2, num_beams=2, stop_strings=["x"])
 
 
+def test_the_cpu_draw_is_torch_multinomial():
+    """CpuDraw against torch.multinomial on full and top-k-masked distributions, two steps each: the same tokens
+    and the same generator state after; NaN probabilities raise torch.multinomial's own error."""
+    from nndf.sampling import CpuDraw
+
+    assert CpuDraw.is_exact()
+    scores = torch.randn(20, 4, 5000, generator=torch.Generator().manual_seed(0)) * 3
+    scores[::2, :, 50:] = float("-inf")
+    for seed, step_scores in enumerate(scores):
+        probs = step_scores.softmax(dim=-1)
+        draw = CpuDraw(probs.shape)
+        ours, theirs = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+        for _ in range(2):
+            assert torch.equal(draw(probs, ours), torch.multinomial(probs, 1, generator=theirs).squeeze(1))
+        assert torch.equal(ours.get_state(), theirs.get_state())
+    probs[0, 0] = float("nan")
+    with pytest.raises(RuntimeError, match="probability tensor contains either `inf`, `nan` or element < 0"):
+        CpuDraw(probs.shape)(probs)
+
+
 @pytest.mark.gpu
 def test_gpu_seeded_sampling_equals_generate(tiny_gpt2_dir):
     """On CUDA the draw comes from a CUDA generator: seed=S must still draw what torch.manual_seed(S) gives
