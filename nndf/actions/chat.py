@@ -29,6 +29,7 @@ import torch
 
 from nndf.actions.common import (add_image_argument, decoding_flags, decoding_note, describe, generation_inputs,
                                  given_images, label, open_models)
+from nndf.architectures import architecture
 from nndf.conversation import Conversation
 from nndf.errors import UsageError
 from nndf.images import image_files
@@ -244,13 +245,13 @@ def run(args, stream=None) -> list[Result]:
     if args.stop and args.num_beams > 1:
         raise UsageError("--stop ends greedy or sampled replies; beam search (--num-beams > 1) ends at EOS only")
     _stop_strings(args.stop)
+    takes_images = architecture(spec).takes_images
+    if args.system and (takes_images or not args.history):
+        raise UsageError("--system is part of a conversation; this chat has none (--no-history, or an image-to-text "
+                         "family)")
     models = open_models(args)
     chat = _Chat(args, models)
     first = models[0]
-    takes_images = first.architecture.takes_images
-    if args.system and chat.conversations[0] is None:
-        raise UsageError("--system is part of a conversation; this chat has none (--no-history, or an image-to-text "
-                         "family)")
     stream = sys.stdin if stream is None else stream
     ask = ("type a text prefix (or an empty line) for the image" if given else "type IMAGE_PATH [text prefix]") \
         if takes_images else "type a prompt"
@@ -261,10 +262,10 @@ def run(args, stream=None) -> list[Result]:
         for line in _prompts(stream, keep_empty=given is not None):
             command = line.strip().lower()
             if command == RESET:
-                for conversation in chat.conversations:
-                    if conversation is not None:
-                        conversation.reset()
-                print("(the conversation is forgotten)", flush=True)
+                for conversation in filter(None, chat.conversations):
+                    conversation.reset()
+                print("(the conversation is forgotten)" if chat.conversations[0] else "(this chat keeps no "
+                      "conversation)", flush=True)
                 continue
             if command.startswith("/") and " " not in command and not takes_images:
                 print(f"error: unknown command {line.strip()}; the commands are {RESET} and /exit", flush=True)
