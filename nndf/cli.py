@@ -22,7 +22,8 @@ ACTIONS: dict[str, tuple[str, str]] = {
     "accuracy": ("accuracy", "LAMBADA top-N accuracy and perplexity (NVIDIA demo and lm-evaluation-harness)"),
     "evaluate": ("evaluate", "lm-evaluation-harness tasks on each backend: lm-eval's table, and each metric against "
                  "the first backend"),
-    "chat": ("chat", "type prompts and see each backend's reply and time; 'exit' or Ctrl-D ends"),
+    "chat": ("chat", "type prompts and see each backend's reply as it is generated, with its time; the chat remembers "
+             "the conversation (/reset forgets it); 'exit', /exit or Ctrl-D ends"),
     "run": ("run", "the family's sample inputs from checkpoint.toml: accuracy against labels and runtimes"),
     "compare": ("compare", "one table of checkpoint accuracy and runtimes across the backends given"),
     "export": ("export", "build (or reuse) the ONNX graphs and engines the given backends run, and show where"),
@@ -49,7 +50,9 @@ def _model_arguments(p: argparse.ArgumentParser, batch_size: int = 1, batch_help
     g.add_argument("--random-weights", action="store_true",
                    help="build the variant from its known config with random weights (works offline)")
     g.add_argument("--tokenizer-dir", help="load the tokenizer from this folder (needed offline with --random-weights)")
-    g.add_argument("--seed", type=int, default=0, help="seed for random weights and random inputs (default 0)")
+    g.add_argument("--seed", type=int, help="seed for random weights and random inputs (default 0) and, where "
+                   "tokens are sampled, for the draws: --seed S draws what torch.manual_seed(S) before generate() "
+                   "draws (default: a fresh seed, shown in the output so that a run can be repeated)")
     g.add_argument("--working-dir", default="temp", help="where exported and built artifacts go (default: temp)")
     b = p.add_argument_group("build and generation")
     b.add_argument("--batch-size", type=int, default=batch_size, help=f"{batch_help} (default {batch_size})")
@@ -93,6 +96,24 @@ def _model_arguments(p: argparse.ArgumentParser, batch_size: int = 1, batch_help
     o = p.add_argument_group("output")
     o.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
     o.add_argument("--info", action="store_true", help="print the settings and tensor shapes before running")
+
+
+def _sampling_arguments(p: argparse.ArgumentParser) -> None:
+    """generate()'s sampling keywords as flags; a flag left out takes the model's generation config, as generate()
+    does (a model whose config says do_sample samples unless --no-do-sample)."""
+    s = p.add_argument_group("sampling (default: the model's generation config, else greedy)")
+    s.add_argument("--do-sample", action=argparse.BooleanOptionalAction, default=None,
+                   help="draw each token from the distribution the flags below shape, as generate(do_sample=True); "
+                   "--no-do-sample: greedy (or beam) search whatever the model's config says")
+    s.add_argument("--temperature", type=float, help="divide the logits by this before drawing (0: greedy; "
+                   "generate()'s default 1)")
+    s.add_argument("--top-k", type=int, help="draw among the K likeliest tokens (0: all; generate()'s default 50)")
+    s.add_argument("--top-p", type=float, help="draw among the likeliest tokens whose probabilities sum to P "
+                   "(nucleus sampling; 1: all)")
+    s.add_argument("--min-p", type=float, help="drop tokens less likely than P times the likeliest one")
+    s.add_argument("--typical-p", type=float, help="locally typical sampling with mass P (1: off)")
+    s.add_argument("--repetition-penalty", type=float, help="scale down the logits of tokens already in the "
+                   "sequence (CTRL's penalty, as generate(); 1: off); applies to greedy and beam search too")
 
 
 def _timing_arguments(p: argparse.ArgumentParser) -> None:
@@ -144,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
         if getattr(action, "NEEDS_MODEL", True):
             _model_arguments(p, getattr(action, "DEFAULT_BATCH_SIZE", 1),
                              getattr(action, "BATCH_HELP", "sequences per batch"))
+        if getattr(action, "SAMPLES", False):
+            _sampling_arguments(p)
         if getattr(action, "TIMED", False):
             _timing_arguments(p)
         action.add_arguments(p)

@@ -1,9 +1,10 @@
-"""One decoding loop for every backend: greedy and beam search over a `Decoder`.
+"""One decoding loop for every backend: greedy search, sampling and beam search over a `Decoder`.
 
 The algorithms follow Hugging Face `generate()` (transformers 5.x) step for step, so that any backend that
-computes the same logits produces the same tokens: greedy search pads finished rows with the pad token, and beam
-search is the vectorised version with 2 x beams candidates per step, length penalty and the same early-stopping
-heuristic. Backends differ only in how `Decoder.step` executes.
+computes the same logits produces the same tokens: greedy search pads finished rows with the pad token, sampling is
+greedy search with `generate()`'s warpers and draw (nndf.sampling), and beam search is the vectorised version with
+2 x beams candidates per step, length penalty and the same early-stopping heuristic. A streamer (Hugging Face's
+`put`/`end` protocol) receives what `generate()` gives it. Backends differ only in how `Decoder.step` executes.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 
 from nndf.decoder import Decoder, TokenState
 from nndf.errors import UsageError
+from nndf.sampling import Sampling, check_repetition_penalty
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,8 @@ class GenerationOptions:
     Lengths count the loop's own sequences: the prompt for a decoder-only model, the decoder's tokens (from its
     start token) for an encoder-decoder model, as in `generate()`. `min_new_tokens` None leaves `min_length` (the
     model's generation config) in charge; a number overrides it, as `generate(min_new_tokens=...)` does.
+    `repetition_penalty` is `generate()`'s (any search); `sampling` says whether and how tokens are drawn
+    (nndf.sampling.Sampling: greedy by default).
     """
 
     max_new_tokens: int = 32
@@ -38,6 +42,7 @@ class GenerationOptions:
     no_repeat_ngram_size: int = 0
     forced_bos_token_id: int | None = None
     forced_eos_token_id: int | None = None
+    sampling: Sampling = Sampling()
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -46,6 +51,10 @@ class GenerationOptions:
             raise UsageError(f"min_new_tokens must lie in 0..max_new_tokens, got {self.min_new_tokens}")
         if self.num_beams < 1:
             raise UsageError(f"--num-beams must be at least 1, got {self.num_beams}")
+        check_repetition_penalty(self.repetition_penalty)
+        if self.num_beams > 1 and self.sampling.samples:
+            raise UsageError("sampling with beam search is not built: sample with num_beams=1 (--num-beams 1), or "
+                             "search beams with do_sample=False (--no-do-sample)")
 
     @property
     def eos_ids(self) -> tuple[int, ...]:
@@ -63,11 +72,12 @@ class GenerationOptions:
         return self.pad_token_id if self.pad_token_id is not None else self.first_eos
 
     def processors(self, prompt_len: int, prompt_mask: torch.Tensor | None = None):
-        """The logits processors `generate()` would apply, built from transformers' own classes in its order.
+        """The logits processors `generate()` would apply, built from transformers' own classes in its order, with
+        its sampling warpers last when sampling.
 
         They are pure functions of (tokens so far, scores), so reusing them keeps parity exact as transformers
-        changes. `prompt_len` is the length of the loop's sequences before the first new token; `prompt_mask` their
-        mask, one row per sequence in flight (the repetition penalty ignores each row's left padding).
+        changes. `prompt_len` is the length of the loop's sequences before the first new token; `prompt_mask`
+        their mask, whose left padding the repetition penalty skips as `generate()`'s does.
         """
         from transformers import (
             ForcedBOSTokenLogitsProcessor, ForcedEOSTokenLogitsProcessor, LogitsProcessorList,
@@ -81,7 +91,8 @@ class GenerationOptions:
         processors = LogitsProcessorList()
         if self.repetition_penalty != 1.0:
             padding = None if prompt_mask is None else (prompt_mask != 0).int().argmax(dim=1)
-            processors.append(RepetitionPenaltyLogitsProcessor(float(self.repetition_penalty), padding))
+            processors.append(RepetitionPenaltyLogitsProcessor(float(self.repetition_penalty),
+                                                               prompt_ignore_length=padding))
         if self.no_repeat_ngram_size > 0:
             processors.append(NoRepeatNGramLogitsProcessor(self.no_repeat_ngram_size))
         if eos is not None and min_length > 0 and self.min_new_tokens is None:
@@ -94,6 +105,7 @@ class GenerationOptions:
             processors.append(ForcedBOSTokenLogitsProcessor(self.forced_bos_token_id))
         if self.forced_eos_token_id is not None:
             processors.append(ForcedEOSTokenLogitsProcessor(max_length, self.forced_eos_token_id))
+        processors.extend(self.sampling.warpers())
         return processors
 
 
@@ -106,6 +118,7 @@ def generate(
     on_encoded: Callable[[], None] | None = None,
     encoder_inputs: dict | None = None,
     stopping: Callable[[torch.Tensor, torch.Tensor], object] | None = None,
+    streamer=None,
 ) -> torch.Tensor:
     """Whole sequences, as Hugging Face `generate()` returns them: prompt + new tokens for a decoder-only model,
     the decoder's tokens from its start token for an encoder-decoder one (`decoder.start` prepares either), the
@@ -116,20 +129,33 @@ def generate(
     cache generator have run), for the encoder's time. `stopping` is what `generate(stopping_criteria=...)` takes (a
     transformers `StoppingCriteria(List)`: (sequences so far, scores) -> True per row that is done, or one bool for
     all rows), asked after each token of greedy search; a row it ends gets pad tokens after, as in `generate()`.
+    `streamer` is what `generate(streamer=...)` takes (`put(tokens)`, `end()`: transformers' `TextStreamer`,
+    `TextIteratorStreamer`): it gets the loop's starting sequences (the prompt; an encoder-decoder's start token),
+    then each step's new token of every row (pad for a finished row), then `end()`, as from `generate()`; like
+    `generate()`, beam search does not stream.
     """
     input_ids = input_ids.to(decoder.device)
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(decoder.device).long()
     if mask.shape != input_ids.shape:
         raise UsageError(f"attention_mask shape {tuple(mask.shape)} differs from input_ids {tuple(input_ids.shape)}")
+    if options.num_beams > 1 and stopping is not None:
+        raise UsageError("stopping criteria (stop strings) apply to greedy search and sampling; beam search ends at "
+                         "EOS or max_new_tokens")
+    if options.num_beams > 1 and streamer is not None:
+        raise UsageError("a streamer follows one sequence per prompt, as generate()'s does; beam search "
+                         "(num_beams > 1) cannot stream")
     with torch.inference_mode(), decoder.host_threads():
         state = decoder.start(input_ids, mask, options.num_beams, **(encoder_inputs or {}))
         if on_encoded is not None:
             on_encoded()
-        if options.num_beams == 1:
-            return greedy_search(decoder, state, options, on_token, stopping)
-        if stopping is not None:
-            raise UsageError("stopping criteria apply to greedy search; beam search ends at EOS or max_new_tokens")
-        return beam_search(decoder, state, input_ids.shape[0], options, on_token)
+        if options.num_beams > 1:
+            return beam_search(decoder, state, input_ids.shape[0], options, on_token)
+        if streamer is not None:
+            streamer.put(state.tokens.cpu())
+        tokens = greedy_search(decoder, state, options, on_token, stopping, streamer)
+    if streamer is not None:
+        streamer.end()
+    return tokens
 
 
 # How often greedy search on a GPU asks whether every row has ended: reading the answer waits for the GPU, and a
@@ -142,20 +168,23 @@ def stop_check_interval(device: torch.device) -> int:
     return 1 if device.type == "cpu" else GPU_STOP_CHECK_EVERY
 
 
-def greedy_search(decoder, state: TokenState, options, on_token=None, stopping=None) -> torch.Tensor:
+def greedy_search(decoder, state: TokenState, options, on_token=None, stopping=None, streamer=None) -> torch.Tensor:
+    """Greedy search, or sampling when `options.sampling` samples: the same loop, another way to pick a token."""
     rows, prompt_len = state.tokens.shape
     processors = options.processors(prompt_len, state.mask)
+    choose = options.sampling.chooser()
     cache = decoder.new_cache(rows, prompt_len + options.max_new_tokens)
     eos = torch.tensor(options.eos_ids, device=state.tokens.device) if options.eos_ids else None
     ends = eos is not None or stopping is not None  # rows can end before max_new_tokens
     device = state.tokens.device
-    check_every = stop_check_interval(device)
+    # A streamer reads every token on the host anyway, and must not see steps past the end (generate() stops there)
+    check_every = 1 if streamer is not None else stop_check_interval(device)
     unfinished = torch.ones(rows, dtype=torch.bool, device=device)
     running_steps = torch.zeros((), dtype=torch.long, device=device)  # steps after which a row was still running
     logits = decoder.step(state, cache)
     for generated in range(options.max_new_tokens):
         scores = processors(state.tokens, logits[:, -1, :].float())
-        next_tokens = scores.argmax(dim=-1)
+        next_tokens = choose(scores)
         if ends and options.pad is not None:
             next_tokens = torch.where(unfinished, next_tokens, torch.full_like(next_tokens, options.pad))
         if eos is not None:
@@ -166,6 +195,8 @@ def greedy_search(decoder, state: TokenState, options, on_token=None, stopping=N
             unfinished &= ~done
         if on_token is not None:
             on_token()
+        if streamer is not None:
+            streamer.put(next_tokens.cpu())
         if generated + 1 == options.max_new_tokens:
             break
         if ends:

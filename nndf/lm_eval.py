@@ -194,7 +194,7 @@ class NndfLM(TemplateLM):
         prompt = model.architecture.prompt_length(input_ids, model.loaded)
         # generate(max_length=context + max_gen_toks) as lm-eval calls it, within the decoder's positions
         new = min(input_ids.shape[1] + max_gen_toks - prompt, model.max_positions - prompt)
-        greedy = model.generation_options(new, None, None).num_beams == 1
+        greedy = model.generation_options(new, None, None, do_sample=False).num_beams == 1
         # lm-eval's criterion, told the context's length as lm-eval tells it: for an encoder-decoder model it then
         # skips the decoder's first context-length tokens (it decodes special tokens too, so a stop sequence inside
         # a special token's text would otherwise end a generation that lm-eval's hf model goes on with)
@@ -202,6 +202,6 @@ class NndfLM(TemplateLM):
         if greedy:
             stopping = stop_sequences_criteria(self.tokenizer, until, input_ids.shape[1], len(contexts))
         out = model.generate(input_ids, attention_mask=None, max_new_tokens=new, min_new_tokens=None,
-                             num_beams=None, stopping=stopping)
+                             num_beams=None, stopping=stopping, do_sample=False)  # as HFLM: greedy
         return [postprocess_generated_text(self.tok_decode(row.tolist()), until, None)
                 for row in model.new_tokens(out, input_ids)]

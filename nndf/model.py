@@ -7,8 +7,11 @@
 `out` holds exactly what Hugging Face `generate()` returns (prompt + new tokens for a decoder-only model, the
 decoder's tokens from its start token for an encoder-decoder one such as T5), and `m.hf_generate(...)` runs
 Hugging Face `generate()` itself on the same PyTorch model, as the reference. The model's own generation config
-(beams, no-repeat n-grams, minimum length, forced tokens) applies unless an argument overrides it, as in
-`generate()`.
+(beams, sampling, no-repeat n-grams, minimum length, forced tokens) applies unless an argument overrides it, as in
+`generate()`. Sampling takes `generate()`'s keywords plus a seed, and a streamer gets the tokens as they come:
+
+    out = m.generate(input_ids, do_sample=True, temperature=0.8, top_k=40, top_p=0.9, repetition_penalty=1.1,
+                     seed=4321, streamer=transformers.TextStreamer(m.tokenizer), stop_strings=["\n"])
 """
 
 from __future__ import annotations
@@ -24,7 +27,19 @@ from nndf.generation import GenerationOptions, generate
 from nndf.loading import LoadedModel, load_model
 from nndf.reference import pytorch_logits
 from nndf.registry import resolve
+from nndf.sampling import SAMPLING_KEYWORDS, Sampling
 from nndf.spec import BuildSettings
+
+
+# generate()'s keywords (and the seed) that choose how tokens are picked: Model.generate's `**decoding`.
+DECODING_KEYWORDS = (*SAMPLING_KEYWORDS, "repetition_penalty", "seed")
+
+
+def check_decoding(decoding: dict) -> None:
+    unknown = sorted(set(decoding) - set(DECODING_KEYWORDS))
+    if unknown:
+        raise UsageError(f"generate() got unknown keyword(s) {', '.join(unknown)}; the decoding keywords are "
+                         f"{', '.join(DECODING_KEYWORDS)}")
 
 
 def default_device() -> torch.device:
@@ -72,10 +87,14 @@ class Model:
         return self.shapes.max_positions
 
     def generation_options(self, max_new_tokens: int, min_new_tokens: int | None = 0, num_beams: int | None = 1,
-                           forced_bos_token_id: int | None = None) -> GenerationOptions:
+                           forced_bos_token_id: int | None = None, **decoding) -> GenerationOptions:
         """Options from the model's own generation config, as Hugging Face `generate()` would pick them; the
-        arguments override it (None: the config's value)."""
+        arguments override it (None: the config's value). `decoding`: `generate()`'s sampling keywords,
+        `repetition_penalty` and `seed` (nndf.sampling), the same None rule."""
+        check_decoding(decoding)
         gen = self.loaded.generation_config
+        seed = decoding.pop("seed", None)
+        penalty = decoding.pop("repetition_penalty", None)
         defaults = self.spec.hooks.generation_defaults(self.loaded.config)  # what the model's generate() passes
         eos = defaults.get("eos_token_id", gen.eos_token_id)
         if isinstance(eos, (list, tuple)):  # instruct checkpoints end at any of several tokens
@@ -89,11 +108,12 @@ class Model:
             eos_token_id=eos,
             pad_token_id=defaults.get("pad_token_id", gen.pad_token_id),
             min_length=int(gen.min_length or 0),
-            repetition_penalty=float(gen.repetition_penalty or 1.0),
             no_repeat_ngram_size=int(gen.no_repeat_ngram_size or 0),
             forced_bos_token_id=next((t for t in (forced_bos_token_id, self.forced_bos_token_id,
                                                   gen.forced_bos_token_id) if t is not None), None),
             forced_eos_token_id=gen.forced_eos_token_id,
+            repetition_penalty=next(p for p in (penalty, gen.repetition_penalty, 1.0) if p is not None),
+            sampling=Sampling.resolve(gen, seed=seed, **decoding),
         )
 
     def generate(
@@ -108,17 +128,42 @@ class Model:
         on_encoded: Callable[[], None] | None = None,
         pixel_values: torch.Tensor | None = None,
         stopping: Callable[[torch.Tensor, torch.Tensor], object] | None = None,
+        *,
+        streamer=None,
+        stop_strings: str | list[str] | None = None,
+        **decoding,
     ) -> torch.Tensor:
         """Generate with this backend through the shared loop; returns what `generate()` returns (see the module).
 
         `num_beams` / `min_new_tokens` None take the model's generation config; `forced_bos_token_id` overrides the
         config's (mBART's target language); `pixel_values` are an image-to-text model's images (BLIP), and its
         `input_ids` an optional text prefix, as its `generate()` takes them; `stopping` ends rows early in greedy
-        search, as `generate(stopping_criteria=...)` does (lm-eval's stop sequences)."""
+        search, as `generate(stopping_criteria=...)` does (lm-eval's stop sequences).
+
+        `decoding` takes `generate()`'s keywords with their meanings: `do_sample`, `temperature` (0: greedy),
+        `top_k`, `top_p`, `min_p`, `typical_p`, `repetition_penalty` (None: the generation config's, then
+        transformers' defaults), and `seed`: an int S draws what `torch.manual_seed(S)` before `generate()` draws,
+        without changing the global random state; a `torch.Generator` is drawn from (and left advanced); None
+        draws from the global generator, as `generate()` does. `streamer` is `generate(streamer=...)`'s (put/end:
+        `TextStreamer`, `TextIteratorStreamer`); `stop_strings` ends a row once its text ends with one of them, as
+        `generate(stop_strings=..., tokenizer=...)` does (with this model's tokenizer)."""
         ids, mask, encoder_inputs = self.architecture.prompt(self.loaded, input_ids, attention_mask, pixel_values)
         self.architecture.check_length(ids.shape[1], max_new_tokens, self.shapes)
-        options = self.generation_options(max_new_tokens, min_new_tokens, num_beams, forced_bos_token_id)
-        return generate(self.decoder, ids, mask, options, on_token, on_encoded, encoder_inputs, stopping).cpu()
+        options = self.generation_options(max_new_tokens, min_new_tokens, num_beams, forced_bos_token_id, **decoding)
+        stopping = self._with_stop_strings(stopping, stop_strings)
+        return generate(self.decoder, ids, mask, options, on_token, on_encoded, encoder_inputs, stopping,
+                        streamer).cpu()
+
+    def _with_stop_strings(self, stopping, stop_strings):
+        """`stopping` and transformers' own StopStringCriteria for `stop_strings` (as generate() builds it)."""
+        if not stop_strings:
+            return stopping
+        from transformers import StoppingCriteriaList, StopStringCriteria
+
+        criteria = StoppingCriteriaList([StopStringCriteria(self.tokenizer, stop_strings)])
+        if stopping is not None:
+            criteria.append(stopping)
+        return criteria
 
     def hf_generate(
         self,
@@ -131,12 +176,18 @@ class Model:
         forced_bos_token_id: int | None = None,
         on_encoded: Callable[[], None] | None = None,
         pixel_values: torch.Tensor | None = None,
+        *,
+        streamer=None,
+        stop_strings: str | list[str] | None = None,
+        **decoding,
     ) -> torch.Tensor:
         """Hugging Face `generate()` on the PyTorch model: the reference every backend is compared with.
 
         `on_token` is called from a logits processor, i.e. once per step right after the model's forward pass;
         `on_encoded` from a hook after an encoder-decoder model's encoder has run.
         Arguments left None are not passed, so `generate()` takes them from the model's generation config.
+        `decoding` as `generate` takes it; an int `seed` is `torch.manual_seed(seed)` right before `generate()`,
+        and temperature 0 is `do_sample=False` (which is what it means here; `generate()` refuses it).
         """
         from transformers import LogitsProcessor, LogitsProcessorList
 
@@ -147,13 +198,21 @@ class Model:
 
         ids, _, encoder_inputs = self.architecture.prompt(self.loaded, input_ids, attention_mask, pixel_values)
         self.architecture.check_length(ids.shape[1], max_new_tokens, self.shapes)
-        options = self.generation_options(max_new_tokens, min_new_tokens, num_beams, forced_bos_token_id)
+        options = self.generation_options(max_new_tokens, min_new_tokens, num_beams, forced_bos_token_id, **decoding)
+        seed = decoding.pop("seed", None)
+        if isinstance(seed, torch.Generator):
+            raise UsageError("hf_generate draws from the global generator, as generate() does: give seed as an int")
         model = self.loaded.model
         device = next(model.parameters()).device
         if input_ids is not None and attention_mask is None and not self.architecture.takes_images:
             attention_mask = torch.ones_like(input_ids)
         given = {"min_new_tokens": min_new_tokens, "num_beams": num_beams,
-                 "forced_bos_token_id": options.forced_bos_token_id}
+                 "forced_bos_token_id": options.forced_bos_token_id, "streamer": streamer,
+                 **({"stop_strings": stop_strings, "tokenizer": self.tokenizer} if stop_strings else {})}
+        # not sampling (temperature 0 included): of the decoding keywords only the repetition penalty applies
+        penalty_only = {"repetition_penalty": decoding.get("repetition_penalty")}
+        given.update(decoding if options.sampling.samples else penalty_only)
+        given["do_sample"] = options.sampling.samples
         inputs = self.architecture.hf_inputs(input_ids, attention_mask, encoder_inputs, options.pad)
         inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
         encoder = self.spec.hooks.encoder_module(model) if self.architecture.has_encoder else None
@@ -161,11 +220,12 @@ class Model:
         if encoder is not None and on_encoded is not None:
             hook = encoder.register_forward_hook(lambda *_: on_encoded())
         try:
+            if seed is not None:
+                torch.manual_seed(seed)
             with torch.inference_mode():
                 out = model.generate(
                     **inputs,
                     max_new_tokens=max_new_tokens,
-                    do_sample=False,
                     use_cache=self.settings.use_cache,
                     logits_processor=LogitsProcessorList([_Tick()]) if on_token is not None else None,
                     **{k: v for k, v in given.items() if v is not None},

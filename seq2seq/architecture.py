@@ -25,6 +25,7 @@ def start_token_id(loaded) -> int:
 class EncoderDecoder(TextInputs):
     name = "encoder-decoder"
     has_encoder = True
+    reply_continues_prompt = False  # the decoder answers the encoder's text (a chat's reply is a turn of its own)
     graphs = TextGraphs()  # the three graphs' names, wrappers and tracing examples
 
     def derive_shapes(self, settings, spec, config) -> Seq2SeqShapeSpec:

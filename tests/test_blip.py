@@ -10,6 +10,7 @@ import nndf
 from conftest import IMAGES_DIR, PHOTOS, needs_shared
 from nndf.errors import UsageError
 from nndf.images import caption_inputs
+from sampling_checks import assert_samples_like_generate
 
 
 def _load(blip_dir, backend, work, use_cache=True, **kwargs):
@@ -26,8 +27,8 @@ def _inputs(model, prompt=None):
 @pytest.mark.parametrize("backend, use_cache", [("frameworks", True), ("frameworks", False), ("onnxrt", True),
                                                 ("onnxrt", False)])
 def test_blip_captions_equal_hf_generate(backend, use_cache, blip_dir, onnx_work_dir):
-    """Two photos, with and without a text prefix, greedy and beam search, with and without a minimum length: the
-    same token sequences (text prefix included) as BlipForConditionalGeneration.generate()."""
+    """Two photos, with and without a text prefix, greedy and beam search, with and without a minimum length, and
+    seeded sampling: the same token sequences (text prefix included) as BlipForConditionalGeneration.generate()."""
     m = _load(blip_dir, backend, onnx_work_dir, use_cache)
     for prompt in (None, "a picture of"):
         inputs = _inputs(m, prompt)
@@ -36,6 +37,7 @@ def test_blip_captions_equal_hf_generate(backend, use_cache, blip_dir, onnx_work
                 ours = m.generate(**inputs, max_new_tokens=10, min_new_tokens=min_new, num_beams=num_beams)
                 reference = m.hf_generate(**inputs, max_new_tokens=10, min_new_tokens=min_new, num_beams=num_beams)
                 assert torch.equal(ours, reference), f"{backend} prompt={prompt} beams={num_beams} min_new={min_new}"
+        assert_samples_like_generate(m, max_new_tokens=10, **inputs)
         assert ours[:, 0].eq(30522).all()  # [DEC] starts every caption
         if prompt:
             assert torch.equal(ours[:, 1:4], inputs["input_ids"][:, 1:4])  # the prefix without [CLS] and [SEP]

@@ -19,6 +19,7 @@ from nndf.images import caption_inputs
 from nndf.model import Model
 from nndf.spec import BuildSettings
 from nndf.workspace import read_metadata
+from sampling_checks import assert_samples_like_generate
 from test_trt import _needs_tensorrt
 
 # Two images (dynamic batch 1..2) with beams 2, an optional 4-token text prefix, 8 new tokens.
@@ -41,6 +42,7 @@ def _check_captions(model: Model) -> None:
             ours = model.generate(**inputs, max_new_tokens=8, min_new_tokens=4, num_beams=num_beams)
             reference = model.hf_generate(**inputs, max_new_tokens=8, min_new_tokens=4, num_beams=num_beams)
             assert torch.equal(ours, reference), f"prompt={prompt} beams={num_beams}"
+        assert_samples_like_generate(model, max_new_tokens=8, **inputs)
     pixels = inputs["pixel_values"][:1]
     ids = torch.tensor([[30522, 1037, 3861, 1997]])
     torch.testing.assert_close(model.decoder.logits(pixels, ids),

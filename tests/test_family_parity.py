@@ -1,6 +1,7 @@
 """Every decoder family's tiny model (tests/family_examples.py) against Hugging Face `generate()` on frameworks,
 onnxrt and the trt runner (over the fake TensorRT of tests/fake_tensorrt.py): greedy and beam search, batches with
-masks, with and without cache, and the exported graph exact up to the model's last position. The onnxrt and trt
+masks, with and without cache, seeded sampling with the streamer's calls, and the exported graph exact up to the
+model's last position. The onnxrt and trt
 tests share one export per family (the session's `onnx_work_dir`), which is why the trt family test lives here
 rather than in tests/test_trt.py (its `gpu` twin is there)."""
 
@@ -14,6 +15,7 @@ import torch
 import nndf
 from conftest import decoder_only_families
 from fake_tensorrt import fake_gpu  # noqa: F401  (a fixture)
+from sampling_checks import assert_samples_like_generate
 from nndf.spec import BuildSettings
 from test_generation_parity import PROMPT_LENGTHS, _batch
 
@@ -38,11 +40,12 @@ def test_family_parity_with_hf_generate(family, backend, use_cache, family_dirs,
         ours = m.generate(ids, mask, max_new_tokens=12, num_beams=num_beams)
         reference = m.hf_generate(ids, mask, max_new_tokens=12, num_beams=num_beams)
         assert torch.equal(ours, reference), f"{family} {backend} beams={num_beams}"
+    assert_samples_like_generate(m, input_ids=ids, attention_mask=mask, max_new_tokens=12)
 
 
 def check_family_on_trt(family: str, family_dirs, work, device: str):
     """The family's tiny model on trt (batch 3 with left padding, beams 2, dynamic batch 1..3) against HF generate():
-    greedy and beam search must give the same tokens. Returns the trt model."""
+    greedy search, beam search and seeded sampling must give the same tokens. Returns the trt model."""
     settings = BuildSettings(batch_size=3, num_beams=2, dynamic_batch=True, min_dynamic_batch=1, max_dynamic_batch=3,
                              input_seq_len=9, output_seq_len=8, use_mask=True)
     model = nndf.load(family, backend="trt", torch_dir=str(family_dirs[family]), working_dir=str(work), device=device,
@@ -53,6 +56,7 @@ def check_family_on_trt(family: str, family_dirs, work, device: str):
     for num_beams in (1, 2):
         ours = model.generate(ids, mask, max_new_tokens=8, num_beams=num_beams)
         assert torch.equal(ours, reference.hf_generate(ids, mask, max_new_tokens=8, num_beams=num_beams)), num_beams
+    assert_samples_like_generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=8)
     return model
 
 

@@ -105,6 +105,9 @@ def test_playground_runs(work_dir, monkeypatch):
     text = _text(nb)
     assert "benchmark GPT2" in text and "chat GPT2" in text and "onnxrt" in text
     assert "onnxrt       =  generate()" in text  # fp32 ONNX Runtime gives Hugging Face generate()'s tokens
+    assert "onnxrt       =  generate(do_sample=True) after torch.manual_seed(4321)" in text  # seeded sampling too
+    assert "sampling (temperature 0.8, top-k 40, top-p 0.9, seed 4321)" in text  # the sampled chat
+    assert re.search(r"\(4 tokens in [\d.]+ ms, [\d.]+ tok/s", text)  # the chat streamed its replies
     assert _images(nb) == 1
 
 

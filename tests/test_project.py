@@ -69,6 +69,14 @@ def test_readme_api_example(tiny_gpt2_dir):
     assert out.dtype == torch.long and out.shape == (1, 13)
     assert torch.equal(out[:, :5], input_ids)
     assert torch.equal(out, m.hf_generate(input_ids, max_new_tokens=8))
+    # the sampling example
+    from transformers import TextStreamer
+
+    out = m.generate(input_ids, attention_mask=None, max_new_tokens=32, do_sample=True, temperature=0.8, top_k=40,
+                     top_p=0.9, repetition_penalty=1.1, seed=4321, streamer=TextStreamer(m.tokenizer, skip_prompt=True))
+    torch.manual_seed(4321)
+    assert torch.equal(out, m.hf_generate(input_ids, max_new_tokens=32, do_sample=True, temperature=0.8, top_k=40,
+                                          top_p=0.9, repetition_penalty=1.1))
 
 
 def test_importing_nndf_does_not_import_tensorrt_or_torch():

@@ -9,6 +9,7 @@ import torch
 import nndf
 from conftest import build_tiny
 from family_examples import SEQ2SEQ_EXAMPLES
+from sampling_checks import assert_samples_like_generate
 from nndf.errors import UsageError
 
 EXAMPLES = list(SEQ2SEQ_EXAMPLES)
@@ -40,7 +41,7 @@ PARITY_CASES = [(e, b, True) for e in EXAMPLES for b in ("frameworks", "onnxrt")
 def test_seq2seq_parity_with_hf_generate(example, backend, use_cache, seq2seq_dirs, onnx_work_dir):
     """Whole decoder sequences equal generate()'s: greedy and 2 and 4 beams, batch 3 with masks; once under the
     model's own generation rules (BART's no-repeat 2-grams and forced EOS, mBART's forced first token) and once
-    with a minimum length, so that random weights cannot end every row at once."""
+    with a minimum length, so that random weights cannot end every row at once; and seeded sampling."""
     m = _load(example, backend, seq2seq_dirs, onnx_work_dir, use_cache)
     ids, mask = _prompts()
     for num_beams in (1, 2, 4):
@@ -53,6 +54,7 @@ def test_seq2seq_parity_with_hf_generate(example, backend, use_cache, seq2seq_di
     forced = m.loaded.generation_config.forced_bos_token_id
     if forced is not None:
         assert bool((ours[:, 1] == forced).all())  # mBART: the target language token comes first
+    assert_samples_like_generate(m, input_ids=ids, attention_mask=mask, max_new_tokens=10)
 
 
 @pytest.mark.parametrize("example", EXAMPLES)

@@ -26,6 +26,7 @@ from nndf.export.precision import module_nodes
 from nndf.model import Model
 from nndf.spec import BuildSettings
 from nndf.workspace import read_metadata
+from sampling_checks import assert_samples_like_generate
 from test_seq2seq import EXAMPLES, _prompts
 from test_trt import _needs_tensorrt
 
@@ -51,6 +52,7 @@ def _check_example_on_trt(example, seq2seq_dirs, work, device, use_cache) -> Mod
             ours = model.generate(ids, mask, max_new_tokens=10, min_new_tokens=min_new, num_beams=num_beams)
             reference = model.hf_generate(ids, mask, max_new_tokens=10, min_new_tokens=min_new, num_beams=num_beams)
             assert torch.equal(ours, reference), f"{example} beams={num_beams} min_new={min_new}"
+    assert_samples_like_generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=10)
     decoder_ids = torch.tensor([[model.decoder.start_token_id, 5, 17, 300, 42]])
     torch.testing.assert_close(model.logits(ids[:1], decoder_ids), model.reference_logits(ids[:1], decoder_ids),
                                rtol=0, atol=1e-4)

@@ -7,7 +7,7 @@ the target word's own tokens on the decoder); the note under the table says it t
 
 from __future__ import annotations
 
-from nndf.actions.common import describe, label, open_models, say
+from nndf.actions.common import data_seed, describe, label, open_models, say
 from nndf.results import Column, Result
 
 
@@ -45,7 +45,7 @@ def run(args) -> list[Result]:
 
         raise UsageError(f"--num-samples must be 0 (all) or more, got {args.num_samples}")
     texts = load_lambada(args.dataset_file)
-    chosen = [text for _, text in sample_texts(texts, args.num_samples, seed=args.seed)]
+    chosen = [text for _, text in sample_texts(texts, args.num_samples, seed=data_seed(args))]
     models = open_models(args)
     rows = []
     for model in models:

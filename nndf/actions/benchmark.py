@@ -1,7 +1,9 @@
 """`benchmark`: fixed input and output lengths, seeded random prompts, early stopping off.
 
 EOS is suppressed until the last token (min new tokens = max new tokens, as NVIDIA's demo does), so every
-backend generates exactly `--output-seq-len` tokens and the figures compare like with like.
+backend generates exactly `--output-seq-len` tokens and the figures compare like with like. Tokens are picked as
+the model's generation config and the sampling flags say (the title says which); sampling's cost per step shows in
+the decode column, and every backend draws with the same seed.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import statistics
 import torch
 
 from nndf.actions.common import (
-    add_image_argument, describe, given_images, open_models, random_input_ids, say, timing_settings,
+    add_image_argument, data_seed, decoding_flags, decoding_note, describe, given_images, open_models,
+    random_input_ids, say, timing_settings,
 )
 from nndf.actions.runners import runners_for, time_generation
 from nndf.architectures import architecture
@@ -23,6 +26,7 @@ from nndf.registry import resolve
 from nndf.results import Column, Result
 
 TIMED = True
+SAMPLES = True
 DEFAULT_INPUT_LEN = 64
 DEFAULT_OUTPUT_LEN = 64
 
@@ -42,12 +46,12 @@ def image_inputs(args, model, images) -> dict:
     if images is not None:
         inputs = caption_inputs(model.processor, images)
     else:
-        generator = torch.Generator().manual_seed(args.seed)
+        generator = torch.Generator().manual_seed(data_seed(args))
         size = shapes.image_size
         inputs = {"pixel_values": torch.randn(args.batch_size, 3, size, size, generator=generator)}
     if args.input_seq_len:  # the processor's [CLS] ... [SEP] form: the text decoder gets --input-seq-len tokens
         rows = inputs["pixel_values"].shape[0]
-        inputs["input_ids"] = random_input_ids(rows, args.input_seq_len + 1, shapes.vocab_size, args.seed)
+        inputs["input_ids"] = random_input_ids(rows, args.input_seq_len + 1, shapes.vocab_size, data_seed(args))
     return inputs
 
 
@@ -67,17 +71,19 @@ def run(args) -> list[Result]:
     if takes_images:
         inputs = image_inputs(args, first, images)
     else:
-        input_ids = random_input_ids(args.batch_size, prompt_len, first.shapes.vocab_size, args.seed)
+        input_ids = random_input_ids(args.batch_size, prompt_len, first.shapes.vocab_size, data_seed(args))
         inputs = {"input_ids": input_ids, "attention_mask": input_ids.new_ones(input_ids.shape) if args.use_mask
                   else None}
     batch = args.batch_size
     pct = timing.percentile
+    decoding = decoding_flags(args)
+    picked = decoding_note(first, decoding, args.num_beams)
     rows = []
     hf_row = None
     for runner in runners_for(models):
         say(f"benchmarking {runner.label}: batch {batch}, {first.architecture.benchmark_inputs(prompt_len)} + "
-            f"{new_tokens} tokens, beams {args.num_beams}")
-        t = time_generation(runner, inputs, new_tokens, new_tokens, args.num_beams, timing)
+            f"{new_tokens} tokens, {picked}")
+        t = time_generation(runner, inputs, new_tokens, new_tokens, args.num_beams, timing, decoding=decoding)
         latency = t.latency.percentile(pct)
         rows.append({
             "backend": runner.label,
@@ -123,7 +129,7 @@ def run(args) -> list[Result]:
                      "values inside its first decoder step); first token includes it.")
     inputs = first.architecture.benchmark_inputs(prompt_len)
     title = (f"benchmark {first.spec.family} {first.variant.name}: batch {batch}, {inputs} + "
-             f"{new_tokens} new tokens, beams {args.num_beams}, {'fp16' if args.fp16 else 'fp32'}, "
+             f"{new_tokens} new tokens, {picked}, {'fp16' if args.fp16 else 'fp32'}, "
              f"cache {'on' if args.use_cache else 'off'}")
     if args.plot:
         plot_bars(args.plot, title, rows, [("decode_ms", "decode step (ms, +- stdev over runs)", "decode_spread_ms"),

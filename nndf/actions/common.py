@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import secrets
 from pathlib import Path
 
 import torch
@@ -17,6 +18,7 @@ from nndf.progress import say  # noqa: F401 - the actions' progress lines
 from nndf.loading import load_config, load_model
 from nndf.registry import resolve
 from nndf.results import Column, Result
+from nndf.sampling import SAMPLING_KEYWORDS, Sampling, check_repetition_penalty
 from nndf.spec import BuildSettings
 
 
@@ -35,6 +37,38 @@ def build_settings(args) -> BuildSettings:
         preview_dynamic_shapes=not args.disable_preview_dynamic_shapes,
         engine_postfix=args.engine_postfix,
     )
+
+
+def data_seed(args) -> int:
+    """--seed for random weights, random inputs and samples of a data set (0 when not given)."""
+    return 0 if args.seed is None else args.seed
+
+
+def decoding_flags(args) -> dict:
+    """`Model.generate`'s decoding keywords from the sampling flags (None: the model's generation config), with the
+    seed sampling draws from: --seed, else one drawn here once per command (`decoding_note` shows it, so that a
+    sampled run can be repeated). Every backend gets the same seed, so backends whose logits agree draw alike."""
+    flags = {key: getattr(args, key, None) for key in (*SAMPLING_KEYWORDS, "repetition_penalty")}
+    if getattr(args, "sampling_seed", None) is None:
+        args.sampling_seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
+    return dict(flags, seed=args.sampling_seed)
+
+
+def check_decoding_flags(args) -> None:
+    """The sampling flags' values, checked before any model loads (one sentence naming the flag)."""
+    given = {key: getattr(args, key, None) for key in SAMPLING_KEYWORDS}
+    Sampling(seed=args.seed, **{key: value for key, value in given.items() if value is not None})
+    if getattr(args, "repetition_penalty", None) is not None:
+        check_repetition_penalty(args.repetition_penalty)
+
+
+def decoding_note(model: Model, decoding: dict, num_beams: int | None) -> str:
+    """How tokens are picked, for a title: "greedy", "beams 4" or the sampling settings and seed (checked: beam
+    search with sampling is refused here, before anything runs)."""
+    options = model.generation_options(1, 0, num_beams, **decoding)
+    if options.num_beams > 1:
+        return f"beams {options.num_beams}"
+    return options.sampling.describe()
 
 
 def timing_settings(args) -> TimingSettings:
@@ -90,6 +124,7 @@ def open_models(args) -> list[Model]:
     """
     spec, variant = resolve(args.model, args.variant)
     given_images(args, spec)
+    check_decoding_flags(args)
     named = [split_backend(name) for name in dict.fromkeys(args.backends)]
     backends = list(dict.fromkeys(name for name, _ in named))
     if any(quantize for _, quantize in named) and (args.int8 or args.int4):
@@ -116,7 +151,7 @@ def open_models(args) -> list[Model]:
     loaded = load_model(
         spec, variant, torch_dir=args.torch_dir, random_weights=args.random_weights,
         tokenizer_dir=args.tokenizer_dir, dtype=torch.float16 if settings.fp16 else torch.float32,
-        device=default_device(), seed=args.seed,
+        device=default_device(), seed=data_seed(args),
     )
     options = backend_options(args, backends)
     forced_bos = target_language_token(loaded, args.tgt_lang) if getattr(args, "tgt_lang", None) else None
@@ -137,7 +172,7 @@ def engine_plan_result(args, spec, variant, backend: str) -> Result:
 
     settings = build_settings(args)
     loaded = load_model(spec, variant, torch_dir=args.torch_dir, random_weights=args.random_weights,
-                        tokenizer_dir=args.tokenizer_dir, seed=args.seed)
+                        tokenizer_dir=args.tokenizer_dir, seed=data_seed(args))
     architecture(spec).derive_shapes(settings, spec, loaded.config)  # the flags against the model first
     rows = engine_plan(loaded, settings, backend_options(args, [backend]))
     columns = [Column("graph", "graph"), Column("onnx", "ONNX file"), Column("profiles", "profiles")]

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from nndf.actions.common import add_image_argument, describe, open_models
+from nndf.actions.common import add_image_argument, decoding_flags, decoding_note, describe, open_models
 from nndf.actions.run import COLUMNS, checkpoint_rows, checkpoint_samples, outputs_result
 from nndf.plots import check_plotting, plot_bars
 from nndf.results import Column, Result
 
 TIMED = True
+SAMPLES = True
 
 
 def add_arguments(parser) -> None:
@@ -23,12 +24,14 @@ def run(args) -> list[Result]:
     samples = checkpoint_samples(args)
     models = open_models(args)
     first = models[0]
+    picked = decoding_note(first, decoding_flags(args), args.num_beams)  # refuses beams with sampling up front
     rows, outputs = checkpoint_rows(args, models, samples)
     base = rows[0]["generation_ms"]
     for row in rows:
         row["speedup"] = base / row["generation_ms"]
     columns = COLUMNS + [Column("speedup", f"speed vs {rows[0]['backend']}", "{:.2f}", "x")]
-    title = f"compare {first.spec.family} {first.variant.name}: {', '.join(r['backend'] for r in rows)}"
+    title = (f"compare {first.spec.family} {first.variant.name}: {', '.join(r['backend'] for r in rows)}; "
+             f"{picked}")
     notes = ["speed: full-generation time of the first row divided by each row's (higher is faster)."]
     if args.plot:
         plot_bars(args.plot, title, rows, [("generation_ms", "full generation (ms)", None),

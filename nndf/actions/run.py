@@ -1,8 +1,9 @@
 """`run`: the family's sample prompts from checkpoint.toml on each backend, scored against the labels.
 
-Accuracy is the share of the label's new tokens that the backend reproduces at the same position (greedy, or
-beam search with --num-beams); runtimes are medians of the full generation and of one decode step. A second table
-shows what each backend generated for each sample. An image-to-text family (BLIP) captions the checkpoint's photos,
+Accuracy is the share of the label's new tokens that the backend reproduces at the same position (greedy, beam
+search with --num-beams, or sampling with the sampling flags: every backend draws with the same seed); runtimes
+are medians of the full generation and of one decode step. A second table shows what each backend generated for
+each sample. An image-to-text family (BLIP) captions the checkpoint's photos,
 or the files given with `--image`.
 """
 
@@ -11,7 +12,8 @@ from __future__ import annotations
 import statistics
 
 from nndf.actions.common import (
-    add_image_argument, describe, generation_inputs, given_images, open_models, say, timing_settings,
+    add_image_argument, decoding_flags, decoding_note, describe, generation_inputs, given_images, open_models, say,
+    timing_settings,
 )
 from nndf.actions.runners import runners_for, time_generation
 from nndf.checkpoint import DEFAULT_NEW_TOKENS, Sample, read_samples
@@ -21,6 +23,7 @@ from nndf.registry import resolve
 from nndf.results import Column, Result
 
 TIMED = True
+SAMPLES = True
 
 
 def add_arguments(parser) -> None:
@@ -56,6 +59,7 @@ def checkpoint_rows(args, models, samples: list[Sample]) -> tuple[list[dict], li
     """One row per runner (token accuracy against the labels, median runtimes over all samples), and one row per
     runner and sample with the generated text."""
     timing = timing_settings(args)
+    decoding = decoding_flags(args)
     first = models[0]
     tokenizer = first.tokenizer
     rows, outputs = [], []
@@ -68,7 +72,8 @@ def checkpoint_rows(args, models, samples: list[Sample]) -> tuple[list[dict], li
             label = first.label_ids(ids, sample.label) if sample.label else None
             new_tokens = len(label) if label else args.output_seq_len or DEFAULT_NEW_TOKENS
             say(f"{runner.label}: '{_describe_sample(sample)[:40]}' + {new_tokens} tokens")
-            t = time_generation(runner, inputs, new_tokens, None, args.num_beams, timing, progress=False)
+            t = time_generation(runner, inputs, new_tokens, None, args.num_beams, timing, progress=False,
+                                decoding=decoding)
             new = first.new_tokens(t.output, ids)[0].tolist()
             if label:
                 matched += sum(a == b for a, b in zip(new, label))
@@ -107,10 +112,12 @@ def run(args) -> list[Result]:
     samples = checkpoint_samples(args)
     models = open_models(args)
     first = models[0]
+    picked = decoding_note(first, decoding_flags(args), args.num_beams)  # refuses beams with sampling up front
     rows, outputs = checkpoint_rows(args, models, samples)
     notes = ["label accuracy: share of the label's new tokens reproduced at the same position; labels are the "
              "real weights' outputs, so random weights score near 0; '-' where checkpoint.toml has no labels for "
              "this variant."]
-    title = f"run {first.spec.family} {first.variant.name}: checkpoint samples"
+    title = (f"run {first.spec.family} {first.variant.name}: checkpoint samples, "
+             f"{picked}")
     return [Result("run", title, COLUMNS, rows, describe(first), notes),
             outputs_result(f"outputs {first.spec.family} {first.variant.name}", outputs, describe(first))]

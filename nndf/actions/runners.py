@@ -74,9 +74,11 @@ def time_generation(
     num_beams: int,
     timing: TimingSettings,
     progress: bool = True,
+    decoding: dict | None = None,
 ) -> GenerationTiming:
     """Time `runner` on `inputs` (`generate()`'s: input_ids, attention_mask, pixel_values) with `timing`,
-    collecting first-token and decode-step times from every timed call."""
+    collecting first-token and decode-step times from every timed call. `decoding`: the sampling keywords and
+    seed (`Model.generate`'s), the same for every call, so that every call draws the same tokens."""
     device = runner.model.decoder.device
     timer = StepTimer(device)
     encoder: list[float] = []
@@ -89,7 +91,8 @@ def time_generation(
         outputs[:] = [
             runner.generate(**inputs, max_new_tokens=max_new_tokens,
                             min_new_tokens=min_new_tokens, num_beams=num_beams, on_token=timer.mark,
-                            on_encoded=timer.mark_encoded if runner.model.architecture.has_encoder else None)
+                            on_encoded=timer.mark_encoded if runner.model.architecture.has_encoder else None,
+                            **(decoding or {}))
         ]
         if timer.encoder_time is not None:
             encoder.append(timer.encoder_time)

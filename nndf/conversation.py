@@ -1,0 +1,61 @@
+"""A chat's memory: the turns so far, made into the model's next prompt.
+
+A tokenizer with a chat template (instruction-tuned models: Llama-class chat models, Qwen, Phi...) gets the turns as
+messages through its own `apply_chat_template`, with the system text first and the generation prompt last, as
+transformers' chat pipelines build them. A model without one (a base model such as GPT-2, or T5) gets plain text:
+the turns one after another, separated by `TURN_SEPARATOR` (a blank line: where a base model most often sees one
+text end and another begin), the system text as the first paragraph. A decoder-only model's reply continues the
+user's line, so a turn is the line and the reply as one text; an encoder-decoder model's reply answers it, so the
+reply is a paragraph of its own.
+
+When the prompt grows past what the model can take, the chat drops the oldest turns (`forget_oldest`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+TURN_SEPARATOR = "\n\n"
+
+
+@dataclass
+class Conversation:
+    tokenizer: object
+    system: str | None = None
+    continues: bool = True  # the reply continues the user's text (decoder-only) rather than answering it
+    turns: list[tuple[str, str]] = field(default_factory=list)  # (user line, the model's reply)
+
+    @property
+    def templated(self) -> bool:
+        """Whether the tokenizer has a chat template (else the turns are plain text)."""
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    def prompt_ids(self, user: str) -> list[int]:
+        """The token ids of the whole conversation with `user`'s new line, ready for the reply."""
+        if self.templated:
+            messages = [{"role": "system", "content": self.system}] if self.system else []
+            for asked, answered in self.turns:
+                messages += [{"role": "user", "content": asked}, {"role": "assistant", "content": answered.strip()}]
+            messages.append({"role": "user", "content": user})
+            encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                         return_dict=True)
+            return list(encoded["input_ids"])
+        paragraphs = [self.system] if self.system else []
+        for asked, answered in self.turns:
+            paragraphs += [asked + answered] if self.continues else [asked, answered.strip()]
+        return list(self.tokenizer(TURN_SEPARATOR.join([*paragraphs, user]))["input_ids"])
+
+    def remember(self, user: str, reply: str) -> None:
+        """Keep a finished (or stopped) turn; the reply's text as generated (a base model's continuation keeps its
+        leading space)."""
+        self.turns.append((user, reply))
+
+    def forget_oldest(self) -> bool:
+        """Drop the oldest turn; False when there was none left to drop."""
+        if not self.turns:
+            return False
+        self.turns.pop(0)
+        return True
+
+    def reset(self) -> None:
+        self.turns.clear()

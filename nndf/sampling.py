@@ -1,0 +1,226 @@
+"""Sampling in the one loop: `generate()`'s warpers, its draw, and its seed.
+
+Hugging Face `generate(do_sample=True)` appends warpers to its logits processors (temperature, top-k, top-p, min-p,
+typical-p, epsilon and eta cutoffs, in that order: `GenerationMixin._get_logits_processor`), turns the scores into
+probabilities with a softmax and draws each row's next token with `torch.multinomial(probs, num_samples=1)` from
+the default generator of the logits' device. `Sampling` holds those settings and builds the same warpers from
+transformers' own classes; `TokenChooser` makes the same draw, so that a backend whose logits equal PyTorch's
+picks the same tokens as `torch.manual_seed(S); model.generate(do_sample=True, ...)` for `seed=S`.
+
+`seed` S draws from a private `torch.Generator` seeded with S: its stream is the one `torch.manual_seed(S)` gives
+the default generator (a CPU generator and a CUDA one alike start from the seed alone), without touching the
+caller's global random state. A `torch.Generator` as `seed` is drawn from and left advanced (a chat continues one
+stream across its replies, as one `torch.manual_seed` before several `generate()` calls does); None draws from the
+global generator, as `generate()` does.
+
+On the CPU the draw is `CpuDraw`: torch.multinomial's own computation with its logarithm vectorised, 2.5x cheaper,
+the same tokens and the same random numbers consumed (checked against torch.multinomial once per process);
+elsewhere it is torch.multinomial itself. Temperature 0 means greedy search, as in llama.cpp and ONNX Runtime
+GenAI (`generate()` refuses it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from nndf.errors import UsageError
+
+# generate()'s keywords that choose how the next token is picked, in the order its flags are listed.
+SAMPLING_KEYWORDS = ("do_sample", "temperature", "top_k", "top_p", "min_p", "typical_p")
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_repetition_penalty(penalty) -> None:
+    if isinstance(penalty, bool) or not isinstance(penalty, (int, float)) or not penalty > 0:
+        raise UsageError(f"repetition_penalty (--repetition-penalty) must be a number above 0 (1: off), "
+                         f"got {penalty!r}")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the next token is picked; the defaults are `generate()`'s (greedy; when sampling, top-k 50).
+
+    Only `do_sample` and a temperature above 0 make it sample; the other settings then shape the distribution as
+    `generate()`'s warpers do (top_k 0, top_p 1, typical_p 1, min_p None: off). `top_h`, `epsilon_cutoff` and
+    `eta_cutoff` come from a model's generation config only (no flag), so that such a model samples as its
+    `generate()` does.
+    """
+
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 50
+    top_p: float = 1.0
+    min_p: float | None = None
+    typical_p: float = 1.0
+    top_h: float | None = None
+    epsilon_cutoff: float = 0.0
+    eta_cutoff: float = 0.0
+    seed: int | torch.Generator | None = None
+
+    def __post_init__(self) -> None:
+        checks = (
+            ("temperature", self.temperature, _is_number(self.temperature) and self.temperature >= 0,
+             "a number >= 0 (0: greedy)"),
+            ("top_k", self.top_k, isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and self.top_k >= 0,
+             "a whole number >= 0 (0: off)"),
+            ("top_p", self.top_p, _is_number(self.top_p) and 0 <= self.top_p <= 1, "a number from 0 to 1 (1: off)"),
+            ("min_p", self.min_p, self.min_p is None or (_is_number(self.min_p) and 0 <= self.min_p <= 1),
+             "a number from 0 to 1"),
+            ("typical_p", self.typical_p, _is_number(self.typical_p) and 0 < self.typical_p <= 1,
+             "a number above 0 and at most 1 (1: off)"),
+            ("seed", self.seed, self.seed is None or isinstance(self.seed, torch.Generator)
+             or (isinstance(self.seed, int) and not isinstance(self.seed, bool) and 0 <= self.seed < 2**63),
+             "a whole number from 0 to 2**63 - 1 or a torch.Generator"),
+        )
+        for name, value, ok, allowed in checks:
+            if not ok:
+                raise UsageError(f"{name} (--{name.replace('_', '-')}) must be {allowed}, got {value!r}")
+
+    @classmethod
+    def resolve(cls, generation_config, seed=None, **given) -> "Sampling":
+        """The settings `generate(**given)` would use: a keyword given (not None), else the model's generation
+        config, else transformers' own defaults (`GenerationConfig._get_default_generation_params`, the table
+        `generate()` itself fills unset fields from; private, so tests/test_sampling.py checks the result against
+        `generate()`'s own processor list)."""
+        from transformers import GenerationConfig
+
+        unknown = set(given) - set(SAMPLING_KEYWORDS)
+        if unknown:
+            raise UsageError(f"unknown sampling keyword(s) {sorted(unknown)}; allowed: {', '.join(SAMPLING_KEYWORDS)}")
+        defaults = GenerationConfig._get_default_generation_params()
+        values = {}
+        for field in fields(cls):
+            if field.name == "seed":
+                continue
+            for source in (given.get(field.name), getattr(generation_config, field.name, None),
+                           defaults.get(field.name)):
+                if source is not None:
+                    values[field.name] = source
+                    break
+        return cls(seed=seed, **values)
+
+    @property
+    def samples(self) -> bool:
+        """Whether tokens are drawn (else the highest score is taken: greedy or beam search)."""
+        return bool(self.do_sample) and self.temperature != 0
+
+    def warpers(self, device: torch.device | None = None) -> list:
+        """`generate()`'s warpers for these settings, in its order (nothing when not sampling)."""
+        from transformers import (
+            EpsilonLogitsWarper, EtaLogitsWarper, MinPLogitsWarper, TemperatureLogitsWarper, TopHLogitsWarper,
+            TopKLogitsWarper, TopPLogitsWarper, TypicalLogitsWarper,
+        )
+
+        if not self.samples:
+            return []
+        warpers = []
+        if self.temperature != 1.0:
+            warpers.append(TemperatureLogitsWarper(float(self.temperature)))
+        if self.top_h is not None:
+            warpers.append(TopHLogitsWarper(top_h=self.top_h))
+        if self.top_k != 0:
+            warpers.append(TopKLogitsWarper(top_k=int(self.top_k)))
+        if self.top_p < 1.0:
+            warpers.append(TopPLogitsWarper(top_p=self.top_p))
+        if self.min_p is not None:
+            warpers.append(MinPLogitsWarper(min_p=self.min_p))
+        if self.typical_p < 1.0:
+            warpers.append(TypicalLogitsWarper(mass=self.typical_p))
+        if 0.0 < self.epsilon_cutoff < 1.0:
+            warpers.append(EpsilonLogitsWarper(epsilon=self.epsilon_cutoff))
+        if 0.0 < self.eta_cutoff < 1.0:
+            warpers.append(EtaLogitsWarper(epsilon=self.eta_cutoff, device=device))
+        return warpers
+
+    def chooser(self) -> "TokenChooser":
+        return TokenChooser(self.samples, self.seed)
+
+    def describe(self) -> str:
+        """One phrase for a table's title or a chat's banner: "greedy", or the settings that shape the draw."""
+        if not self.samples:
+            return "greedy"
+        parts = [f"temperature {self.temperature:g}"]
+        if self.top_k != 0:
+            parts.append(f"top-k {self.top_k}")
+        if self.top_p < 1.0:
+            parts.append(f"top-p {self.top_p:g}")
+        if self.min_p is not None:
+            parts.append(f"min-p {self.min_p:g}")
+        if self.typical_p < 1.0:
+            parts.append(f"typical-p {self.typical_p:g}")
+        if isinstance(self.seed, int):
+            parts.append(f"seed {self.seed}")
+        return f"sampling ({', '.join(parts)})"
+
+
+class TokenChooser:
+    """Picks each row's next token from processed scores: their argmax, or `generate()`'s draw.
+
+    The draw is `torch.multinomial(softmax(scores), 1)`, made once per step for every row (finished rows too), so
+    the random stream advances exactly as `generate()`'s does. A seeded generator is made on the scores' device at
+    the first draw. On the CPU the same draw is made faster (`CpuDraw`).
+    """
+
+    def __init__(self, samples: bool, seed: int | torch.Generator | None = None) -> None:
+        self.samples = samples
+        self.seed = seed
+        self.generator = seed if isinstance(seed, torch.Generator) else None
+        self.cpu_draw: CpuDraw | None = None
+
+    def __call__(self, scores: torch.Tensor) -> torch.Tensor:
+        if not self.samples:
+            return scores.argmax(dim=-1)
+        if self.generator is None and self.seed is not None:
+            self.generator = torch.Generator(device=scores.device).manual_seed(self.seed)
+        probs = torch.nn.functional.softmax(scores, dim=-1)
+        if probs.device.type == "cpu" and probs.dtype == torch.float32 and CpuDraw.is_exact():
+            if self.cpu_draw is None or self.cpu_draw.shape != probs.shape:
+                self.cpu_draw = CpuDraw(probs.shape)
+            return self.cpu_draw(probs, self.generator)
+        return torch.multinomial(probs, num_samples=1, generator=self.generator).squeeze(1)
+
+
+class CpuDraw:
+    """`torch.multinomial(probs, 1).squeeze(1)` for float32 probabilities of one shape on the CPU: the same tokens
+    and the same random numbers drawn, in a third of the time.
+
+    For one sample torch draws q ~ Exp(1) per element (`exponential_`) and takes argmax(probs / q). Its CPU
+    exponential_ takes one 53-bit uniform u per element from the generator, serially, and computes
+    float(-log1p(-u)) one element at a time (ATen's `exponential_distribution<double>`); here the same uniforms come
+    from `uniform_` on a float64 tensor (the same draws) and the logarithm is taken vectorised, in buffers kept from
+    step to step (a fresh tensor of a batch's vocabulary costs more in page faults than the arithmetic).
+    `is_exact` checks once per process that this build of torch gives identical tokens and generator states, else
+    the loop calls torch.multinomial itself. Probabilities that torch.multinomial refuses (NaN, inf, negative) go to
+    it, so that it raises its own error."""
+
+    _exact: bool | None = None
+
+    def __init__(self, shape: torch.Size) -> None:
+        self.shape = shape
+        self.uniform = torch.empty(shape, dtype=torch.float64)
+        self.ratio = torch.empty(shape, dtype=torch.float32)
+
+    def __call__(self, probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        if not bool((probs.min() >= 0) & (probs.max() < float("inf"))):
+            return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
+        self.uniform.uniform_(generator=generator)
+        self.ratio.copy_(self.uniform.neg_().log1p_().neg_())  # q ~ Exp(1), rounded to float32 as torch rounds it
+        return torch.div(probs, self.ratio, out=self.ratio).argmax(dim=-1)
+
+    @classmethod
+    def is_exact(cls) -> bool:
+        """Whether the draw equals torch.multinomial on this build of torch (asked once per process, on 64 rows of
+        random probabilities: the same tokens and the same generator state after)."""
+        if cls._exact is None:
+            with torch.inference_mode():
+                probs = torch.rand(64, 1000, generator=torch.Generator().manual_seed(0)).softmax(dim=-1)
+                theirs, ours = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+                expected = torch.multinomial(probs, num_samples=1, generator=theirs).squeeze(1)
+                drawn = cls(probs.shape)(probs, ours)
+                cls._exact = torch.equal(drawn, expected) and torch.equal(ours.get_state(), theirs.get_state())
+        return cls._exact

@@ -1,0 +1,210 @@
+"""`chat` as a user meets it: streamed replies, the conversation it remembers (chat template or plain turns),
+/reset, truncation, stop strings, seeded sampling, and Ctrl-C in a real terminal (a pseudo-terminal)."""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import shutil
+import signal
+import sys
+import time
+
+import pytest
+import torch
+
+import nndf
+from conftest import REPO, TINY_GPT2, TOKENIZER_DIR, build_tiny, needs_shared
+from nndf.conversation import TURN_SEPARATOR
+from nndf.errors import UsageError
+from nndf.model import Model
+
+pytestmark = needs_shared(TOKENIZER_DIR)
+
+TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+@pytest.fixture
+def prompts(monkeypatch) -> list[list[int]]:
+    """The input ids of every generate() call the chat makes, in order."""
+    seen: list[list[int]] = []
+    original = Model.generate
+
+    def spy(self, input_ids=None, *args, **kwargs):
+        seen.append(input_ids[0].tolist())
+        return original(self, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(Model, "generate", spy)
+    return seen
+
+
+def _chat(folder, lines: list[str], **flags):
+    flags.setdefault("output_seq_len", 6)
+    [result] = nndf.run("chat", "GPT2", "frameworks", torch_dir=str(folder), input="".join(f"{x}\n" for x in lines),
+                        **flags)
+    return result.rows
+
+
+def test_plain_turns_are_remembered_and_reset(tiny_gpt2_dir, prompts):
+    """A model without a chat template: each turn is the line and its continuation, turns a blank line apart;
+    /reset starts again; --no-history answers each line alone."""
+    tokenizer = nndf.load("GPT2", torch_dir=str(tiny_gpt2_dir), device="cpu").tokenizer
+    rows = _chat(tiny_gpt2_dir, ["The capital of France is", "And of Germany", "/reset", "Hello"],
+                 system="A quiz.")
+    first, second = rows[0]["reply"], rows[1]["reply"]
+    assert prompts == [tokenizer("A quiz." + TURN_SEPARATOR + "The capital of France is")["input_ids"],
+                       tokenizer(TURN_SEPARATOR.join(["A quiz.", "The capital of France is" + first,
+                                                      "And of Germany"]))["input_ids"],
+                       tokenizer("A quiz." + TURN_SEPARATOR + "Hello")["input_ids"]]
+    prompts.clear()
+    _chat(tiny_gpt2_dir, ["The capital of France is", "And of Germany"], history=False)
+    assert prompts == [tokenizer("The capital of France is")["input_ids"], tokenizer("And of Germany")["input_ids"]]
+    assert second  # the remembered reply is the text generated (a continuation, its leading space kept)
+
+
+def test_chat_template_with_system_message(tiny_gpt2_dir, tmp_path, prompts):
+    folder = tmp_path / "templated"
+    shutil.copytree(tiny_gpt2_dir, folder)
+    tokenizer = nndf.load("GPT2", torch_dir=str(folder), device="cpu").tokenizer
+    tokenizer.chat_template = TEMPLATE
+    tokenizer.save_pretrained(folder)
+    rows = _chat(folder, ["hi", "how are you"], system="Be brief.")
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": rows[0]["reply"].strip()},
+                {"role": "user", "content": "how are you"}]
+    expected = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"]
+    assert prompts[1] == list(expected)
+    assert tokenizer.decode(prompts[1]).startswith("<|system|>Be brief.\n<|user|>hi\n<|assistant|>")
+
+
+def test_oldest_turns_are_dropped_when_the_history_no_longer_fits(tiny_gpt2_dir, prompts, capsys):
+    """128 positions, 40 new tokens: the second turn's prompt would be too long with the first, so the first goes;
+    the user is told once."""
+    tokenizer = nndf.load("GPT2", torch_dir=str(tiny_gpt2_dir), device="cpu").tokenizer
+    line = " ".join(["word"] * 30)
+    assert len(tokenizer(line)["input_ids"]) == 30
+    rows = _chat(tiny_gpt2_dir, [line, line, line], output_seq_len=40)
+    out = capsys.readouterr().out
+    whole = tokenizer(line + rows[0]["reply"] + TURN_SEPARATOR + line)["input_ids"]
+    assert len(whole) + 40 > 128 and prompts == [tokenizer(line)["input_ids"]] * 3
+    assert out.count("note: the conversation no longer fits the model's 128 positions with 40 new tokens") == 1
+
+
+def test_stop_strings_end_a_reply_as_generate_does(tiny_gpt2_dir):
+    m = nndf.load("GPT2", torch_dir=str(tiny_gpt2_dir), device="cpu")
+    ids = m.tokenizer("The capital of France is", return_tensors="pt").input_ids
+    free = m.tokenizer.decode(m.generate(ids, max_new_tokens=12)[0, ids.shape[1]:])
+    stop = free[len(free) // 2: len(free) // 2 + 3]
+    rows = _chat(tiny_gpt2_dir, ["The capital of France is"], output_seq_len=12, stop=[stop])
+    expected = m.hf_generate(ids, max_new_tokens=12, stop_strings=[stop])
+    assert rows[0]["reply"] == m.tokenizer.decode(expected[0, ids.shape[1]:], skip_special_tokens=True)
+    assert stop in rows[0]["reply"] and len(rows[0]["reply"]) < len(free)
+
+
+def test_streamed_output_and_the_one_line_form(tiny_gpt2_dir, capsys):
+    rows = _chat(tiny_gpt2_dir, ["The capital of France is"], output_seq_len=5)
+    out = capsys.readouterr().out
+    reply = rows[0]["reply"]
+    assert f"[frameworks] {reply.strip()}\n" in out
+    assert re.search(r"^ {13}\(5 tokens in [\d.]+ ms, [\d.]+ tok/s, first token [\d.]+ ms\)$", out, re.M)
+    _chat(tiny_gpt2_dir, ["The capital of France is"], output_seq_len=5, stream=False)
+    assert re.search(rf"^\[frameworks\] +[\d.]+ ms \| {re.escape(reply.strip())}$", capsys.readouterr().out, re.M)
+
+
+def test_seeded_sampling_repeats_and_backends_agree(tiny_gpt2_dir, onnx_work_dir, capsys):
+    """--seed S: each backend draws from its own generator seeded S once per chat, so fp32 backends give the same
+    replies, and the same chat again gives them again; without --seed the banner shows the seed drawn."""
+    lines = ["The capital of France is", "And of Germany"]
+    [result] = nndf.run("chat", "GPT2", "frameworks", "onnxrt", torch_dir=str(tiny_gpt2_dir), output_seq_len=8,
+                        working_dir=str(onnx_work_dir), do_sample=True, top_k=0, seed=77,
+                        input="\n".join(lines) + "\n")
+    replies = [row["reply"] for row in result.rows]
+    assert replies[0] == replies[1] and replies[2] == replies[3] and replies[0] != replies[2]
+    assert "sampling (temperature 1, seed 77)" in result.title
+    # What the chat means by the seed: one torch.manual_seed(77), then one generate() per turn.
+    m = nndf.load("GPT2", torch_dir=str(tiny_gpt2_dir), device="cpu")
+    torch.manual_seed(77)
+    first = m.hf_generate(m.tokenizer(lines[0], return_tensors="pt").input_ids, max_new_tokens=8, do_sample=True,
+                          top_k=0)
+    assert m.tokenizer.decode(first[0, -8:], skip_special_tokens=True) == replies[0]
+    capsys.readouterr()
+    [unseeded] = nndf.run("chat", "GPT2", "frameworks", torch_dir=str(tiny_gpt2_dir), output_seq_len=8,
+                          do_sample=True, input=lines[0] + "\n")
+    seed = int(re.search(r"seed (\d+)\)", capsys.readouterr().out).group(1))
+    [again] = nndf.run("chat", "GPT2", "frameworks", torch_dir=str(tiny_gpt2_dir), output_seq_len=8,
+                       do_sample=True, seed=seed, input=lines[0] + "\n")
+    assert again.rows[0]["reply"] == unseeded.rows[0]["reply"]
+
+
+def test_commands_and_refusals(tiny_gpt2_dir, capsys):
+    rows = _chat(tiny_gpt2_dir, ["/help", "/exit", "never read"])
+    assert rows == [] and "error: unknown command /help; the commands are /reset and /exit" in capsys.readouterr().out
+    with pytest.raises(UsageError, match="--stop ends greedy or sampled replies"):
+        _chat(tiny_gpt2_dir, ["hi"], stop=["x"], num_beams=2)
+    with pytest.raises(UsageError, match="sampling with beam search is not built"):
+        _chat(tiny_gpt2_dir, ["hi"], do_sample=True, num_beams=2)
+    with pytest.raises(UsageError, match="--system is part of a conversation"):
+        _chat(tiny_gpt2_dir, ["hi"], system="x", history=False)
+
+
+# --- in a terminal ----------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def slow_enough_gpt2(tmp_path_factory):
+    """A small GPT-2 with 1024 positions: a 900-token reply takes about a second on the CPU, time enough to press
+    Ctrl-C in the middle of it."""
+    config = dict(TINY_GPT2, n_positions=1024, n_embd=64)
+    return build_tiny(tmp_path_factory.mktemp("pty"), "gpt2-1024", config)
+
+
+def _read_until(fd, pattern: str, seconds: float, seen: bytearray) -> re.Match:
+    """Read the terminal until `pattern` matches what it showed since `seen` was empty (or fail after `seconds`)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        found = re.search(pattern, seen.decode("utf-8", "replace"), re.S)
+        if found:
+            return found
+        left = deadline - time.monotonic()
+        assert left > 0, f"no {pattern!r} in the terminal after {seconds} s: {seen.decode('utf-8', 'replace')!r}"
+        ready, _, _ = select.select([fd], [], [], left)
+        if ready:
+            try:
+                seen += os.read(fd, 4096)
+            except OSError:  # the child closed the terminal
+                pass
+
+
+def test_a_terminal_sees_tokens_before_the_reply_ends_and_ctrl_c_stops_only_the_reply(slow_enough_gpt2):
+    """chat in a pseudo-terminal: the reply's first words show while it is being generated (Ctrl-C, typed as soon
+    as they show, stops the reply before its 900 tokens), the chat goes on to the next prompt, and /exit ends it."""
+    import pty
+
+    argv = [sys.executable, str(REPO / "run.py"), "chat", "GPT2", "frameworks", "--torch-dir", str(slow_enough_gpt2),
+            "--output-seq-len", "900", "--do-sample", "--top-k", "0", "--seed", "3", "--threads", "1"]
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the terminal is its stdin, stdout and controlling terminal
+        os.environ.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", TRANSFORMERS_VERBOSITY="error")
+        os.execv(sys.executable, argv)
+    seen = bytearray()
+    try:
+        _read_until(fd, r"prompt> $", 120, seen)
+        seen.clear()
+        os.write(fd, b"Once upon a time\n")
+        _read_until(fd, r"\[frameworks\] \S", 60, seen)  # the first text of the reply
+        os.write(fd, b"\x03")  # Ctrl-C, as the terminal sends it
+        stopped = _read_until(fd, r"\(stopped: (\d+) tokens in .*?prompt> $", 60, seen)
+        assert int(stopped.group(1)) < 900
+        seen.clear()
+        os.write(fd, b"/exit\n")
+        _read_until(fd, r"chat GPT2 gpt2: 1 replies", 60, seen)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+        os.close(fd)

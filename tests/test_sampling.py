@@ -1,0 +1,220 @@
+"""Sampling in the one loop, on the tiny GPT-2: the processors and warpers generate() builds, the generation config's
+defaults, what the seed means, greedy equivalence, EOS and stop strings under sampling, and one-sentence refusals.
+Seeded parity for every family and backend is in the families' parity tests (tests/sampling_checks.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import nndf
+from nndf.errors import UsageError
+from sampling_checks import EVERY_WARPER, FLAT, assert_samples_like_generate
+from test_generation_parity import _batch
+
+
+@pytest.fixture(scope="module")
+def model(tiny_gpt2_dir):
+    return nndf.load("GPT2", torch_dir=str(tiny_gpt2_dir), device="cpu")
+
+
+def _describe(processors) -> list[tuple]:
+    """Each processor's class and the settings that shape the scores."""
+    keys = ("penalty", "ngram_size", "temperature", "top_k", "top_p", "min_p", "mass", "min_tokens_to_keep")
+    return [(type(p).__name__, *(getattr(p, k, None) for k in keys)) for p in processors]
+
+
+@pytest.mark.parametrize("settings", [
+    dict(do_sample=True),  # generate()'s defaults: top-k 50
+    dict(do_sample=True, temperature=0.7, top_k=5, top_p=0.8, min_p=0.1, typical_p=0.9, repetition_penalty=1.2),
+    dict(do_sample=False, repetition_penalty=1.5, top_k=3),  # warpers only when sampling
+])
+def test_processors_are_the_ones_generate_builds(model, settings, monkeypatch):
+    """Our list against the one generate() itself builds (GenerationMixin._get_logits_processor, spied on: a
+    private method, read here only to check our order and settings)."""
+    hf_model = model.loaded.model
+    built = []
+    original = hf_model._get_logits_processor
+    monkeypatch.setattr(hf_model, "_get_logits_processor", lambda *a, **k: built.append(original(*a, **k)) or built[-1])
+    ids, mask = _batch([5, 9, 3])
+    # min_new_tokens None: with 0, generate() adds a MinLength processor that bans EOS up to the prompt's length
+    # (a no-op), which our list leaves out (nndf.generation)
+    model.hf_generate(ids, mask, max_new_tokens=2, min_new_tokens=None, seed=0, **settings)
+    options = model.generation_options(2, None, 1, **settings)
+    ours = options.processors(ids.shape[1], mask)
+    theirs = built[0]
+    assert _describe(ours) == _describe(theirs)
+    if "repetition_penalty" in settings:  # the left padding it skips, from the mask
+        assert torch.equal(ours[0].prompt_ignore_length, theirs[0].prompt_ignore_length)
+
+
+@pytest.mark.parametrize("backend", ["frameworks", "onnxrt"])
+@pytest.mark.parametrize("settings", [FLAT, EVERY_WARPER], ids=["flat", "every-warper"])
+def test_every_warper_samples_like_generate(tiny_gpt2_dir, onnx_work_dir, backend, settings):
+    """Batch 3 with left padding; greedy search's tokens differ (the draw decided)."""
+    m = nndf.load("GPT2", backend=backend, torch_dir=str(tiny_gpt2_dir), working_dir=str(onnx_work_dir),
+                  device="cpu")
+    ids, mask = _batch([5, 9, 3])
+    sampled = assert_samples_like_generate(m, max_new_tokens=10, settings=settings, input_ids=ids,
+                                           attention_mask=mask)
+    assert not torch.equal(sampled, m.generate(ids, mask, max_new_tokens=10))
+
+
+def test_a_generation_config_that_samples_samples_by_default(tiny_gpt2_dir):
+    """do_sample=True and top_k in the model's generation config: generate() samples without being asked, and so
+    does our loop (from the same global generator when no seed is given); do_sample=False overrides it."""
+    m = nndf.load("GPT2", torch_dir=str(tiny_gpt2_dir), device="cpu")
+    m.loaded.model.generation_config.do_sample = True
+    m.loaded.model.generation_config.top_k = 7
+    assert m.generation_options(4).sampling.describe() == "sampling (temperature 1, top-k 7)"
+    ids, mask = _batch([5, 9, 3])
+    torch.manual_seed(21)
+    ours = m.generate(ids, mask, max_new_tokens=10)
+    torch.manual_seed(21)
+    assert torch.equal(ours, m.hf_generate(ids, mask, max_new_tokens=10))
+    greedy = m.generate(ids, mask, max_new_tokens=10, do_sample=False)
+    assert not torch.equal(ours, greedy)
+    assert torch.equal(greedy, m.hf_generate(ids, mask, max_new_tokens=10, do_sample=False))
+
+
+def test_seed_means_manual_seed_before_generate(model):
+    ids, mask = _batch([5, 9, 3])
+    state = torch.get_rng_state()
+    first = model.generate(ids, mask, max_new_tokens=10, do_sample=True, seed=5)
+    assert torch.equal(torch.get_rng_state(), state), "seed=S must leave the global generator as it was"
+    assert torch.equal(first, model.generate(ids, mask, max_new_tokens=10, do_sample=True, seed=5))
+    assert not torch.equal(first, model.generate(ids, mask, max_new_tokens=10, do_sample=True, seed=6))
+    torch.manual_seed(5)
+    assert torch.equal(first, model.generate(ids, mask, max_new_tokens=10, do_sample=True))  # the global one
+    # A generator continues across calls, as one torch.manual_seed before two generate() calls does.
+    generator = torch.Generator().manual_seed(9)
+    ours = [model.generate(ids, mask, max_new_tokens=6, do_sample=True, seed=generator) for _ in range(2)]
+    torch.manual_seed(9)
+    theirs = [model.hf_generate(ids, mask, max_new_tokens=6, do_sample=True) for _ in range(2)]
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs)) and not torch.equal(ours[0], ours[1])
+
+
+def test_temperature_zero_and_do_sample_false_are_greedy(model):
+    ids, mask = _batch([5, 9, 3])
+    greedy = model.hf_generate(ids, mask, max_new_tokens=10)
+    for settings in (dict(do_sample=True, temperature=0.0, seed=1), dict(do_sample=False, top_k=3, seed=1),
+                     dict(temperature=0.5, top_p=0.5)):  # sampling flags without do_sample: greedy, as generate()
+        assert torch.equal(model.generate(ids, mask, max_new_tokens=10, **settings), greedy), settings
+    assert model.generation_options(4, do_sample=True, temperature=0).sampling.describe() == "greedy"
+
+
+def test_sampled_eos_ends_rows_and_pads_like_generate(tiny_gpt2_dir):
+    """An EOS the draw picks early: rows end there, padded after, as generate() pads them."""
+    m = nndf.load("GPT2", torch_dir=str(tiny_gpt2_dir), device="cpu")
+    ids, mask = _batch([5, 9, 3])
+    free = m.generate(ids, mask, max_new_tokens=12, do_sample=True, top_k=3, seed=2)
+    eos = int(free[1, ids.shape[1] + 2])
+    m.loaded.model.generation_config.eos_token_id = eos
+    m.loaded.model.generation_config.pad_token_id = None
+    ours = m.generate(ids, mask, max_new_tokens=12, do_sample=True, top_k=3, seed=2)
+    assert torch.equal(ours, m.hf_generate(ids, mask, max_new_tokens=12, do_sample=True, top_k=3, seed=2))
+    assert (ours[1, ids.shape[1] + 2:] == eos).all()
+
+
+def test_stop_strings_end_rows_like_generate(model):
+    """generate(stop_strings=..., tokenizer=...) with transformers' StopStringCriteria: greedy and sampled."""
+    tokenizer = model.tokenizer
+    ids, mask = _batch([5, 9, 3])
+    for settings in ({}, dict(do_sample=True, top_k=5, seed=4)):
+        free = model.generate(ids, mask, max_new_tokens=12, **settings)
+        stop = tokenizer.decode(free[0, ids.shape[1] + 3: ids.shape[1] + 5])[1:]  # text that ends row 0 early
+        ours = model.generate(ids, mask, max_new_tokens=12, stop_strings=[stop], **settings)
+        assert torch.equal(ours, model.hf_generate(ids, mask, max_new_tokens=12, stop_strings=[stop], **settings))
+        assert tokenizer.decode(ours[0, ids.shape[1]:]).find(stop) >= 0 and not torch.equal(ours, free)
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(temperature=-1.0), "temperature (--temperature) must be a number >= 0 (0: greedy), got -1.0"),
+    (dict(top_k=-2), "top_k (--top-k) must be a whole number >= 0 (0: off), got -2"),
+    (dict(top_p=1.5), "top_p (--top-p) must be a number from 0 to 1 (1: off), got 1.5"),
+    (dict(min_p=2.0), "min_p (--min-p) must be a number from 0 to 1, got 2.0"),
+    (dict(typical_p=0.0), "typical_p (--typical-p) must be a number above 0 and at most 1 (1: off), got 0.0"),
+    (dict(repetition_penalty=0.0), "repetition_penalty (--repetition-penalty) must be a number above 0 (1: off), "
+                                   "got 0.0"),
+    (dict(seed=-3), "seed (--seed) must be a whole number from 0 to 2**63 - 1 or a torch.Generator, got -3"),
+    (dict(do_sample=True, num_beams=2), "sampling with beam search is not built: sample with num_beams=1 "
+                                        "(--num-beams 1), or search beams with do_sample=False (--no-do-sample)"),
+    (dict(top_kk=3), "generate() got unknown keyword(s) top_kk; the decoding keywords are do_sample, temperature, "
+                     "top_k, top_p, min_p, typical_p, repetition_penalty, seed"),
+])
+def test_bad_settings_are_one_sentence(model, settings, message):
+    ids = torch.tensor([[1, 2, 3]])
+    with pytest.raises(UsageError) as caught:
+        model.generate(ids, max_new_tokens=2, **settings)
+    assert str(caught.value) == message
+
+
+def test_beam_search_neither_streams_nor_stops_on_strings(model):
+    ids = torch.tensor([[1, 2, 3]])
+    with pytest.raises(UsageError, match="beam search"):
+        model.generate(ids, max_new_tokens=2, num_beams=2, streamer=object())
+    with pytest.raises(UsageError, match="beam search"):
+        model.generate(ids, max_new_tokens=2, num_beams=2, stop_strings=["x"])
+
+
+def test_the_cpu_draw_is_torch_multinomial():
+    """CpuDraw against torch.multinomial on full and top-k-masked distributions, two steps each: the same tokens
+    and the same generator state after; NaN probabilities raise torch.multinomial's own error."""
+    from nndf.sampling import CpuDraw
+
+    assert CpuDraw.is_exact()
+    scores = torch.randn(20, 4, 5000, generator=torch.Generator().manual_seed(0)) * 3
+    scores[::2, :, 50:] = float("-inf")
+    for seed, step_scores in enumerate(scores):
+        probs = step_scores.softmax(dim=-1)
+        draw = CpuDraw(probs.shape)
+        ours, theirs = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+        for _ in range(2):
+            assert torch.equal(draw(probs, ours), torch.multinomial(probs, 1, generator=theirs).squeeze(1))
+        assert torch.equal(ours.get_state(), theirs.get_state())
+    probs[0, 0] = float("nan")
+    with pytest.raises(RuntimeError, match="probability tensor contains either `inf`, `nan` or element < 0"):
+        CpuDraw(probs.shape)(probs)
+
+
+@pytest.mark.gpu
+def test_gpu_seeded_sampling_equals_generate(tiny_gpt2_dir):
+    """On CUDA the draw comes from a CUDA generator: seed=S must still draw what torch.manual_seed(S) gives
+    generate() there."""
+    m = nndf.load("GPT2", torch_dir=str(tiny_gpt2_dir), device="cuda")
+    ids, mask = _batch([5, 9, 3])
+    for settings in (FLAT, EVERY_WARPER):
+        assert_samples_like_generate(m, max_new_tokens=10, settings=settings, input_ids=ids, attention_mask=mask)
+
+
+# --- command line -----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, message", [
+    (["--temperature", "-1"], "temperature (--temperature) must be a number >= 0 (0: greedy), got -1.0"),
+    (["--top-p", "1.5"], "top_p (--top-p) must be a number from 0 to 1 (1: off), got 1.5"),
+    (["--repetition-penalty", "0"], "repetition_penalty (--repetition-penalty) must be a number above 0"),
+    (["--seed", "-1"], "seed (--seed) must be a whole number from 0 to 2**63 - 1"),
+    (["--top-k", "x"], "argument --top-k: invalid int value: 'x'"),
+])
+def test_sampling_flags_are_checked_before_the_model_loads(capsys, argv, message):
+    from nndf.cli import main
+
+    code = main(["benchmark", "GPT2", "frameworks", "--variant", "gpt2-xl", *argv])  # the hub is never asked
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_benchmark_and_run_say_whether_they_sample(capsys, tiny_gpt2_dir):
+    """The header says how tokens are picked; the sampled benchmark's HF generate row draws with the same seed."""
+    from nndf.cli import main
+
+    fast = ["--torch-dir", str(tiny_gpt2_dir), "--iterations", "1", "--warmup", "0"]
+    assert main(["benchmark", "GPT2", "frameworks", *fast, "--input-seq-len", "4", "--output-seq-len", "3",
+                 "--do-sample", "--top-p", "0.9", "--seed", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "3 new tokens, sampling (temperature 1, top-k 50, top-p 0.9, seed 8), fp32" in out
+    assert "frameworks (HF generate)" in out
+    assert main(["run", "GPT2", "frameworks", *fast, "--output-seq-len", "3"]) == 0
+    assert "checkpoint samples, greedy" in capsys.readouterr().out
+    assert main(["compare", "GPT2", "frameworks", *fast, "--output-seq-len", "3", "--num-beams", "2"]) == 0
+    assert "compare GPT2 gpt2: frameworks, frameworks (HF generate); beams 2" in capsys.readouterr().out
