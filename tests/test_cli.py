@@ -241,6 +241,10 @@ def test_a_file_that_is_not_onnx_is_one_sentence(capsys, tiny_gpt2_dir, tmp_path
      "--tokenizer-dir /etc/hostname is a file; it takes a folder"),
     (["accuracy", "GPT2", "frameworks", "--random-weights", "--dataset-file", "/tmp"],
      "--dataset-file /tmp is a folder; it takes a file"),
+    (["benchmark", "GPT2", "onnxrt", "--random-weights", "--working-dir", "/etc/hostname"],
+     "--working-dir /etc/hostname is a file; it takes a folder (created if missing)"),
+    (["export", "GPT2", "onnxrt", "--random-weights", "--working-dir", "/etc/hostname/artifacts"],
+     "--working-dir /etc/hostname/artifacts is inside /etc/hostname, which is a file"),
 ])
 def test_every_given_path_is_checked_before_anything_loads(capsys, argv, needle):
     code, out, err = run_cli(capsys, *argv)
