@@ -7,7 +7,10 @@ Runs interleaved rounds of greedy generation (64 + 64 tokens by default, GPT-2 s
 - `nndf plain-run`: the same loop through `session.run` with numpy arrays;
 - `bare loop`: a minimal greedy loop over `session.run` with numpy on the same graph, no harness at all:
   the floor that our loop's Python overhead is measured against.
-Prints decode ms/step medians and ratios to the bare loop last.
+Prints decode ms/step medians and ratios to the bare loop last, then the host's share of our step (issue 21, goal
+under 3% of a gpt2 fp32 step): per decode step of `nndf io-binding`, the step's time minus the time spent inside
+ONNX Runtime's `run_with_iobinding` (so: feeding and binding inputs, the logits to torch, processors, argmax, the
+cache's bookkeeping, the loop itself), the median over every step of every round.
 """
 
 from __future__ import annotations
@@ -52,6 +55,18 @@ def bare_loop(session, ids: np.ndarray, new_tokens: int, num_layers: int, kv_hea
     return tokens
 
 
+class MarkTimes(StepTimer):
+    """A StepTimer that also keeps each token's time (perf_counter), to set against ONNX Runtime's own calls."""
+
+    def start(self) -> None:
+        self.times = []
+        super().start()
+
+    def mark(self) -> None:
+        self.times.append(time.perf_counter())
+        super().mark()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--variant", default="gpt2")
@@ -78,16 +93,38 @@ def main() -> None:
         return torch.from_numpy(bare_loop(session.session, ids.numpy(), n, shapes.num_layers, shapes.kv_heads,
                                           shapes.head_dim, timer.mark))
 
+    inside_ort = []  # seconds inside ONNX Runtime per call of the io-binding engine, in call order
+    run_with_iobinding = session.session.run_with_iobinding
+
+    def timed_run(binding, *args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return run_with_iobinding(binding, *args, **kwargs)
+        finally:
+            inside_ort.append(time.perf_counter() - started)
+
+    session.session.run_with_iobinding = timed_run
+    host = []  # ms per decode step outside ONNX Runtime
+    host_share = []
+
     engines = {"nndf io-binding": ours(True), "nndf plain-run": ours(False), "bare loop": bare}
     steps = {name: [] for name in engines}
     outputs = {}
     for round_ in range(args.rounds + 1):  # round 0 is the warm-up
         for name, run in engines.items():
-            timer = StepTimer()
+            timer = MarkTimes()
+            inside_ort.clear()
             timer.start()
             outputs[name] = run(timer)
+            marks = timer.times
             if round_:
                 steps[name].append(timer.decode_step_median * 1e3)
+            if round_ and name == "nndf io-binding":
+                # call k + 1 of ONNX Runtime (call 0 is the prefill) computes the logits of token k + 1
+                for k, (before, after) in enumerate(zip(marks, marks[1:])):
+                    step, ort = after - before, inside_ort[k + 1]
+                    host.append((step - ort) * 1e3)
+                    host_share.append((step - ort) / step)
         print(f"round {round_}/{args.rounds} done", file=sys.stderr)
     same = all(torch.equal(outputs["bare loop"], o) for o in outputs.values())
     print(f"GPT-2 {args.variant} random weights, batch {args.batch}, {args.input_len}+{n} tokens, "
@@ -97,6 +134,9 @@ def main() -> None:
     for name, values in steps.items():
         med = statistics.median(values)
         print(f"{name:<16} {med:>15.2f} {min(values):>7.2f} {max(values):>7.2f} {med / base:>12.3f}x")
+    share = statistics.median(host_share)
+    print(f"host side of a decode step (nndf io-binding, outside ONNX Runtime): {statistics.median(host):.3f} ms "
+          f"median, {share:.1%} of the step: {'PASS' if share < 0.03 else 'FAIL'} (goal < 3%)")
 
 
 if __name__ == "__main__":

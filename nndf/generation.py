@@ -80,15 +80,14 @@ class GenerationOptions:
         their mask, whose left padding the repetition penalty skips as `generate()`'s does.
         """
         from transformers import (
-            ForcedBOSTokenLogitsProcessor, ForcedEOSTokenLogitsProcessor, LogitsProcessorList,
-            MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor, NoRepeatNGramLogitsProcessor,
+            ForcedBOSTokenLogitsProcessor, ForcedEOSTokenLogitsProcessor, MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor, NoRepeatNGramLogitsProcessor,
             RepetitionPenaltyLogitsProcessor,
         )
 
         eos = list(self.eos_ids) or None
         max_length = prompt_len + self.max_new_tokens
         min_length = self.min_length if self.min_new_tokens is None else prompt_len + self.min_new_tokens
-        processors = LogitsProcessorList()
+        processors = []
         if self.repetition_penalty != 1.0:
             padding = None if prompt_mask is None else (prompt_mask != 0).int().argmax(dim=1)
             processors.append(RepetitionPenaltyLogitsProcessor(float(self.repetition_penalty),
@@ -106,7 +105,24 @@ class GenerationOptions:
         if self.forced_eos_token_id is not None:
             processors.append(ForcedEOSTokenLogitsProcessor(max_length, self.forced_eos_token_id))
         processors.extend(self.sampling.warpers())
-        return processors
+        return PlainProcessors(processors)
+
+
+class PlainProcessors(list):
+    """transformers' processors applied in order, as `LogitsProcessorList(tokens, scores)` applies them, without its
+    per-call `inspect.signature` of every processor (it looks for processors that take extra keywords: none of
+    those built here do), which costs more per decode step than most of the processors themselves."""
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        for processor in self:
+            scores = processor(input_ids, scores)
+        return scores
+
+
+def is_eos(tokens: torch.Tensor, eos: torch.Tensor) -> torch.Tensor:
+    """Which tokens are one of the few `eos` ids: `torch.isin` sorts its inputs and costs several times more per
+    step than comparing against each id."""
+    return (tokens.unsqueeze(-1) == eos).any(dim=-1)
 
 
 def generate(
@@ -188,7 +204,7 @@ def greedy_search(decoder, state: TokenState, options, on_token=None, stopping=N
         if ends and options.pad is not None:
             next_tokens = torch.where(unfinished, next_tokens, torch.full_like(next_tokens, options.pad))
         if eos is not None:
-            unfinished &= ~torch.isin(next_tokens, eos)
+            unfinished &= ~is_eos(next_tokens, eos)
         state.append(next_tokens)
         if stopping is not None:
             done = torch.as_tensor(stopping(state.tokens, scores), dtype=torch.bool, device=device)
@@ -267,7 +283,7 @@ def beam_search(decoder, state: TokenState, batch: int, options, on_token=None) 
 
         hits_stop = torch.full_like(topk_tokens, cur_len + 1 >= max_length, dtype=torch.bool)
         if eos is not None:
-            hits_stop |= torch.isin(topk_tokens, eos)
+            hits_stop |= is_eos(topk_tokens, eos)
 
         # The best `beams` candidates that did not stop go on running.
         running_candidates = topk_scores + hits_stop.float() * -1e9

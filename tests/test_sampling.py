@@ -177,6 +177,21 @@ def test_the_cpu_draw_is_torch_multinomial():
         CpuDraw(probs.shape)(probs)
 
 
+def test_the_fast_argmax_is_torch_argmax():
+    """Greedy's argmax (numpy's on the CPU) picks torch's index: the first of equal maxima, NaN above all, -0.0 equal
+    to 0.0, strided rows (the last position of (rows, positions, vocab) logits) and float64 too."""
+    from nndf.sampling import last_dim_argmax
+
+    nan, inf = float("nan"), float("inf")
+    edge = torch.tensor([[1.0, nan, 3.0, nan], [2.0, 2.0, 1.0, 0.0], [-inf] * 4, [0.0, -0.0, 0.0, -1.0],
+                         [1.0, inf, inf, nan], [-inf, -1e30, -1e30, -inf]])
+    logits = torch.randn(3, 5, 50257, generator=torch.Generator().manual_seed(0))
+    logits[1, -1, 7:9] = logits[1, -1].max() + 1  # a tie at the top
+    for scores in (edge, edge.double(), logits[:, -1, :], logits[:, 2:4, :]):
+        got = last_dim_argmax(scores)
+        assert got.dtype == torch.int64 and torch.equal(got, scores.argmax(dim=-1))
+
+
 @pytest.mark.gpu
 def test_gpu_seeded_sampling_equals_generate(tiny_gpt2_dir):
     """On CUDA the draw comes from a CUDA generator: seed=S must still draw what torch.manual_seed(S) gives

@@ -36,6 +36,8 @@ def _ort():
 
 def _as_numpy(value):
     if isinstance(value, torch.Tensor):
+        if value.device.type == "cpu" and not value.requires_grad:
+            return value.numpy()  # a view; detach() and cpu() would each make a new tensor object per step
         return value.detach().cpu().numpy()
     return value
 
