@@ -58,7 +58,8 @@ def test_buffers_are_written_in_place(family_dirs, onnx_work_dir):
     left padding are left out: no query attends to them, and what a layer computes there differs between the two
     attentions (a padding query that sees no key)."""
     shared = _shared("Llama", family_dirs, onnx_work_dir)
-    growing = nndf.load("Llama", backend="onnxrt", loaded=shared.loaded, working_dir=str(onnx_work_dir))
+    growing = nndf.load("Llama", backend="onnxrt", loaded=shared.loaded, working_dir=str(onnx_work_dir),
+                        kv_layout="growing")
     ids, mask = _prompts()
     state = shared.decoder.start(ids, mask, 1)
     caches = {m: m.decoder.new_cache(3, 16) for m in (shared, growing)}
@@ -95,7 +96,7 @@ def test_quantized_graphs_keep_the_shared_layout(quantize, family_dirs, onnx_wor
     padding query computes differs between the two attentions, as it sees no key.)"""
     shared = _shared("GPT2", family_dirs, onnx_work_dir, quantize=quantize)
     growing = nndf.load("GPT2", backend="onnxrt", loaded=shared.loaded, working_dir=str(onnx_work_dir),
-                        quantize=quantize)
+                        quantize=quantize, kv_layout="growing")
     assert shared.decoder.session.layout == "shared" and growing.decoder.session.layout == "growing"
     ids, mask = _batches()["equal lengths"]
     for num_beams in (1, 2):
@@ -116,3 +117,15 @@ def test_given_graph_layout_read_from_the_graph(family_dirs, onnx_work_dir):
 def test_unknown_layout_is_refused():
     with pytest.raises(UsageError, match="--kv-layout"):
         BackendOptions(kv_layout="paged")
+
+
+def test_default_layout_is_shared_and_info_says_so(family_dirs, onnx_work_dir):
+    from nndf.actions.common import info_result
+
+    m = nndf.load("GPT2", backend="onnxrt", torch_dir=str(family_dirs["GPT2"]), working_dir=str(onnx_work_dir),
+                  device="cpu")
+    assert m.decoder.session.layout == "shared"
+    assert any(note.startswith("KV layout: shared") for note in info_result(m).notes)
+    growing = nndf.load("GPT2", backend="onnxrt", loaded=m.loaded, working_dir=str(onnx_work_dir), kv_layout="growing")
+    assert any(note.startswith("KV layout: growing") for note in info_result(growing).notes)
+    assert growing.decoder.session.artifacts[0].parent != m.decoder.session.artifacts[0].parent  # two artifacts

@@ -43,7 +43,7 @@ class BackendOptions:
     encoder_engine: str | None = None  # TensorRT, encoder-decoder models: the encoder's engine
     cache_generator_engine: str | None = None  # ... and the cross-attention cache generator's
     cuda_graph: bool = False  # frameworks and TensorRT on CUDA: replay CUDA graphs for decode steps
-    kv_layout: str = "growing"  # ONNX Runtime: "growing" past/present tensors or "shared" buffers written in place
+    kv_layout: str = "shared"  # ONNX Runtime: "shared" buffers written in place, or "growing" past/present tensors
 
     def __post_init__(self) -> None:
         if self.quantize not in (None, *QUANTIZATIONS):

@@ -216,13 +216,18 @@ class OrtSession:
         return outputs
 
 
+def _cuda_provider() -> bool:
+    """Whether sessions here run on ONNX Runtime's CUDA provider (onnxruntime-gpu and a GPU)."""
+    return torch.cuda.is_available() and "CUDAExecutionProvider" in _ort().get_available_providers()
+
+
 def check_fp16(settings: BuildSettings, options: BackendOptions) -> None:
     """--fp16 runs fp16 graphs on ONNX Runtime's CUDA provider; on the CPU its kernels are fp32."""
     if not settings.fp16:
         return
     if options.quantize is not None:
         raise UsageError(f"--fp16 and --{options.quantize} exclude each other on the onnxrt backend; choose one")
-    if not (torch.cuda.is_available() and "CUDAExecutionProvider" in _ort().get_available_providers()):
+    if not _cuda_provider():
         raise UsageError("--fp16 on the onnxrt backend needs ONNX Runtime's CUDA provider (the onnxruntime-gpu extra "
                          "and a GPU); on the CPU fp16 graphs are not faster than fp32: use --int8 or --int4 for smaller "
                          "weights there, or the trt backend for fp16")
@@ -272,8 +277,9 @@ def open_session(loaded: LoadedModel, settings: BuildSettings, options: BackendO
         inputs, outputs = model_io(loaded, settings.use_cache)
         return OrtSession(path, inputs, outputs, options.threads, options.io_binding)
     layout, refusal = kv_layout(loaded, settings.use_cache, options.kv_layout)
-    if settings.fp16 and layout == "shared":  # the fp16 conversion of the contrib node is untried (CUDA only)
-        layout, refusal = "growing", "fp16 graphs keep the growing layout"
+    if layout == "shared" and _cuda_provider():
+        layout, refusal = "growing", ("on ONNX Runtime's CUDA provider graphs keep the growing layout: the shared "
+                                      "buffers are host memory, and GroupQueryAttention's CUDA kernel is fp16/bf16")
     export = export_decoder(loaded, settings.use_cache, options.working_dir, layout)
     graph = runnable_graph(export, loaded, settings, options)
     return OrtSession(graph, export.input_names, export.output_names, options.threads, options.io_binding,
