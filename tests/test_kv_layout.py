@@ -129,3 +129,16 @@ def test_default_layout_is_shared_and_info_says_so(family_dirs, onnx_work_dir):
     growing = nndf.load("GPT2", backend="onnxrt", loaded=m.loaded, working_dir=str(onnx_work_dir), kv_layout="growing")
     assert any(note.startswith("KV layout: growing") for note in info_result(growing).notes)
     assert growing.decoder.session.artifacts[0].parent != m.decoder.session.artifacts[0].parent  # two artifacts
+
+
+def test_growing_layout_plain_run_still_agrees(family_dirs, onnx_work_dir):
+    """The growing layout with plain `session.run` (numpy in and out, no binding): the same tokens as the default
+    layout, so that both of the growing graph's paths stay covered now that the default binds shared buffers."""
+    shared = _shared("GPT2", family_dirs, onnx_work_dir)
+    growing = nndf.load("GPT2", backend="onnxrt", loaded=shared.loaded, working_dir=str(onnx_work_dir),
+                        kv_layout="growing")
+    growing.decoder.session.io_binding = False
+    ids, mask = _prompts()
+    for num_beams in (1, 2):
+        assert torch.equal(growing.generate(ids, mask, max_new_tokens=6, num_beams=num_beams),
+                           shared.generate(ids, mask, max_new_tokens=6, num_beams=num_beams))

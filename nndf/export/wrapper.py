@@ -8,6 +8,10 @@ runs it step by step, and the ONNX exporter traces exactly the same module, so t
 A *static* step (the frameworks backend on CUDA, and its CUDA graphs) takes the KV buffers at their full,
 preallocated length plus `past_length`, writes the new positions into them in place (transformers' `StaticLayer`
 over our buffers) and returns the logits alone: every shape stays the same from one decode step to the next.
+
+A *shared-buffer* step (`layout="shared"`, the onnxrt graph's default) takes each past as a buffer of the whole
+generation's length and returns it as the present, written in place by ONNX Runtime's GroupQueryAttention
+(`nndf.export.fused_attention`); the number of positions it holds is the mask's length less the new tokens.
 """
 
 from __future__ import annotations
@@ -115,7 +119,8 @@ class StepWrapper(torch.nn.Module):
         self.num_layers = num_layers
         self.use_cache = use_cache
         self.static = static and use_cache
-        # "shared": each past is a whole-length buffer that the attention writes in place (nndf.export.fused_attention)
+        # "shared": each past is a whole-length buffer that the attention writes in place (nndf.export.fused_attention;
+        # the model must then run that module's attention implementation, as the export sets it)
         self.shared = layout == "shared" and use_cache and not self.static
         self.slices_before_head = accepts(type(model), "logits_to_keep")
 
