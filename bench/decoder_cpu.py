@@ -50,9 +50,12 @@ ENGINE_HELP = {
     "onnxrt": "our generation loop on ONNX Runtime, fp32",
     "onnxrt-int8": "our generation loop on ONNX Runtime, int8 weights",
     "onnxrt-int4": "our generation loop on ONNX Runtime, int4 weights",
+    "onnxrt-growing": "our generation loop on ONNX Runtime, fp32, with the growing KV layout (--kv-layout growing: "
+                      "past and new concatenated in the graph at every step; onnxrt's default is the shared buffer)",
     "optimum": "Hugging Face Optimum ORTModelForCausalLM (KV cache), in its own virtual environment",
 }
 QUANTIZE = {"onnxrt-int8": "int8", "onnxrt-int4": "int4"}
+KV_LAYOUTS = {"onnxrt-growing": "growing"}  # engines whose onnxrt graph has another KV layout than the default
 
 # The goals: (engine, batch, metric, reference, op, target). `metric` is "step_ms" (decode ms/step, lower is
 # better), "tok_s" (end-to-end tokens/s, higher is better) or "peak_rss" (worker peak memory, any batch).
@@ -72,7 +75,7 @@ def make_runner(args):
     """The worker's engine: Optimum's ORTModelForCausalLM (in its own venv, no nndf), else nndf.load."""
     if args.worker == "optimum":
         return optimum_runner(args, "ORTModelForCausalLM", seq2seq=False)
-    return NndfRunner(args, QUANTIZE)
+    return NndfRunner(args, QUANTIZE, kv_layouts=KV_LAYOUTS)
 
 
 def check_lengths(config: dict, args) -> str | None:

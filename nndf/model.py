@@ -310,20 +310,22 @@ def load(
     decoder_onnx: str | None = None,
     tgt_lang: str | None = None,
     cuda_graph: bool = False,
+    kv_layout: str = "shared",
 ) -> Model:
     """Load a model family's variant on a backend. `settings` overrides use_cache/fp16 when given.
 
     `quantize` ("int8" or "int4") quantizes the onnxrt backend's weights (as does a backend named "onnxrt-int8"); `threads` sets intra-op threads;
     `decoder_onnx` runs a given ONNX file on onnxrt. `loaded` lets several backends share one PyTorch model.
     `tgt_lang` (mBART-50, e.g. "de_DE") makes every generation start with that language's token. `cuda_graph`
-    replays decode steps as CUDA graphs (frameworks and trt on a CUDA GPU).
+    replays decode steps as CUDA graphs (frameworks and trt on a CUDA GPU). `kv_layout` ("shared" or "growing") is
+    the onnxrt decoder graph's KV cache layout (`nndf.export.fused_attention`; shared where the model allows).
     """
     backend, named_quantization = split_backend(backend)  # "onnxrt-int8" as on the command line
     if named_quantization is not None and quantize not in (None, named_quantization):
         raise UsageError(f"backend '{backend}-{named_quantization}' and quantize='{quantize}' disagree; give one")
     quantize = quantize or named_quantization
     options = BackendOptions(working_dir=working_dir, threads=threads, decoder_onnx=decoder_onnx, quantize=quantize,
-                             cuda_graph=cuda_graph)
+                             cuda_graph=cuda_graph, kv_layout=kv_layout)
     spec, var = resolve(family, variant)
     if settings is None:
         settings = BuildSettings(use_cache=use_cache, fp16=fp16)

@@ -146,7 +146,7 @@ class Runner:
 class NndfRunner(Runner):
     """hf, nndf-frameworks and onnxrt*: nndf.load on the shared weights folder (main environment only)."""
 
-    def __init__(self, args, quantize: dict, seq2seq: bool = False) -> None:
+    def __init__(self, args, quantize: dict, seq2seq: bool = False, kv_layouts: dict | None = None) -> None:
         super().__init__()
         import nndf
 
@@ -159,7 +159,7 @@ class NndfRunner(Runner):
         self.model = nndf.load(
             args.family, variant=args.variant, backend="frameworks" if pytorch else "onnxrt",
             torch_dir=args.weights_dir, working_dir=args.working_dir, quantize=quantize.get(engine),
-            threads=args.threads,
+            threads=args.threads, **({"kv_layout": kv_layouts[engine]} if engine in (kv_layouts or {}) else {}),
         )
         self.run = self.model.hf_generate if engine == "hf" else self.model.generate
         self.versions = versions(["torch", "transformers", "onnxruntime", "nndf"])

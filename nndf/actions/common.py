@@ -99,7 +99,8 @@ def backend_options(args, backends: list[str]) -> BackendOptions:
     if args.cuda_graph and not {"trt", "frameworks"} & set(backends):
         raise UsageError("--cuda-graph applies to the frameworks and trt backends; add one of them")
     return BackendOptions(working_dir=args.working_dir, threads=args.threads, quantize=quantize,
-                          cuda_graph=args.cuda_graph, **{f: getattr(args, f) for f in (*GIVEN_ONNX, *GIVEN_ENGINES)})
+                          cuda_graph=args.cuda_graph, kv_layout=getattr(args, "kv_layout", "shared"),
+                          **{f: getattr(args, f) for f in (*GIVEN_ONNX, *GIVEN_ENGINES)})
 
 
 def add_image_argument(parser, help_text: str) -> None:

@@ -25,6 +25,7 @@ BACKENDS: dict[str, str] = {
 RUNS_ONNX_FILES = ("onnxrt",)
 
 QUANTIZATIONS = ("int8", "int4")
+KV_LAYOUTS = ("growing", "shared")  # nndf.export.fused_attention.LAYOUTS, named here without importing the exporter
 
 
 @dataclass(frozen=True)
@@ -42,10 +43,13 @@ class BackendOptions:
     encoder_engine: str | None = None  # TensorRT, encoder-decoder models: the encoder's engine
     cache_generator_engine: str | None = None  # ... and the cross-attention cache generator's
     cuda_graph: bool = False  # frameworks and TensorRT on CUDA: replay CUDA graphs for decode steps
+    kv_layout: str = "shared"  # ONNX Runtime: "shared" buffers written in place, or "growing" past/present tensors
 
     def __post_init__(self) -> None:
         if self.quantize not in (None, *QUANTIZATIONS):
             raise UsageError(f"unknown quantization '{self.quantize}'; allowed: {', '.join(QUANTIZATIONS)}")
+        if self.kv_layout not in KV_LAYOUTS:
+            raise UsageError(f"unknown --kv-layout '{self.kv_layout}'; allowed: {', '.join(KV_LAYOUTS)}")
         if self.threads is not None and self.threads < 1:
             raise UsageError(f"--threads must be at least 1, got {self.threads}")
 

@@ -1,9 +1,15 @@
 """The `onnxrt` backend: the exported decoder graph in ONNX Runtime, with the KV cache kept as ORT values.
 
-A step's `present.*` outputs become the next step's `past_key_values.*` inputs as they are: with IO binding the
-runtime allocates each present once and we hand the same OrtValue back, so no cache tensor is copied or converted
-between steps (the attention inside the graph concatenates past and new, as in every backend). Plain
-`session.run` with numpy arrays is kept as an alternative (`io_binding=False`) for measurement.
+A graph has one of two KV layouts (`nndf.export.fused_attention`), which the session reads from the graph itself
+and the loop never sees:
+- growing: a step's `present.*` outputs become the next step's `past_key_values.*` inputs as they are: with IO
+  binding the runtime allocates each present once and we hand the same OrtValue back, so no cache tensor is
+  converted between steps (the attention inside the graph concatenates past and new, as in every backend);
+- shared: one buffer per past, of the generation's whole length, bound as both the past input and the present
+  output (`SharedBufferCache`); the graph's GroupQueryAttention writes the new positions in place, so a step
+  copies no cache, and beam search reorders the buffers in place.
+Plain `session.run` with numpy arrays is kept as an alternative (`io_binding=False`) for measurement; the shared
+layout always binds (its point is that past and present are one buffer).
 """
 
 from __future__ import annotations
@@ -74,12 +80,60 @@ class PresentCache:
             self.values[name] = np.ascontiguousarray(np.take(array, index, axis=0))
 
 
+class SharedBufferCache:
+    """Whole-length buffers, (rows, kv_heads, max_len, head_dim) per past, that the graph writes in place.
+
+    `past_feeds` hands out OrtValues over the buffers (made once); the session binds each present output to its
+    past's OrtValue, so a step's presents are these buffers and `store` only counts positions. The buffers are
+    not zeroed: the attention reads only the positions the mask covers."""
+
+    def __init__(self, num_layers: int, rows: int, kv_heads: int, head_dim: int, max_len: int,
+                 dtype=np.float32) -> None:
+        ort = _ort()
+        shape = (rows, kv_heads, max_len, head_dim)
+        self.arrays = {past_name(i, k): np.empty(shape, dtype=dtype) for i in range(num_layers) for k in KINDS}
+        self.values = {name: ort.OrtValue.ortvalue_from_numpy(array) for name, array in self.arrays.items()}
+        self.num_layers = num_layers
+        self.max_len = max_len
+        self.length = 0
+
+    def restart(self) -> None:
+        """Hold no positions again: the next step feeds the whole sequence and writes it from the start."""
+        self.length = 0
+
+    def past_feeds(self) -> dict:
+        return dict(self.values)
+
+    def store(self, outputs: Mapping[str, object], new_length: int) -> None:
+        if new_length > self.max_len:
+            raise ValueError(f"KV cache holds {self.max_len} positions, a step produced {new_length}")
+        self.length = new_length
+
+    def reorder(self, row_index: torch.Tensor) -> None:
+        """Row r takes what row `row_index[r]` held, in place, over the filled positions only."""
+        index = row_index.cpu()
+        for array in self.arrays.values():
+            filled = torch.from_numpy(array)[:, :, : self.length]
+            filled.copy_(filled.index_select(0, index))
+
+
+def graph_layout(graph: Path) -> str:
+    """The KV layout of a graph file: shared when its attention is ONNX Runtime's GroupQueryAttention (exported,
+    quantized or given with --decoder-onnx alike), else growing. Reads the graph without its weights."""
+    import onnx
+
+    from nndf.export.fused_attention import GROWING, OP_TYPE, SHARED
+
+    model = onnx.load(str(graph), load_external_data=False)
+    return SHARED if any(node.op_type == OP_TYPE for node in model.graph.node) else GROWING
+
+
 class OrtSession:
     """An InferenceSession with the same call as every backend: named tensors in, named torch tensors out."""
 
     def __init__(self, graph: Path, input_names, output_names, threads: int | None = None,
                  io_binding: bool | None = True, use_gpu: bool | None = None, torch_outputs: bool = False,
-                 role: str = "decoder") -> None:
+                 role: str = "decoder", layout: str | None = None, layout_note: str | None = None) -> None:
         ort = _ort()
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -112,9 +166,25 @@ class OrtSession:
         self.io_binding = io_binding if io_binding is not None else self.provider == "CUDAExecutionProvider"
         self.torch_outputs = torch_outputs  # every output as a torch tensor (graphs whose outputs the loop reads)
         self.host_threads = 1  # see Decoder.host_threads: the loop's small ops must not wake PyTorch's pool
+        layers = sum(name.startswith("past_key_values.") for name in self.input_names) // len(KINDS)
+        self.layout = layout or (graph_layout(graph) if layers else "growing")
+        # shared layout: each present output is bound to the buffer its past input was fed
+        self.shared_presents = {present_name(i, k): past_name(i, k) for i in range(layers) for k in KINDS} \
+            if self.layout == "shared" else {}
+        self.info_notes = []  # what --info shows: the KV layout of a graph with a self-attention cache
+        if layers:
+            note = f" ({layout_note})" if layout_note else ""
+            self.info_notes.append(f"KV layout: {self._describe_layout()}{note}")
 
-    def new_cache(self, shapes: ShapeSpec, rows: int, max_len: int) -> PresentCache:
-        return PresentCache(shapes.num_layers, rows, shapes.kv_heads, shapes.head_dim, max_len)
+    def _describe_layout(self) -> str:
+        if self.layout == "shared":
+            return ("shared: one buffer per layer of the generation's length, past and present bound to it, written in "
+                    "place by ONNX Runtime's GroupQueryAttention")
+        return "growing: each step's presents (past + new, concatenated in the graph) are the next step's pasts"
+
+    def new_cache(self, shapes: ShapeSpec, rows: int, max_len: int) -> PresentCache | SharedBufferCache:
+        kind = SharedBufferCache if self.layout == "shared" else PresentCache
+        return kind(shapes.num_layers, rows, shapes.kv_heads, shapes.head_dim, max_len)
 
     def as_feed(self, tensor: torch.Tensor):
         """An input that every step feeds unchanged (cross-attention keys and values), converted once."""
@@ -123,7 +193,7 @@ class OrtSession:
         return _ort().OrtValue.ortvalue_from_numpy(np.ascontiguousarray(_as_numpy(tensor)))
 
     def run(self, feeds: Mapping[str, object]) -> dict:
-        if not self.io_binding:
+        if not self.io_binding and not self.shared_presents:
             arrays = self.session.run(None, {name: _as_numpy(v) for name, v in feeds.items()})
             outputs = dict(zip(self.output_names, arrays))
         else:
@@ -135,6 +205,9 @@ class OrtSession:
                 else:
                     binding.bind_cpu_input(name, np.ascontiguousarray(_as_numpy(value)))
             for name in self.output_names:
+                if name in self.shared_presents:  # the past's own buffer: written in place
+                    binding.bind_ortvalue_output(name, feeds[self.shared_presents[name]])
+                    continue
                 on_host = name == "logits" or self.torch_outputs
                 binding.bind_output(name, "cpu" if on_host else self.output_device)
             self.session.run_with_iobinding(binding)
@@ -145,13 +218,18 @@ class OrtSession:
         return outputs
 
 
+def _cuda_provider() -> bool:
+    """Whether sessions here run on ONNX Runtime's CUDA provider (onnxruntime-gpu and a GPU)."""
+    return torch.cuda.is_available() and "CUDAExecutionProvider" in _ort().get_available_providers()
+
+
 def check_fp16(settings: BuildSettings, options: BackendOptions) -> None:
     """--fp16 runs fp16 graphs on ONNX Runtime's CUDA provider; on the CPU its kernels are fp32."""
     if not settings.fp16:
         return
     if options.quantize is not None:
         raise UsageError(f"--fp16 and --{options.quantize} exclude each other on the onnxrt backend; choose one")
-    if not (torch.cuda.is_available() and "CUDAExecutionProvider" in _ort().get_available_providers()):
+    if not _cuda_provider():
         raise UsageError("--fp16 on the onnxrt backend needs ONNX Runtime's CUDA provider (the onnxruntime-gpu extra "
                          "and a GPU); on the CPU fp16 graphs are not faster than fp32: use --int8 or --int4 for smaller "
                          "weights there, or the trt backend for fp16")
@@ -193,16 +271,21 @@ def open_session(loaded: LoadedModel, settings: BuildSettings, options: BackendO
 
     `options.decoder_onnx` runs a given file instead, after checking its input and output names.
     """
-    from nndf.export.onnx import export_decoder, model_io
+    from nndf.export.onnx import export_decoder, kv_layout, model_io
 
     check_fp16(settings, options)
     if options.decoder_onnx is not None:
         path = given_graph(options.decoder_onnx, "--decoder-onnx")
         inputs, outputs = model_io(loaded, settings.use_cache)
         return OrtSession(path, inputs, outputs, options.threads, options.io_binding)
-    export = export_decoder(loaded, settings.use_cache, options.working_dir)
+    layout, refusal = kv_layout(loaded, settings.use_cache, options.kv_layout)
+    if layout == "shared" and _cuda_provider():
+        layout, refusal = "growing", ("on ONNX Runtime's CUDA provider graphs keep the growing layout: the shared "
+                                      "buffers are host memory, and GroupQueryAttention's CUDA kernel is fp16/bf16")
+    export = export_decoder(loaded, settings.use_cache, options.working_dir, layout)
     graph = runnable_graph(export, loaded, settings, options)
-    return OrtSession(graph, export.input_names, export.output_names, options.threads, options.io_binding)
+    return OrtSession(graph, export.input_names, export.output_names, options.threads, options.io_binding,
+                      layout=export.layout, layout_note=refusal and f"{options.kv_layout} asked for: {refusal}")
 
 
 SEQ2SEQ_OVERRIDES = {"encoder": "encoder_onnx", "cross": "cache_generator_onnx", "decoder": "decoder_onnx"}

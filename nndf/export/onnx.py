@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 
 from nndf.errors import HarnessError
+from nndf.export.fused_attention import GROWING, LAYOUTS, SHARED, layout_refusal
 from nndf.export.wrapper import DecoderWrapper, decoder_io
 from nndf.loading import LoadedModel
 from nndf.workspace import artifact_name, build_dir_artifact, stale_reason
@@ -47,13 +48,14 @@ class DecoderExport:
     input_names: tuple[str, ...]
     output_names: tuple[str, ...]
     graph_file: str = GRAPH_FILE
+    layout: str = GROWING  # the KV layout (nndf.export.fused_attention): growing pasts, or shared whole-length buffers
 
     @property
     def graph(self) -> Path:
         return self.folder / self.graph_file
 
 
-def export_settings(loaded: LoadedModel, use_cache: bool) -> dict:
+def export_settings(loaded: LoadedModel, use_cache: bool, layout: str = GROWING) -> dict:
     """Every setting that shapes the exported graph; its hash names the artifact."""
     return {
         "kind": "onnx-decoder",
@@ -61,8 +63,19 @@ def export_settings(loaded: LoadedModel, use_cache: bool) -> dict:
         "variant": loaded.variant.name,
         "weights": loaded.weights_id,
         "use_cache": use_cache,
+        "kv_layout": layout,
         "versions": _versions(),
     }
+
+
+def kv_layout(loaded: LoadedModel, use_cache: bool, requested: str) -> tuple[str, str | None]:
+    """The KV layout a decoder export of this model gets when `requested` is asked for, and why it differs if so."""
+    if requested not in LAYOUTS:
+        raise HarnessError(f"unknown KV layout '{requested}'; allowed: {', '.join(LAYOUTS)}")
+    if requested == GROWING or not use_cache:
+        return GROWING, None
+    refusal = layout_refusal(loaded.model_class)
+    return (GROWING, refusal) if refusal else (SHARED, None)
 
 
 def dynamic_dims(max_positions: int, use_cache: bool) -> dict[str, object]:
@@ -86,8 +99,12 @@ def dynamic_dims(max_positions: int, use_cache: bool) -> dict[str, object]:
 
 
 def _example_inputs(wrapper: DecoderWrapper, config, hooks) -> tuple[tuple, dict]:
-    """Example tensors (batch 2, 3 new tokens, 4 past positions) and their dynamic dimensions."""
+    """Example tensors (batch 2, 3 new tokens, 4 past positions; shared buffers of 10) and their dynamic dimensions."""
+    from torch.export import Dim
+
     dims = dynamic_dims(hooks.max_positions(config), wrapper.use_cache)
+    if wrapper.shared:  # whole-length buffers: their length is a dimension of its own, larger than past + new
+        dims["past_sequence"] = Dim("cache_length")
     batch_dim, new_dim = dims["batch"], dims["sequence"]
     batch, new, past_len = 2, 3, 4 if wrapper.use_cache else 0
     ids = torch.randint(0, int(config.vocab_size), (batch, new))
@@ -100,7 +117,8 @@ def _example_inputs(wrapper: DecoderWrapper, config, hooks) -> tuple[tuple, dict
     args.append(torch.arange(new))
     dyn_rest.append({0: dims["kept"]})
     if wrapper.use_cache:
-        shape = (batch, hooks.kv_heads(config), past_len, hooks.head_dim(config))
+        shape = (batch, hooks.kv_heads(config), past_len + new + 3 if wrapper.shared else past_len,
+                 hooks.head_dim(config))
         for _ in range(2 * wrapper.num_layers):
             args.append(torch.randn(shape))
             dyn_rest.append({0: batch_dim, 2: dims["past_sequence"]})
@@ -111,18 +129,19 @@ def _example_inputs(wrapper: DecoderWrapper, config, hooks) -> tuple[tuple, dict
 
 
 @contextlib.contextmanager
-def eager_attention(model):
-    """Trace the model's eager attention, not SDPA, and put the model back as it was afterwards.
+def eager_attention(model, implementation: str = "eager"):
+    """Trace the model's eager attention, not SDPA, and put the model back as it was afterwards (`implementation`:
+    another registered attention, the shared-buffer layout's).
 
     SDPA's exported form transposes the whole key cache at every step (Reshape -> Transpose -> Reshape) where ONNX
     Runtime cannot fold it into the MatMul; measured on GPT-2 small the eager graph decodes 0.78x HF's step time
     at batch 1 (SDPA graph: 0.84x) and gives 1.86x its tokens/s at batch 4 (1.61x). The maths is the same.
     """
     before = getattr(model.config, "_attn_implementation", None)
-    if before in (None, "eager") or not hasattr(model, "set_attn_implementation"):  # eager-only models (BLIP)
+    if before in (None, implementation) or not hasattr(model, "set_attn_implementation"):  # eager-only (BLIP)
         yield
         return
-    model.set_attn_implementation("eager")
+    model.set_attn_implementation(implementation)
     try:
         yield
     finally:
@@ -170,10 +189,16 @@ def quiet_logger(name: str):
 
 
 def trace_to_onnx(wrapper, args, dynamic, io: dict, path: Path, model, label: str) -> None:
-    """Trace `wrapper` with torch's dynamo exporter (eager attention, named dynamic dimensions) and save the graph
-    with its weights in one external data file beside it; any exporter failure is one HarnessError."""
+    """Trace `wrapper` with torch's dynamo exporter (eager attention, or the shared-buffer layout's fused one; named
+    dynamic dimensions) and save the graph with its weights in one external data file beside it; any exporter
+    failure is one HarnessError."""
+    attention, translation = "eager", None
+    if getattr(wrapper, "shared", False):
+        from nndf.export.fused_attention import ATTENTION, CUSTOM_TRANSLATION
+
+        attention, translation = ATTENTION, CUSTOM_TRANSLATION
     try:
-        with contextlib.redirect_stdout(sys.stderr), eager_attention(model), attributes_kept(model), \
+        with contextlib.redirect_stdout(sys.stderr), eager_attention(model, attention), attributes_kept(model), \
                 warnings.catch_warnings(), quiet_logger("torch.onnx._internal.exporter._registration"), \
                 ticking(f"exporting {label}"):
             # shared named dimensions make the exporter say, once per input, that it keeps the first name
@@ -185,6 +210,7 @@ def trace_to_onnx(wrapper, args, dynamic, io: dict, path: Path, model, label: st
             program = torch.onnx.export(
                 wrapper, args, dynamo=True, dynamic_shapes=dynamic, input_names=list(io["input_names"]),
                 output_names=list(io["output_names"]), optimize=True, verbose=False,
+                custom_translation_table=translation,
             )
     except Exception as exc:  # the exporter raises many types; the user needs one sentence and the cause
         raise HarnessError(f"ONNX export of {label} failed: {type(exc).__name__}: "
@@ -200,29 +226,36 @@ def fp32_cpu_model(model):
     return model
 
 
-def decoder_export_location(loaded: LoadedModel, use_cache: bool, working_dir: str | Path) -> DecoderExport:
-    """Where the exported decoder for these settings lives (built or not), and its names: no weights are loaded."""
-    name = artifact_name(f"{loaded.spec.family}-{loaded.variant.name}-decoder", export_settings(loaded, use_cache), "")
-    return DecoderExport(Path(working_dir) / name, *model_io(loaded, use_cache))
+def decoder_export_location(loaded: LoadedModel, use_cache: bool, working_dir: str | Path,
+                            layout: str = GROWING) -> DecoderExport:
+    """Where the exported decoder for these settings lives (built or not), and its names: no weights are loaded.
+    `layout` is the one the export gets (`kv_layout`)."""
+    stem = f"{loaded.spec.family}-{loaded.variant.name}-decoder" + ("-shared-kv" if layout == SHARED else "")
+    name = artifact_name(stem, export_settings(loaded, use_cache, layout), "")
+    return DecoderExport(Path(working_dir) / name, *model_io(loaded, use_cache), layout=layout)
 
 
-def export_decoder(loaded: LoadedModel, use_cache: bool, working_dir: str | Path) -> DecoderExport:
-    """The exported decoder for these settings: reused when its metadata matches, else (re)built with a message."""
-    settings = export_settings(loaded, use_cache)
-    location = decoder_export_location(loaded, use_cache, working_dir)
+def export_decoder(loaded: LoadedModel, use_cache: bool, working_dir: str | Path,
+                   layout: str = GROWING) -> DecoderExport:
+    """The exported decoder for these settings: reused when its metadata matches, else (re)built with a message.
+    `layout` is the KV layout asked for; a model that cannot have it gets the growing one (`kv_layout`)."""
+    layout, _ = kv_layout(loaded, use_cache, layout)
+    settings = export_settings(loaded, use_cache, layout)
+    location = decoder_export_location(loaded, use_cache, working_dir, layout)
     folder = location.folder
     input_names, output_names = location.input_names, location.output_names
     io = {"input_names": list(input_names), "output_names": list(output_names)}
     reason = stale_reason(folder, dict(settings, **io))
     if reason is None:
-        return DecoderExport(folder, input_names, output_names)
+        return location
     if folder.exists():
         say(f"rebuilding {folder}: {reason}")
     hooks = loaded.spec.hooks
     model = fp32_cpu_model(loaded.model)  # the graph is exported in fp32 from the CPU
-    wrapper = DecoderWrapper(model, hooks.num_layers(model.config), use_cache)
+    wrapper = DecoderWrapper(model, hooks.num_layers(model.config), use_cache, layout=layout)
     args, dynamic = _example_inputs(wrapper, model.config, hooks)
-    say(f"exporting {loaded.variant.name} to ONNX ({'with' if use_cache else 'without'} KV cache) ...")
+    cache = f"with {'a shared-buffer' if layout == SHARED else 'a'} KV cache" if use_cache else "without KV cache"
+    say(f"exporting {loaded.variant.name} to ONNX ({cache}) ...")
     started = time.perf_counter()
 
     def build(tmp: Path) -> None:
@@ -230,7 +263,7 @@ def export_decoder(loaded: LoadedModel, use_cache: bool, working_dir: str | Path
 
     build_dir_artifact(folder, build, dict(settings, **io))
     say(f"exported in {time.perf_counter() - started:.1f} s to {folder}")
-    return DecoderExport(folder, wrapper.input_names, wrapper.output_names)
+    return location
 
 
 def derived_graph(export: DecoderExport, label: str, settings: dict, working_dir: str | Path,

@@ -8,10 +8,15 @@ runs it step by step, and the ONNX exporter traces exactly the same module, so t
 A *static* step (the frameworks backend on CUDA, and its CUDA graphs) takes the KV buffers at their full,
 preallocated length plus `past_length`, writes the new positions into them in place (transformers' `StaticLayer`
 over our buffers) and returns the logits alone: every shape stays the same from one decode step to the next.
+
+A *shared-buffer* step (`layout="shared"`, the onnxrt graph's default) takes each past as a buffer of the whole
+generation's length and returns it as the present, written in place by ONNX Runtime's GroupQueryAttention
+(`nndf.export.fused_attention`); the number of positions it holds is the mask's length less the new tokens.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 
 import torch
@@ -107,12 +112,16 @@ class StepWrapper(torch.nn.Module):
     their head; for the others the logits are sliced after it.
     """
 
-    def __init__(self, model: torch.nn.Module, num_layers: int, use_cache: bool, static: bool = False) -> None:
+    def __init__(self, model: torch.nn.Module, num_layers: int, use_cache: bool, static: bool = False,
+                 layout: str = "growing") -> None:
         super().__init__()
         self.model = model
         self.num_layers = num_layers
         self.use_cache = use_cache
         self.static = static and use_cache
+        # "shared": each past is a whole-length buffer that the attention writes in place (nndf.export.fused_attention;
+        # the model must then run that module's attention implementation, as the export sets it)
+        self.shared = layout == "shared" and use_cache and not self.static
         self.slices_before_head = accepts(type(model), "logits_to_keep")
 
     def step_io(self, io: tuple[tuple[str, ...], tuple[str, ...]]) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -122,14 +131,27 @@ class StepWrapper(torch.nn.Module):
             return (*inputs, PAST_LENGTH), ("logits",)
         return tuple(inputs), tuple(outputs)
 
-    def self_attention_cache(self, past, input_ids: torch.Tensor):
+    def self_attention_cache(self, past, input_ids: torch.Tensor, total_length=None):
         """The self-attention cache over `past` (with `past_length` last in a static step, which writes
-        `input_ids`' positions); an empty one without a cache."""
+        `input_ids`' positions); an empty one without a cache. A shared-buffer cache holds `total_length` (the
+        mask's length) less the new tokens."""
+        if self.shared:
+            from nndf.export.fused_attention import shared_buffer_cache
+
+            return shared_buffer_cache(past, total_length - input_ids.shape[1])
         if self.static:
             return static_as_cache(past[:-1], past[-1], input_ids.shape[1])
         if not self.use_cache:
             return DynamicCache()
         return past_as_cache(past)
+
+    def attention_over(self, cache):
+        """The context the model's forward runs in: the shared-buffer attention finds its cache there."""
+        if not self.shared:
+            return contextlib.nullcontext()
+        from nndf.export.fused_attention import active
+
+        return active(cache)
 
     def keep_kwargs(self, keep: torch.Tensor) -> dict:
         return {"logits_to_keep": keep} if self.slices_before_head else {}
@@ -149,8 +171,9 @@ class StepWrapper(torch.nn.Module):
 class DecoderWrapper(StepWrapper):
     """`forward(input_ids, attention_mask, [position_ids], *past) -> (logits, *present)` over a causal LM."""
 
-    def __init__(self, model: torch.nn.Module, num_layers: int, use_cache: bool, static: bool = False) -> None:
-        super().__init__(model, num_layers, use_cache, static)
+    def __init__(self, model: torch.nn.Module, num_layers: int, use_cache: bool, static: bool = False,
+                 layout: str = "growing") -> None:
+        super().__init__(model, num_layers, use_cache, static, layout)
         self.with_position_ids = accepts(type(model), "position_ids")
         self.input_names, self.output_names = self.step_io(decoder_io(type(model), num_layers, use_cache))
         self.eval()
@@ -161,12 +184,13 @@ class DecoderWrapper(StepWrapper):
             extra["position_ids"], rest = rest[0], rest[1:]
         keep, rest = rest[0], rest[1:]
         extra.update(self.keep_kwargs(keep))
-        cache = self.self_attention_cache(rest, input_ids) if self.use_cache else None
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            past_key_values=cache,
-            use_cache=self.use_cache,
-            **extra,
-        )
+        cache = self.self_attention_cache(rest, input_ids, attention_mask.shape[1]) if self.use_cache else None
+        with self.attention_over(cache):
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                past_key_values=cache,
+                use_cache=self.use_cache,
+                **extra,
+            )
         return self.step_outputs(out, keep)

@@ -1,0 +1,144 @@
+"""The onnxrt shared-buffer KV layout (nndf.export.fused_attention): GroupQueryAttention writing one whole-length
+buffer per layer in place. Every decoder family's tiny model against Hugging Face `generate()` (batch 1, a batch
+of equal lengths, a left-padded batch; greedy and beam search), the buffers really written in place, quantized
+graphs on the layout, and the families that cannot have it falling back to the growing layout with the reason."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import nndf
+from conftest import decoder_only_families
+from nndf.backends import BackendOptions
+from nndf.errors import UsageError
+from nndf.export.fused_attention import layout_refusal
+from nndf.kvcache import past_name
+from test_family_parity import _prompts
+from test_generation_parity import _batch
+
+
+def _shared(family, family_dirs, work, **kwargs):
+    return nndf.load(family, backend="onnxrt", torch_dir=str(family_dirs[family]), working_dir=str(work),
+                     device="cpu", kv_layout="shared", **kwargs)
+
+
+def _batches():
+    padded = _prompts()
+    single = (padded[0][1:2, 6:], torch.ones(1, 4, dtype=torch.long))
+    equal = (padded[0][:2], torch.ones(2, 10, dtype=torch.long))
+    return {"batch 1": single, "equal lengths": equal, "left-padded": padded}
+
+
+@pytest.mark.parametrize("family", decoder_only_families())
+def test_shared_layout_tokens_equal_hf_generate(family, family_dirs, onnx_work_dir):
+    m = _shared(family, family_dirs, onnx_work_dir)
+    refusal = layout_refusal(m.loaded.model_class)
+    session = m.decoder.session
+    if refusal is not None:  # ALiBi (BLOOM), GPT-Neo's own attention: the growing graph, and --info says why
+        assert session.layout == "growing"
+        assert "shared asked for" in session.info_notes[0] and "attention interface" in session.info_notes[0]
+    else:
+        assert session.layout == "shared"
+        assert session.info_notes[0].startswith("KV layout: shared")
+    for name, (ids, mask) in _batches().items():
+        for num_beams in (1, 3):
+            ours = m.generate(ids, mask, max_new_tokens=12, num_beams=num_beams)
+            reference = m.hf_generate(ids, mask, max_new_tokens=12, num_beams=num_beams)
+            assert torch.equal(ours, reference), f"{family} {name} beams={num_beams}"
+    ids, _ = _batch([17], vocab=1000, seed=5)
+    with torch.no_grad():
+        expected = m.loaded.model(ids).logits
+    assert float((m.logits(ids) - expected).abs().max()) < 1e-4
+
+
+def test_buffers_are_written_in_place(family_dirs, onnx_work_dir):
+    """After a step, the cache's own buffers hold the keys and values the growing graph returns as presents: the
+    graph wrote them there (the presents are bound to the pasts), and a decode step appends to them. Positions of
+    left padding are left out: no query attends to them, and what a layer computes there differs between the two
+    attentions (a padding query that sees no key)."""
+    shared = _shared("Llama", family_dirs, onnx_work_dir)
+    growing = nndf.load("Llama", backend="onnxrt", loaded=shared.loaded, working_dir=str(onnx_work_dir),
+                        kv_layout="growing")
+    ids, mask = _prompts()
+    state = shared.decoder.start(ids, mask, 1)
+    caches = {m: m.decoder.new_cache(3, 16) for m in (shared, growing)}
+    for model, cache in caches.items():
+        model.decoder.step(state, cache)
+    state.append(torch.tensor([5, 6, 7]))
+    for model, cache in caches.items():
+        model.decoder.step(state, cache)
+    buffers = caches[shared].arrays
+    real = state.mask.bool()  # (rows, 11)
+    for name, present in caches[growing].values.items():
+        filled = torch.from_numpy(buffers[name][:, :, :11]).transpose(1, 2)[real]
+        assert torch.allclose(filled, torch.from_numpy(present.numpy()).transpose(1, 2)[real], atol=1e-5), name
+    assert caches[shared].past_feeds()[past_name(0, "key")].data_ptr() == buffers[past_name(0, "key")].ctypes.data
+
+
+def test_beam_reorder_is_in_place(family_dirs, onnx_work_dir):
+    cache = _shared("GPT2", family_dirs, onnx_work_dir).decoder.new_cache(3, 8)
+    name = past_name(1, "value")
+    before = cache.arrays[name]
+    before[...] = torch.arange(3.0)[:, None, None, None].numpy()
+    cache.length = 5
+    cache.reorder(torch.tensor([2, 2, 0]))
+    assert cache.arrays[name] is before
+    assert before[:, 0, 0, 0].tolist() == [2.0, 2.0, 0.0]
+    assert before[:, 0, 5:, 0].tolist() == [[0.0] * 3, [1.0] * 3, [2.0] * 3]  # past the filled part: untouched
+
+
+@pytest.mark.parametrize("quantize", ["int8", "int4"])
+def test_quantized_graphs_keep_the_shared_layout(quantize, family_dirs, onnx_work_dir):
+    """Quantization rewrites the MatMuls and leaves the attention node as it is: the same tokens as the growing
+    layout's quantized graph, on prompts without padding. (With left padding they may differ, and neither is the
+    more right: int8's dynamic quantization scales activations per tensor, padding positions included, and what a
+    padding query computes differs between the two attentions, as it sees no key.)"""
+    shared = _shared("GPT2", family_dirs, onnx_work_dir, quantize=quantize)
+    growing = nndf.load("GPT2", backend="onnxrt", loaded=shared.loaded, working_dir=str(onnx_work_dir),
+                        quantize=quantize, kv_layout="growing")
+    assert shared.decoder.session.layout == "shared" and growing.decoder.session.layout == "growing"
+    ids, mask = _batches()["equal lengths"]
+    for num_beams in (1, 2):
+        assert torch.equal(shared.generate(ids, mask, max_new_tokens=10, num_beams=num_beams),
+                           growing.generate(ids, mask, max_new_tokens=10, num_beams=num_beams))
+
+
+def test_given_graph_layout_read_from_the_graph(family_dirs, onnx_work_dir):
+    """--decoder-onnx runs a shared-layout graph as such: the session reads the layout from the graph's nodes."""
+    exported = _shared("GPT2", family_dirs, onnx_work_dir)
+    given = nndf.load("GPT2", backend="onnxrt", loaded=exported.loaded, working_dir=str(onnx_work_dir),
+                      decoder_onnx=str(exported.decoder.session.artifacts[0]))
+    assert given.decoder.session.layout == "shared"
+    ids, mask = _prompts()
+    assert torch.equal(given.generate(ids, mask, max_new_tokens=6), exported.hf_generate(ids, mask, max_new_tokens=6))
+
+
+def test_unknown_layout_is_refused():
+    with pytest.raises(UsageError, match="--kv-layout"):
+        BackendOptions(kv_layout="paged")
+
+
+def test_default_layout_is_shared_and_info_says_so(family_dirs, onnx_work_dir):
+    from nndf.actions.common import info_result
+
+    m = nndf.load("GPT2", backend="onnxrt", torch_dir=str(family_dirs["GPT2"]), working_dir=str(onnx_work_dir),
+                  device="cpu")
+    assert m.decoder.session.layout == "shared"
+    assert any(note.startswith("KV layout: shared") for note in info_result(m).notes)
+    growing = nndf.load("GPT2", backend="onnxrt", loaded=m.loaded, working_dir=str(onnx_work_dir), kv_layout="growing")
+    assert any(note.startswith("KV layout: growing") for note in info_result(growing).notes)
+    assert growing.decoder.session.artifacts[0].parent != m.decoder.session.artifacts[0].parent  # two artifacts
+
+
+def test_growing_layout_plain_run_still_agrees(family_dirs, onnx_work_dir):
+    """The growing layout with plain `session.run` (numpy in and out, no binding): the same tokens as the default
+    layout, so that both of the growing graph's paths stay covered now that the default binds shared buffers."""
+    shared = _shared("GPT2", family_dirs, onnx_work_dir)
+    growing = nndf.load("GPT2", backend="onnxrt", loaded=shared.loaded, working_dir=str(onnx_work_dir),
+                        kv_layout="growing")
+    growing.decoder.session.io_binding = False
+    ids, mask = _prompts()
+    for num_beams in (1, 2):
+        assert torch.equal(growing.generate(ids, mask, max_new_tokens=6, num_beams=num_beams),
+                           shared.generate(ids, mask, max_new_tokens=6, num_beams=num_beams))
