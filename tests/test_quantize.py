@@ -20,10 +20,12 @@ from family_examples import FAMILY_EXAMPLES
 from nndf.errors import HarnessError, UsageError
 from nndf.export.onnx import export_decoder
 from nndf.export.cpu_int8 import int8_weight_type, nbits_accuracy_level
-from nndf.export.nbits import lm_head, quantize_graph
+from nndf.export.weight_quant import lm_head, quantize_graph
 from nndf.export.quantize import KINDS, quantize_params, quantized_decoder
 from nndf.export.weight_graph import prepare_graph, weight_matmuls
 from nndf.workspace import metadata_path
+
+QUANT_OPS = {"int8": "MatMulInteger", "int4": "MatMulNBits"}  # the defaults: dynamic int8, MatMulNBits int4
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +70,8 @@ def test_quantized_graph_has_quantized_weights_and_the_same_names(tiny, kind, tm
     assert graph.parent.parent == tmp_path and graph.parent.name.startswith(f"{export.folder.name}-{kind}-")
     ops = _ops(graph)
     # 2 layers x (qkv, attention output, MLP up, MLP down) + the LM head
-    assert ops.get("MatMulNBits") == 9, ops
-    assert "Gemm" not in ops and "DynamicQuantizeLinear" not in ops
+    assert ops.get(QUANT_OPS[kind]) == 9, ops
+    assert "Gemm" not in ops and ("DynamicQuantizeLinear" in ops) is (kind == "int8")
     assert _fp32_weight_matmuls(graph) == []
     model = onnx.load(str(graph), load_external_data=False)
     assert tuple(i.name for i in model.graph.input) == export.input_names
@@ -78,8 +80,9 @@ def test_quantized_graph_has_quantized_weights_and_the_same_names(tiny, kind, tm
         attrs = _attributes(node)
         assert (attrs["bits"], attrs["block_size"]) == (int(kind[3:]), KINDS[kind]["block_size"])
         assert attrs["accuracy_level"] == nbits_accuracy_level()
-    heads = [n for n in model.graph.node if n.op_type == "MatMulNBits" and _attributes(n)["N"] == 50257]
-    assert len(heads) == 1  # the tied LM head got its own weight and was quantized
+    if kind == "int4":
+        heads = [n for n in model.graph.node if n.op_type == "MatMulNBits" and _attributes(n)["N"] == 50257]
+        assert len(heads) == 1  # the tied LM head got its own weight and was quantized
     # int8: the token and position tables (width 32, one block) are 8-bit too; int4 keeps them fp32 (the default)
     gathers = [n for n in model.graph.node if n.op_type == "GatherBlockQuantized"]
     assert len(gathers) == (2 if KINDS[kind]["embedding"] else 0)
@@ -161,6 +164,11 @@ def test_block_size_rebuilds_and_reaches_every_quantized_node(tiny, tmp_path, ca
     model = onnx.load(str(b16), load_external_data=False)
     blocks = [_attributes(n)["block_size"] for n in model.graph.node
               if n.op_type in ("MatMulNBits", "GatherBlockQuantized")]
+    assert len(blocks) == 2 and set(blocks) == {16}  # int8: the embeddings are block-wise, its MatMuls per channel
+    nbits = quantized_decoder(export, "int8", tmp_path, dict(KINDS["int8"], method="matmul_nbits"), block_size=16)
+    model = onnx.load(str(nbits), load_external_data=False)
+    blocks = [_attributes(n)["block_size"] for n in model.graph.node
+              if n.op_type in ("MatMulNBits", "GatherBlockQuantized")]
     assert len(blocks) == 9 + 2 and set(blocks) == {16}
 
     m = nndf.load("GPT2", backend="onnxrt-int4", loaded=loaded, working_dir=str(onnx_work_dir), block_size=64)
@@ -196,34 +204,37 @@ def _tied_graph(rows: int = 40, width: int = 32):
     return model, feeds, table
 
 
-@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("method, bits", [("matmul_nbits", 8), ("matmul_nbits", 4), ("dynamic", 8)])
 @pytest.mark.parametrize("head, embedding", [(True, True), (False, True), (True, False)])
-def test_lm_head_and_embedding_quantization_as_chosen(bits, head, embedding):
+def test_lm_head_and_embedding_quantization_as_chosen(method, bits, head, embedding, tmp_path):
     """The LM head is quantized or kept fp32 as `lm_head` says; an embedding table becomes GatherBlockQuantized on
-    the very blocks a tied head gets (its rows dequantize to the head's weights exactly), and a table whose width
-    is not a whole number of blocks stays fp32 and is reported."""
+    the very blocks a tied MatMulNBits head gets (its rows dequantize to the head's weights exactly), and a table
+    whose width is not a whole number of blocks stays fp32 and is reported."""
     import onnxruntime as ort
 
     model, feeds, table = _tied_graph()
     prepare_graph(model)
     assert lm_head(model) == "head"
-    params = dict(quantize_params(f"int{bits}", block_size=16), lm_head=head, embedding=embedding,
+    params = dict(quantize_params(f"int{bits}", block_size=16), method=method, lm_head=head, embedding=embedding,
                   accuracy_level=0)  # fp32 compute: the head's output is its dequantized weights, unrounded
-    quantized, report = quantize_graph(model, weight_matmuls(model), params)
-    graph = quantized.model.graph
+    out = tmp_path / "q.onnx"
+    report = quantize_graph(model, weight_matmuls(model), params, out, tmp_path / "scratch")
+    assert out.is_file() and not (tmp_path / "scratch").exists()
+    graph = onnx.load(str(out)).graph
     ops = [n.op_type for n in graph.node]
+    quantized_op = "MatMulInteger" if method == "dynamic" else "MatMulNBits"
     assert report["lm_head"] is head and report["matmuls"] == 1 + head  # the Gemm's MatMul, and the head if chosen
-    assert ops.count("MatMulNBits") == 1 + head and ops.count("MatMul") == (not head)
+    assert ops.count(quantized_op) == 1 + head and ops.count("MatMul") == (not head)
     assert ops.count("GatherBlockQuantized") == (1 if embedding else 0)
     assert report["fp32_tables"] == (["narrow"] if embedding else [])
     assert ("table" in {i.name for i in graph.initializer}) is (not embedding)  # the head reads its own copy
-    session = ort.InferenceSession(quantized.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     e, e2, _, logits = session.run(None, feeds)
     np.testing.assert_array_equal(e2, numpy_helper.to_array(next(i for i in graph.initializer if i.name == "narrow")))
     step = np.abs(table).max(axis=1, keepdims=True) / (127 if bits == 8 else 7)  # about one quantization step
     if embedding:
         assert 0 < np.abs(e - table).max() <= step.max()
-        if head:
+        if head and method == "matmul_nbits":
             np.testing.assert_allclose(e, logits.T, rtol=1e-5, atol=1e-5)  # same blocks, same rounding
     else:
         np.testing.assert_array_equal(e, table)
@@ -369,7 +380,7 @@ def test_every_family_quantizes_every_weight_matmul(family, tmp_path_factory, on
         m = nndf.load(family, torch_dir=str(folder), backend="onnxrt", working_dir=str(onnx_work_dir), device="cpu")
         graph = quantized_decoder(export_decoder(m.loaded, True, onnx_work_dir), kind, work)
         assert _fp32_weight_matmuls(graph) == [], kind
-        assert _ops(graph).get("MatMulNBits", 0) >= 2 * 4 + 1
+        assert _ops(graph).get(QUANT_OPS[kind], 0) >= 2 * 4 + 1
         q = nndf.load(family, backend="onnxrt", loaded=m.loaded, working_dir=str(work), decoder_onnx=str(graph))
         ids = torch.randint(0, 1000, (1, 4), generator=torch.Generator().manual_seed(0))
         assert q.generate(ids, max_new_tokens=3, min_new_tokens=3).shape == (1, 7)

@@ -9,12 +9,11 @@ Two choices depend on the CPU, and both are made here so that they are made the 
   fast kernel: measured on this project's host (ORT 1.32, 2 cores with AVX-512-VNNI, one 768 x 3072 MatMul, one
   row, one thread), 8-bit levels 0 and 1 take 40 and 38 ms (the weights are dequantized at every call), level 4
   0.6 ms; 4-bit 1.06 / 0.82 / 0.41 ms.
-- `int8_weight_type`: the weight type of ONNX Runtime's dynamic int8 quantization (`quantize_dynamic`, used by
-  `nndf.convert` for encoder models). MLAS multiplies uint8 activations by int8 weights exactly only with VNNI
+- `int8_weight_type`: the weight type of ONNX Runtime's dynamic int8 quantization (`quantize_dynamic`: int8
+  decoders, nndf.export.quantize, and `nndf.convert` for encoder models). MLAS multiplies uint8 activations by int8 weights exactly only with VNNI
   (or AMX); without it it uses VPMADDUBSW, whose int16 sums of two products saturate (255 * 127 * 2 > 32767), so
   results are wrong wherever large activations meet large weights (on a trained tiny GPT-2: mean KL 0.0007 ->
-  0.0137). There uint8 weights (the exact uint8 x uint8 kernel) are chosen. MatMulNBits is not affected: its int8
-  path quantizes the activations to signed int8 and its kernels do not saturate.
+  0.0137). There uint8 weights (the exact uint8 x uint8 kernel) are chosen, ~15-30% slower per MatMul.
 
 Flags come from /proc/cpuinfo (Linux); where they cannot be read, the safe choice is made (QUInt8; level 4 on
 x86-64, whose every CPU since 2013 has AVX2, since level 1 is ~65x slower for 8-bit weights).

@@ -8,34 +8,67 @@ graph's input and output names, so the onnxrt backend runs it exactly like the f
 
 Before quantizing, `nndf.export.weight_graph.prepare_graph` rewrites a copy of the graph so that every weight
 matrix is a constant operand of a MatMul (Gemm -> MatMul, tied heads given their own constant; see that module).
-Then `nndf.export.nbits` quantizes both kinds the same way (defaults in INT8 / INT4, every parameter can be
+Then `nndf.export.weight_quant` quantizes it as the parameters say (defaults in INT8 / INT4; every parameter can be
 overridden for measurements, the block size also by `--block-size`):
 
-- MatMulNBits with `bits` 8 or 4, symmetric blocks of `block_size` (32) along K, and the `accuracy_level` chosen for
-  the CPU (`nndf.export.cpu_int8.nbits_accuracy_level`: 4, int8 dot products on prepacked weights, wherever MLAS has
-  the kernels). For 8 bits level 4 is the only fast kernel: levels 0 and 1 dequantize the weights at every call
-  (one 768 x 3072 MatMul, one row: 40 / 38 ms vs 0.6 ms at level 4; 4-bit: 1.06 / 0.82 / 0.41 ms; ORT 1.32, this
-  project's 2-core host with AVX-512-VNNI).
-- The LM head is a MatMul like any other (`lm_head`, on by default) and the embedding tables become
-  GatherBlockQuantized on the same blocks (`embedding`: on for int8, off for int4; see nndf.export.nbits).
+- int4: MatMulNBits, symmetric 4-bit blocks of 32 along K (padded to whole blocks), `accuracy_level` chosen for the
+  CPU (`nndf.export.cpu_int8.nbits_accuracy_level`: 4, int8 dot products on prepacked weights, wherever MLAS has
+  the kernels; 2x faster than fp32 compute per MatMul here). Embedding tables stay fp32 (their 4-bit copy costs
+  agreement, below).
+- int8: ONNX Runtime's dynamic quantization (weights int8 per output channel, activations quantized per call:
+  DynamicQuantizeLinear + MatMulInteger, which ORT fuses), weight type from `int8_weight_type` (uint8 on x86
+  without VNNI, whose uint8 x int8 kernel saturates; see nndf.export.cpu_int8), and the embedding tables 8-bit in
+  blocks of 32 (GatherBlockQuantized): the table is ~30% of GPT-2 small's weights and costs no agreement.
+  8-bit MatMulNBits (`method="matmul_nbits"`) is the other way, measured below and not the default: on this CPU
+  it is no faster per decode step at batch 1, 1.3x slower at batch 4 and 2-3x slower in the prompt, because
+  MLAS's int8 GEMM for MatMulInteger (AMX / VNNI here) beats its block-wise kernel as soon as there are several
+  rows; it is the more exact of the two (KL 0.0004 vs 0.0010). Its accuracy levels 0 and 1 dequantize the
+  weights at every call (one 768 x 3072 MatMul, one row, one thread: 40 / 38 ms vs 0.6 ms at level 4).
+- Both: the LM head (tied or not) is quantized like any other MatMul (`lm_head`).
 
-Until QUANTIZER_REVISION 3 int8 was ONNX Runtime's dynamic quantization (DynamicQuantizeLinear + MatMulInteger
-with per-channel weights, uint8 weights on x86 without VNNI, whose uint8 x int8 kernel saturates): 8-bit
-MatMulNBits replaced it, being as fast or faster and more exact (figures below), and needing no weight-type choice
-(its int8 path quantizes the activations to signed int8 and does not saturate). The dynamic path remains where it
-has no replacement, in `nndf.convert` (encoder models, fused Attention nodes).
+Measured 2026-11-25 (ORT 1.32.0, the 2-core AVX-512-VNNI/AMX host, heavily loaded by other work: load average
+6-12, so step times are 5-10x a quiet machine's and only same-round comparisons mean much). Speed: GPT-2 small
+random weights, 64 prompt + 64 new tokens, default threads, 5 alternating rounds in one process; decode ms/step
+(median over rounds of each run's median step; in brackets the median of each run's 10th-percentile step, less
+hit by the load) and first-token ms. Single MatMuls of GPT-2 small's shapes (one thread, best of 30 calls),
+dynamic vs 8-bit MatMulNBits block 32 / 128 vs 4-bit block 32: one row 0.11 / 0.12 / 0.10 / 0.07 ms (768 x 3072),
+four rows 0.16 / 0.31 / 0.23 / 0.25, 64 rows 0.54 / 2.14 / 1.57 / 2.23 (fp32: 2.2).
+
+    graph (b1 / b4)                       b1 ms/step       b1 first   b4 ms/step        b4 first
+    int8 dynamic (before and now)         103.4 (76.8)       242      132.6 (104.2)       729
+    int8 MatMulNBits block 32             107.8 (92.1)       684      176.0 (129.8)      1580
+    int8 MatMulNBits block 128             96.1 (72.2)       481      145.5 (112.5)      1294
+    int4 MatMulNBits block 32 (default)    73.3 (58.6)       639      140.2 (110.2)      1680
+    int4 MatMulNBits block 128             72.0 (49.7)       567      124.3 (106.2)      1443
+
+Fidelity: the trained tiny GPT-2 of ../shared/data against fp32 PyTorch, LAMBADA passages 2500-2999 (the ones it
+memorised; 500 passages, 41703 positions): top-1 agreement at every position, mean KL, lm-eval acc / ppl. fp32
+onnxrt gives 1.00000 / 0.00000 / 1.000 / 1.1416.
+
+    int8 dynamic, embeddings fp32 (before)     0.99914   0.00102   1.000   1.1441
+    int8 dynamic, embeddings 8-bit (default)   0.99878   0.00112   1.000   1.1440
+    int8 MatMulNBits block 32, emb. 8-bit      0.99938   0.00043   1.000   1.1425
+    int8 MatMulNBits block 32, emb. fp32       0.99926   0.00034   1.000   1.1425
+    int4 MatMulNBits block 32 (default)        0.99225   0.03465   1.000   1.2182
+
+Older measurements (ORT 1.31.1, a VNNI CPU, 200 of these passages): int4 block 64 / 128 agree 0.9894 / 0.9889 (KL
+0.041 / 0.053; acc 1.000 / 1.000), asymmetric int4 block 32 0.9929 (0.029); per-tensor int8 scales double the KL;
+on x86 without VNNI int8 weights (QInt8) give KL 0.0137 where uint8 give 0.0007. With attention exported from
+Hugging Face's eager implementation instead of SDPA the quantized graphs were ~15% faster at batch 1: SDPA's export
+transposes the whole key cache at every step (Reshape-Transpose-Reshape, which ORT cannot fuse into the MatMul).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 import sys
 from pathlib import Path
 from typing import Mapping
 
 from nndf.errors import HarnessError, UsageError
-from nndf.export.cpu_int8 import nbits_accuracy_level
+from nndf.export.cpu_int8 import int8_weight_type, nbits_accuracy_level
 from nndf.export.onnx import derived_graph
 from nndf.export.weight_graph import prepare_graph, weight_matmuls
 from nndf.workspace import read_metadata
@@ -45,13 +78,16 @@ from nndf.progress import say
 QUANTIZER_REVISION = 3
 
 # The parameters of each kind. Every one of them is part of the artifact's settings (and so of its name): a graph
-# made for another block size or accuracy level is not reused.
-INT8 = {"bits": 8, "block_size": 32, "is_symmetric": True, "accuracy_level": nbits_accuracy_level(),
+# made for another block size, accuracy level or weight type is not reused. `method` says how the weight MatMuls are
+# quantized: "matmul_nbits" (bits, block_size, is_symmetric, accuracy_level) or, for 8 bits, "dynamic" (weight_type,
+# per_channel); `lm_head` and `embedding` (8 or 4 bits as `bits`, blocks of `block_size`) apply to both.
+INT8 = {"method": "dynamic", "bits": 8, "block_size": 32, "is_symmetric": True,
+        "accuracy_level": nbits_accuracy_level(), "weight_type": int8_weight_type(), "per_channel": True,
         "lm_head": True, "embedding": True}
-INT4 = {"bits": 4, "block_size": 32, "is_symmetric": True, "accuracy_level": nbits_accuracy_level(),
-        "lm_head": True, "embedding": False}
+INT4 = dict(INT8, method="matmul_nbits", bits=4, embedding=False)
 KINDS: dict[str, dict] = {"int8": INT8, "int4": INT4}
 PARAMETERS = frozenset(INT8)
+METHODS = ("matmul_nbits", "dynamic")
 
 
 def block_size_problem(block_size) -> str | None:
@@ -74,14 +110,16 @@ def quantize_params(kind: str, block_size: int | None = None) -> dict:
 
 @contextlib.contextmanager
 def _quiet_quantizers():
-    """Import ORT's quantizer and run it without its log lines, leaving the root logger as it was.
+    """Import ORT's quantizers and run them without their log lines, leaving the root logger as it was.
 
     `matmul_nbits_quantizer` calls `logging.basicConfig(level=INFO)` on import (a handler and INFO level on the
-    root logger, i.e. a line per node on stderr).
+    root logger, i.e. a line per node on stderr), and `quantize_dynamic` warns that the graph was not
+    "pre-processed" (ORT's shape-inference script, which a decoder graph from our exporter does not need).
     """
     root = logging.getLogger()
     level, handlers = root.level, list(root.handlers)
     try:
+        import onnxruntime.quantization  # noqa: F401
         import onnxruntime.quantization.matmul_nbits_quantizer  # noqa: F401
 
         root.setLevel(logging.ERROR)
@@ -95,10 +133,14 @@ def _quiet_quantizers():
 
 
 def _describe(params: Mapping) -> str:
-    quantized = ["LM head"] * bool(params["lm_head"]) + ["embeddings"] * bool(params["embedding"])
+    quantized = ["LM head"] * bool(params["lm_head"]) + [f"embeddings (block {params['block_size']})"] * bool(
+        params["embedding"])
+    also = f"{' and '.join(quantized) or 'neither LM head nor embeddings'} quantized too"
+    if params["method"] == "dynamic":
+        return (f"dynamic int8 MatMul ({params['weight_type']} weights, "
+                f"{'per-channel' if params['per_channel'] else 'per-tensor'} scales; {also})")
     return (f"MatMulNBits {params['bits']}-bit ({'symmetric' if params['is_symmetric'] else 'asymmetric'}, "
-            f"block {params['block_size']}, accuracy level {params['accuracy_level']}; "
-            f"{' and '.join(quantized) or 'neither LM head nor embeddings'} quantized too)")
+            f"block {params['block_size']}, accuracy level {params['accuracy_level']}; {also})")
 
 
 def _check_params(kind: str, params: Mapping) -> None:
@@ -106,8 +148,14 @@ def _check_params(kind: str, params: Mapping) -> None:
     if missing or unknown:
         raise UsageError(f"quantization parameters for {kind} lack {', '.join(sorted(missing)) or 'nothing'} and "
                          f"have unknown {', '.join(sorted(unknown)) or 'nothing'}")
+    if params["method"] not in METHODS:
+        raise UsageError(f"quantization method for {kind} must be one of {', '.join(METHODS)}, got "
+                         f"{params['method']!r}")
     if params["bits"] not in (4, 8):
         raise UsageError(f"MatMulNBits bits must be 4 or 8, got {params['bits']!r}")
+    if params["method"] == "dynamic" and (params["bits"] != 8 or params["weight_type"] not in ("QUInt8", "QInt8")):
+        raise UsageError(f"dynamic quantization is 8-bit with QUInt8 or QInt8 weights, got {params['bits']} bits and "
+                         f"{params['weight_type']!r}")
     if params["bits"] != int(kind[3:]):
         raise UsageError(f"{kind} must quantize to {kind[3:]} bits, but the parameters give {params['bits']}")
     problem = block_size_problem(params["block_size"])
@@ -127,7 +175,8 @@ def _check_result(out: Path, export, report: Mapping) -> dict[str, int]:
     ops: dict[str, int] = {}
     for n in model.graph.node:
         ops[n.op_type] = ops.get(n.op_type, 0) + 1
-    for op, expected in (("MatMulNBits", report["matmuls"]), ("GatherBlockQuantized", report["gathers"])):
+    matmul = "MatMulInteger" if report["method"] == "dynamic" else "MatMulNBits"
+    for op, expected in ((matmul, report["matmuls"]), ("GatherBlockQuantized", report["gathers"])):
         if ops.get(op, 0) != expected:
             raise HarnessError(f"quantizing {export.graph} gave {ops.get(op, 0)} {op} for {expected} nodes to "
                                "quantize; the quantizer skipped some, so the graph would be partly fp32")
@@ -164,7 +213,7 @@ def quantized_decoder(export, kind: str, working_dir: str | Path, params: Mappin
     `block_size` replaces the kind's default block size (the --block-size flag); `params` replaces all of the
     kind's default parameters (for measuring alternatives). Both name the artifact too.
     """
-    from nndf.export.nbits import quantize_graph
+    from nndf.export.weight_quant import quantize_graph
 
     params = dict(quantize_params(kind) if params is None else params)
     if block_size is not None:
@@ -183,6 +232,7 @@ def quantized_decoder(export, kind: str, working_dir: str | Path, params: Mappin
     def build(out: Path) -> None:
         import onnx
 
+        tmp, graph_file = out.parent, out.name
         with _quiet_quantizers():
             try:
                 model = onnx.load(str(export.graph), load_external_data=True)
@@ -199,8 +249,7 @@ def quantized_decoder(export, kind: str, working_dir: str | Path, params: Mappin
                      f"{counts['gemm_left']} Gemm left in fp32 (not a plain x @ W + b)"]
             say(f"  {len(nodes)} weight MatMuls{''.join(f'; {n}' for n in notes if not n.startswith('0 '))}")
             try:
-                quantized, report = quantize_graph(model, nodes, params)
-                quantized.save_model_to_file(str(out), use_external_data_format=True)
+                report = quantize_graph(model, nodes, params, out, tmp / "prepared")
             except HarnessError:
                 raise
             except Exception as exc:  # the quantizer raises many types; the user needs one sentence and the cause
@@ -211,6 +260,10 @@ def quantized_decoder(export, kind: str, working_dir: str | Path, params: Mappin
             + (f"; {', '.join(report['fp32_tables'])} kept in fp32 (width not a multiple of the block)"
                if report["fp32_tables"] else ""))
         _check_result(out, export, report)
+        # quantize_dynamic leaves a shape-inferred copy behind in some versions: keep only the graph and its data.
+        for extra in tmp.iterdir():
+            if extra.name not in (graph_file, graph_file + ".data"):
+                shutil.rmtree(extra) if extra.is_dir() else extra.unlink()
 
     return derived_graph(export, kind, settings, working_dir, build,
                          f"quantizing {export.graph} to {kind}: {_describe(params)} ...")

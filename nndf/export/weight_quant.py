@@ -1,8 +1,10 @@
-"""Block-wise n-bit weights on a prepared graph: MatMulNBits for the weight MatMuls, GatherBlockQuantized for the
-embedding tables (`quantize_graph`).
+"""Quantized weights on a prepared graph (`quantize_graph`): the weight MatMuls through ONNX Runtime's quantizers,
+the embedding tables as GatherBlockQuantized, the LM head as chosen.
 
-The MatMuls go through ONNX Runtime's `MatMulNBitsQuantizer` (symmetric or not, blocks along K, `accuracy_level`
-from the parameters). The embedding lookups are ours, because ORT 1.32's quantizer quantizes a Gather only to 4
+The MatMuls go through `MatMulNBitsQuantizer` (method "matmul_nbits": symmetric or not, blocks along K,
+`accuracy_level` from the parameters) or `quantize_dynamic` (method "dynamic": int8 weights with per-channel
+scales, activations quantized at every call; ORT fuses DynamicQuantizeLinear + MatMulInteger). The embedding
+lookups are ours, because ORT 1.32's quantizer quantizes a Gather only to 4
 bits, as an int4-typed table: here a table is quantized by the same routine as a MatMul weight (the table's rows
 being a MatMul's output columns, its columns K), so that its blocks and rounding are exactly those of a tied LM
 head, and stored as uint8 with `bits` 4 or 8, which ORT's CPU GatherBlockQuantized reads (symmetric weights: no
@@ -15,6 +17,7 @@ each costs in agreement with fp32).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Mapping
 
 from nndf.export.weight_graph import node_attribute, weight_matmuls
@@ -63,6 +66,8 @@ def quantize_embeddings(model, bits: int, block_size: int) -> tuple[int, list[st
     quantizer = DefaultWeightOnlyQuantizer(DefaultWeightOnlyQuantConfig(
         block_size=block_size, is_symmetric=True, bits=bits))
     graph = model.graph
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     inits = {i.name: i for i in graph.initializer}
     quantized: dict[str, tuple[str, str]] = {}  # fp32 table -> (its data, its scales)
     left: list[str] = []
@@ -95,18 +100,42 @@ def quantize_embeddings(model, bits: int, block_size: int) -> tuple[int, list[st
     return replaced, sorted(set(left))
 
 
-def quantize_graph(model, nodes: list[str], params: Mapping) -> tuple[object, dict[str, object]]:
-    """Quantize the MatMuls `nodes` of a prepared graph (nndf.export.weight_graph) and its embeddings as `params` say.
+def _quantize_dynamic(model, nodes: list[str], params: Mapping, out: Path, scratch: Path) -> None:
+    """quantize_dynamic on `nodes`, which reads the graph from a file: saved to `scratch` first, removed after."""
+    import shutil
 
-    Returns ORT's ONNXModel wrapper of the result (`save_model_to_file`) and what was done: MatMuls quantized,
-    whether the LM head was among them, Gathers quantized, tables left in fp32."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    scratch.mkdir()
+    prepared = scratch / out.name
+    onnx.save_model(model, str(prepared), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=out.name + ".data")
+    quantize_dynamic(
+        prepared, out, op_types_to_quantize=["MatMul"], nodes_to_quantize=nodes,
+        per_channel=bool(params["per_channel"]), weight_type=getattr(QuantType, params["weight_type"]),
+        use_external_data_format=True, extra_options={"MatMulConstBOnly": True},
+    )
+    shutil.rmtree(scratch)
+
+
+def quantize_graph(model, nodes: list[str], params: Mapping, out: Path, scratch: Path) -> dict[str, object]:
+    """Quantize the MatMuls `nodes` of a prepared graph (nndf.export.weight_graph) and its embeddings as `params` say
+    (nndf.export.quantize) and write the result to `out` (weights in `out`.data; `scratch`, a folder that must not
+    exist, holds the dynamic quantizer's input for a while).
+
+    Returns what was done: the method, MatMuls quantized, whether the LM head was among them, Gathers quantized,
+    tables left in fp32."""
     head = lm_head(model)
     excluded = [head] if head is not None and not params["lm_head"] else []
     nodes = [n for n in nodes if n not in excluded]
-    quantized = _quantize_matmuls(model, nodes, excluded, params)
-    report: dict[str, object] = {"matmuls": len(nodes), "lm_head": head is not None and head in nodes,
-                                 "gathers": 0, "fp32_tables": []}
+    report: dict[str, object] = {"method": params["method"], "matmuls": len(nodes),
+                                 "lm_head": head is not None and head in nodes, "gathers": 0, "fp32_tables": []}
     if params["embedding"]:
         report["gathers"], report["fp32_tables"] = quantize_embeddings(
-            quantized.model, int(params["bits"]), int(params["block_size"]))
-    return quantized, report
+            model, int(params["bits"]), int(params["block_size"]))
+    if params["method"] == "dynamic":
+        _quantize_dynamic(model, nodes, params, out, scratch)
+    else:
+        _quantize_matmuls(model, nodes, excluded, params).save_model_to_file(str(out), use_external_data_format=True)
+    return report
