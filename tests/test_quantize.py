@@ -392,9 +392,10 @@ def test_every_family_quantizes_every_weight_matmul(family, tmp_path_factory, on
 
 # Measured on these 50 passages (ORT 1.31.1, before int8 quantized the embeddings too): int8 agreement 0.9998, KL
 # 0.0007, acc 1.000, ppl 1.119; int4 0.9953, 0.0327, 1.000, 1.191 (fp32: acc 1.000, ppl 1.118). The 8-bit embedding
-# tables cost 0.0004 agreement and 0.0001 KL over all 500 passages (nndf.export.quantize) and stay within these bounds. int4 with blocks of 128 (0.9913, 0.0512, 0.980, 1.282) and
-# int8 with one scale per tensor (KL 0.0016) fail these bounds, and so do int8 weights (QInt8) on x86 without VNNI
-# (0.9960, KL 0.0137: saturating kernel, see nndf.export.quantize) and 7-bit weights there (KL 0.0012).
+# tables cost 0.0004 agreement and 0.0001 KL over all 500 passages (nndf.export.quantize) and stay within these bounds.
+# int4 with blocks of 128 (0.9913, 0.0512, 0.980, 1.282) and int8 with one scale per tensor (KL 0.0016) fail these
+# bounds, and so do int8 weights (QInt8) on x86 without VNNI (0.9960, KL 0.0137: saturating kernel, see
+# nndf.export.cpu_int8) and 7-bit weights there (KL 0.0012).
 FIDELITY_BOUNDS = {
     # kind: (min top-1 agreement with fp32, max mean KL, min lm-eval accuracy, max lm-eval perplexity)
     "int8": (0.997, 0.0012, 0.98, 1.14),

@@ -10,10 +10,10 @@ Two choices depend on the CPU, and both are made here so that they are made the 
   row, one thread), 8-bit levels 0 and 1 take 40 and 38 ms (the weights are dequantized at every call), level 4
   0.6 ms; 4-bit 1.06 / 0.82 / 0.41 ms.
 - `int8_weight_type`: the weight type of ONNX Runtime's dynamic int8 quantization (`quantize_dynamic`: int8
-  decoders, nndf.export.quantize, and `nndf.convert` for encoder models). MLAS multiplies uint8 activations by int8 weights exactly only with VNNI
-  (or AMX); without it it uses VPMADDUBSW, whose int16 sums of two products saturate (255 * 127 * 2 > 32767), so
-  results are wrong wherever large activations meet large weights (on a trained tiny GPT-2: mean KL 0.0007 ->
-  0.0137). There uint8 weights (the exact uint8 x uint8 kernel) are chosen, ~15-30% slower per MatMul.
+  decoders, nndf.export.quantize, and `nndf.convert` for encoder models). MLAS multiplies uint8 activations by
+  int8 weights exactly only with VNNI (or AMX); without it it uses VPMADDUBSW, whose int16 sums of two products
+  saturate (255 * 127 * 2 > 32767), so results are wrong wherever large activations meet large weights (on a
+  trained tiny GPT-2: mean KL 0.0007 -> 0.0137). There uint8 weights (the exact uint8 x uint8 kernel) are chosen, ~15-30% slower per MatMul.
 
 Flags come from /proc/cpuinfo (Linux); where they cannot be read, the safe choice is made (QUInt8; level 4 on
 x86-64, whose every CPU since 2013 has AVX2, since level 1 is ~65x slower for 8-bit weights).

@@ -263,8 +263,8 @@ def quantized_decoder(export, kind: str, working_dir: str | Path, params: Mappin
             except Exception as exc:  # the quantizer raises many types; the user needs one sentence and the cause
                 raise HarnessError(f"{kind} quantization of {export.graph} failed: {type(exc).__name__}: "
                                    f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
-        say(f"  {report['matmuls']} MatMuls quantized (LM head {'in' if report['lm_head'] else 'not'} among them), "
-            f"{report['gathers']} embedding lookups"
+        head = "the LM head among them" if report["lm_head"] else "not the LM head"
+        say(f"  {report['matmuls']} MatMuls quantized ({head}), {report['gathers']} embedding lookups"
             + (f"; {', '.join(report['fp32_tables'])} kept in fp32 (width not a multiple of the block)"
                if report["fp32_tables"] else ""))
         _check_result(out, export, report)
