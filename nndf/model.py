@@ -306,6 +306,7 @@ def load(
     device: str | torch.device | None = None,
     loaded: LoadedModel | None = None,
     quantize: str | None = None,
+    block_size: int | None = None,
     threads: int | None = None,
     decoder_onnx: str | None = None,
     tgt_lang: str | None = None,
@@ -314,7 +315,8 @@ def load(
 ) -> Model:
     """Load a model family's variant on a backend. `settings` overrides use_cache/fp16 when given.
 
-    `quantize` ("int8" or "int4") quantizes the onnxrt backend's weights (as does a backend named "onnxrt-int8"); `threads` sets intra-op threads;
+    `quantize` ("int8" or "int4") quantizes the onnxrt backend's weights (as does a backend named "onnxrt-int8"),
+    in blocks of `block_size` (default: the kind's, nndf.export.quantize); `threads` sets intra-op threads;
     `decoder_onnx` runs a given ONNX file on onnxrt. `loaded` lets several backends share one PyTorch model.
     `tgt_lang` (mBART-50, e.g. "de_DE") makes every generation start with that language's token. `cuda_graph`
     replays decode steps as CUDA graphs (frameworks and trt on a CUDA GPU). `kv_layout` ("shared" or "growing") is
@@ -324,8 +326,10 @@ def load(
     if named_quantization is not None and quantize not in (None, named_quantization):
         raise UsageError(f"backend '{backend}-{named_quantization}' and quantize='{quantize}' disagree; give one")
     quantize = quantize or named_quantization
+    if block_size is not None and quantize is None:
+        raise UsageError("block_size applies to quantized weights; give quantize='int8' or 'int4' too")
     options = BackendOptions(working_dir=working_dir, threads=threads, decoder_onnx=decoder_onnx, quantize=quantize,
-                             cuda_graph=cuda_graph, kv_layout=kv_layout)
+                             block_size=block_size, cuda_graph=cuda_graph, kv_layout=kv_layout)
     spec, var = resolve(family, variant)
     if settings is None:
         settings = BuildSettings(use_cache=use_cache, fp16=fp16)

@@ -86,6 +86,11 @@ def test_info_prints_shapes(capsys, tiny_gpt2_dir):
         (["benchmark", "GPT2", "onnxrt", "onnxrt-int4", "--int8"], "--int8 quantizes every onnxrt row; with a "
                                                                   "quantized backend name"),
         (["benchmark", "GPT2", "frameworks", "--batch-size", "x"], "invalid int value: 'x'"),
+        (["benchmark", "GPT2", "onnxrt-int8", "--block-size", "48"],
+         "--block-size must be a power of two of at least 16 (16, 32, 64, 128, ...), got 48"),
+        (["benchmark", "GPT2", "onnxrt", "--int4", "--block-size", "8"], "--block-size must be a power of two"),
+        (["benchmark", "GPT2", "onnxrt", "--block-size", "64"], "--block-size applies to quantized weights; add --int8 "
+                                                                "or --int4"),
     ],
 )
 def test_usage_errors_are_one_sentence_and_exit_2(capsys, argv, message):

@@ -93,12 +93,16 @@ def backend_options(args, backends: list[str]) -> BackendOptions:
     onnx_flags = [f"--{quantize}"] * bool(quantize) + [_flag(f) for f in GIVEN_ONNX if getattr(args, f)]
     if onnx_flags and not any(b in RUNS_ONNX_FILES for b in backends):
         raise UsageError(f"{onnx_flags[0]} applies to the {', '.join(RUNS_ONNX_FILES)} backend(s); add one of them")
+    block_size = getattr(args, "block_size", None)
+    if block_size is not None and not (quantize or any(split_backend(b)[1] for b in args.backends)):
+        raise UsageError("--block-size applies to quantized weights; add --int8 or --int4, or a backend such as "
+                         "onnxrt-int8")
     trt_flags = [_flag(f) for f in GIVEN_ENGINES if getattr(args, f)]
     if trt_flags and "trt" not in backends:
         raise UsageError(f"{trt_flags[0]} applies to the trt backend; add trt")
     if args.cuda_graph and not {"trt", "frameworks"} & set(backends):
         raise UsageError("--cuda-graph applies to the frameworks and trt backends; add one of them")
-    return BackendOptions(working_dir=args.working_dir, threads=args.threads, quantize=quantize,
+    return BackendOptions(working_dir=args.working_dir, threads=args.threads, quantize=quantize, block_size=block_size,
                           cuda_graph=args.cuda_graph, kv_layout=getattr(args, "kv_layout", "shared"),
                           **{f: getattr(args, f) for f in (*GIVEN_ONNX, *GIVEN_ENGINES)})
 
@@ -142,6 +146,7 @@ def open_models(args) -> list[Model]:
                     print()
                 raise
     settings = build_settings(args)
+    options = backend_options(args, backends)  # its flags checked before the slow load
     for name in backends:
         if name not in spec.backends:
             raise UsageError(
@@ -154,7 +159,6 @@ def open_models(args) -> list[Model]:
         tokenizer_dir=args.tokenizer_dir, dtype=torch.float16 if settings.fp16 else torch.float32,
         device=default_device(), seed=data_seed(args),
     )
-    options = backend_options(args, backends)
     forced_bos = target_language_token(loaded, args.tgt_lang) if getattr(args, "tgt_lang", None) else None
     models = [Model(loaded, name, settings, dataclasses.replace(options, quantize=quantize) if quantize else options)
               for name, quantize in named]
@@ -190,6 +194,8 @@ def engine_plan_result(args, spec, variant, backend: str) -> Result:
 def label(model: Model) -> str:
     """A backend's name in tables, with what changes its numbers (quantization, CUDA graphs)."""
     extra = [model.options.quantize] if model.options.quantize and not model.is_reference else []
+    if extra and model.options.block_size is not None:
+        extra.append(f"block {model.options.block_size}")
     if model.options.cuda_graph and not model.is_reference:
         extra.append("cuda-graph")
     return " ".join([model.backend, *extra])

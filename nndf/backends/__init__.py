@@ -38,6 +38,7 @@ class BackendOptions:
     encoder_onnx: str | None = None  # encoder-decoder models: the encoder graph to run instead of exporting one
     cache_generator_onnx: str | None = None  # ... and the cross-attention cache generator's
     quantize: str | None = None  # None, "int8" or "int4": weight quantization of the ONNX graph (CPU)
+    block_size: int | None = None  # MatMulNBits block size of quantized weights (None: the kind's default)
     io_binding: bool = True  # ONNX Runtime: bind inputs and outputs instead of converting through numpy
     decoder_engine: str | None = None  # TensorRT: run this serialized engine instead of building one
     encoder_engine: str | None = None  # TensorRT, encoder-decoder models: the encoder's engine
@@ -50,6 +51,12 @@ class BackendOptions:
             raise UsageError(f"unknown quantization '{self.quantize}'; allowed: {', '.join(QUANTIZATIONS)}")
         if self.kv_layout not in KV_LAYOUTS:
             raise UsageError(f"unknown --kv-layout '{self.kv_layout}'; allowed: {', '.join(KV_LAYOUTS)}")
+        if self.block_size is not None:
+            from nndf.export.quantize import block_size_problem
+
+            problem = block_size_problem(self.block_size)
+            if problem:
+                raise UsageError(f"--block-size {problem}")
         if self.threads is not None and self.threads < 1:
             raise UsageError(f"--threads must be at least 1, got {self.threads}")
 

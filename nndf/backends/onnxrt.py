@@ -258,7 +258,7 @@ def runnable_graph(export, loaded: LoadedModel, settings: BuildSettings, options
     if options.quantize is not None:
         from nndf.export.quantize import quantized_decoder
 
-        return quantized_decoder(export, options.quantize, options.working_dir)
+        return quantized_decoder(export, options.quantize, options.working_dir, block_size=options.block_size)
     if settings.fp16:
         from nndf.export.half import fp16_graph
 

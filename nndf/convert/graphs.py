@@ -7,7 +7,7 @@
 - `optimize_graph`: `onnxruntime.transformers.optimizer.optimize_model` (model type from the config, "bert" for
   the BERT-like families it does not list), converted to fp16 on a GPU with fp32 inputs and outputs kept.
 - `quantize_dynamic_int8` (CPU): ONNX Runtime's dynamic quantization of the optimized graph's MatMuls and fused
-  Attentions, per channel; int8 or uint8 weights as `nndf.export.quantize.int8_weight_type` decides for this CPU.
+  Attentions, per channel; int8 or uint8 weights as `nndf.export.cpu_int8.int8_weight_type` decides for this CPU.
 - `quantize_static_qdq` (GPU, for TensorRT): ONNX Runtime's static quantization in QDQ format, symmetric int8
   activations and weights (what TensorRT consumes), calibrated on tokenized sample sentences.
 
@@ -114,7 +114,7 @@ def quantize_dynamic_int8(source: Path, target: Path, verbose: bool = False) -> 
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from nndf.export.quantize import int8_weight_type
+    from nndf.export.cpu_int8 import int8_weight_type
 
     # The optimizer's fused operators (com.microsoft domain) defeat ONNX shape inference: their outputs are float.
     with quiet(verbose), atomic_path(target) as tmp:

@@ -8,101 +8,111 @@ graph's input and output names, so the onnxrt backend runs it exactly like the f
 
 Before quantizing, `nndf.export.weight_graph.prepare_graph` rewrites a copy of the graph so that every weight
 matrix is a constant operand of a MatMul (Gemm -> MatMul, tied heads given their own constant; see that module).
+Then `nndf.export.weight_quant` quantizes it as the parameters say (defaults in INT8 / INT4; every parameter can be
+overridden for measurements, the block size also by `--block-size`):
 
-Then (defaults in INT8 / INT4, every parameter can be overridden for measurements):
+- int4: MatMulNBits, symmetric 4-bit blocks of 32 along K (padded to whole blocks), `accuracy_level` chosen for the
+  CPU (`nndf.export.cpu_int8.nbits_accuracy_level`: 4, int8 dot products on prepacked weights, wherever MLAS has
+  the kernels; 2x faster than fp32 compute per MatMul here). Embedding tables stay fp32 (their 4-bit copy costs
+  agreement, below).
+- int8: ONNX Runtime's dynamic quantization (weights int8 per output channel, activations quantized per call:
+  DynamicQuantizeLinear + MatMulInteger, which ORT fuses), weight type from `int8_weight_type` (uint8 on x86
+  without VNNI, whose uint8 x int8 kernel saturates; see nndf.export.cpu_int8), and the embedding tables 8-bit in
+  blocks of 32 (GatherBlockQuantized): the table is ~30% of GPT-2 small's weights and costs no agreement.
+  8-bit MatMulNBits (`method="matmul_nbits"`) is the other way, measured below and not the default: on this CPU
+  it is no faster per decode step at batch 1, 1.3x slower at batch 4 and 2-3x slower in the prompt, because
+  MLAS's int8 GEMM for MatMulInteger (AMX / VNNI here) beats its block-wise kernel as soon as there are several
+  rows; it is the more exact of the two (KL 0.0004 vs 0.0010). Its accuracy levels 0 and 1 dequantize the
+  weights at every call (one 768 x 3072 MatMul, one row, one thread: 40 / 38 ms vs 0.6 ms at level 4).
+- Both: the LM head (tied or not) is quantized like any other MatMul (`lm_head`).
 
-- int8: `quantize_dynamic` restricted to those MatMuls: weights quantized offline to 8 bits with one scale per output
-  column, activations per call (DynamicQuantizeLinear + MatMulInteger, fused by ORT into DynamicQuantizeMatMul).
-  Run on the untouched graph it is slower than fp32: it quantizes the tied embedding, which is then dequantized and
-  transposed at every step. The weights are int8 (QInt8) where ORT's uint8 x int8 kernel is exact, uint8 (QUInt8)
-  elsewhere (`int8_weight_type`): on x86 without VNNI (AVX2, or AVX-512 without VNNI), MLAS multiplies uint8
-  activations by int8 weights with VPMADDUBSW, whose int16 sums of two products saturate (255 * 127 * 2 > 32767),
-  so the results are wrong wherever large activations meet large weights, and per-channel scales put a +-127 weight
-  in every column. On the trained tiny GPT-2 (AVX2 host, ORT 1.31.1 and 1.32.0) that raises the mean KL from 0.0007
-  to 0.0137 (top-1 0.9998 -> 0.9960); the same int8 values shifted to uint8 (the exact uint8 x uint8 kernel) give
-  0.0007 again. QUInt8 is ~15-30% slower per MatMul there; 7-bit weights (reduce_range, ORT's other remedy) keep
-  the speed but give KL 0.0012, as bad as one scale per tensor.
-- int4: `MatMulNBitsQuantizer`, symmetric 4-bit blocks of 32 along K (K is padded to whole blocks by the quantizer,
-  so any width works), accuracy_level 4 (int8 activations in the kernel; the default fp32 kernel is far slower).
+Measured 2026-11-25 (ORT 1.32.0, the 2-core AVX-512-VNNI/AMX host, heavily loaded by other work: load average
+6-12, so step times are 5-10x a quiet machine's and only same-round comparisons mean much). Speed: GPT-2 small
+random weights, 64 prompt + 64 new tokens, default threads, 5 alternating rounds in one process; decode ms/step
+(median over rounds of each run's median step; in brackets the median of each run's 10th-percentile step, less
+hit by the load) and first-token ms. Single MatMuls of GPT-2 small's shapes (one thread, best of 30 calls),
+dynamic vs 8-bit MatMulNBits block 32 / 128 vs 4-bit block 32: one row 0.11 / 0.12 / 0.10 / 0.07 ms (768 x 3072),
+four rows 0.16 / 0.31 / 0.23 / 0.25, 64 rows 0.54 / 2.14 / 1.57 / 2.23 (fp32: 2.2).
 
-Measured (ORT 1.31.1, 2 cores of a CPU where QInt8 and QUInt8 agree, i.e. with VNNI; GPT-2 small random weights, 64
-prompt + 64 new tokens, medians of 5 interleaved runs after a warm-up; ratios against Hugging Face eager fp32
-generate() = 27-28 ms/step and 72-74 tok/s at batch 4; fidelity on the trained tiny GPT-2 of ../shared/data against
-fp32 PyTorch, 200 memorised LAMBADA passages sampled from 2500-2999: top-1 agreement over all 16k positions, mean
-KL, lm-eval acc / ppl (fp32: 1.000 / 1.13)):
+    graph (b1 / b4)                       b1 ms/step       b1 first   b4 ms/step        b4 first
+    int8 dynamic (before and now)         103.4 (76.8)       242      132.6 (104.2)       729
+    int8 MatMulNBits block 32             107.8 (92.1)       684      176.0 (129.8)      1580
+    int8 MatMulNBits block 128             96.1 (72.2)       481      145.5 (112.5)      1294
+    int4 MatMulNBits block 32 (default)    73.3 (58.6)       639      140.2 (110.2)      1680
+    int4 MatMulNBits block 128             72.0 (49.7)       567      124.3 (106.2)      1443
 
-    variant                       b1 ms/step  b4 tok/s   top-1    mean KL   acc   ppl
-    int8 dynamic QUInt8 tensor       0.36x      2.68x    0.9988   0.0015   1.000  1.13
-    int8 dynamic QInt8 tensor        0.32x      3.35x    0.9989   0.0016   1.000  1.14
-    int8 dynamic QUInt8 channel      0.37x      2.65x    0.9990   0.0008   1.000  1.14
-    int8 dynamic QInt8 channel  (*)  0.34x      3.24x    0.9990   0.0008   1.000  1.13
-    8-bit MatMulNBits block 128      0.34x      2.67x    0.9987   0.0005   1.000  1.13
-    8-bit MatMulNBits block 32       0.38x      2.35x    0.9992   0.0003   1.000  1.13
-    int4 sym block 32           (*)  0.29x      2.62x    0.9925   0.0338   1.000  1.20
-    int4 asym block 32               0.30x      2.60x    0.9929   0.0291   1.000  1.20
-    int4 sym block 64                0.27x      2.79x    0.9894   0.0412   1.000  1.22
-    int4 sym block 128               0.25x      2.99x    0.9889   0.0531   1.000  1.26
-    int4 asym block 128              0.25x      3.05x    0.9912   0.0479   0.995  1.24
+Fidelity: the trained tiny GPT-2 of ../shared/data against fp32 PyTorch, LAMBADA passages 2500-2999 (the ones it
+memorised; 500 passages, 41703 positions): top-1 agreement at every position, mean KL, lm-eval acc / ppl. fp32
+onnxrt gives 1.00000 / 0.00000 / 1.000 / 1.1416.
 
-On unseen passages (2000-2499, where this memorising model is wrong anyway) agreement is lower for all (int8
-0.90-0.94, int4 0.69-0.72) in the same order. Per-channel scales halve int8's KL; int8 weights (QInt8) are faster
-than uint8 here (the default where exact; QUInt8 channel on x86 without VNNI). For int4 the block size of the layers
-decides fidelity (the LM head's block matters little), and small blocks cost batch-4 throughput in the prefill
-(MatMulNBits with 256 rows is slower than fp32). With attention exported from Hugging Face's eager implementation
-instead of SDPA, the same quantized graphs reach int8 0.30x / 4.48x, int4 block 32 0.25x / 3.34x and block 128 0.20x
-/ 3.97x: SDPA's export transposes the whole key cache at every step (Reshape-Transpose-Reshape, which ORT cannot
-fuse into the MatMul).
+    int8 dynamic, embeddings fp32 (before)     0.99914   0.00102   1.000   1.1441
+    int8 dynamic, embeddings 8-bit (default)   0.99878   0.00112   1.000   1.1440
+    int8 MatMulNBits block 32, emb. 8-bit      0.99938   0.00043   1.000   1.1425
+    int8 MatMulNBits block 32, emb. fp32       0.99926   0.00034   1.000   1.1425
+    int4 MatMulNBits block 32 (default)        0.99225   0.03465   1.000   1.2182
+
+What the LM head and the embeddings cost, on a seeded 100 of those passages (8314 positions; int8 default 0.99820
+/ 0.00102 / 1.000): int8 with the head fp32 0.99808 / 0.00093 (nothing measurable in agreement), with the tables
+fp32 0.99880 / 0.00092 (5 positions; the 8-bit tables save 108 of GPT-2 small's 270 MiB); int4 with 4-bit tables
+0.98280 / 0.0812 and acc 0.990 (a passage lost: hence fp32 tables for int4); int4 default 0.99338 / 0.0344 / 1.000,
+with the head fp32 0.99519 / 0.0267 / 1.000: the 4-bit head costs 15 positions, no passage, and saves most of a
+step (GPT-2 small's head alone, one row, one thread: 25.3 ms in fp32, 2.7 in 4-bit, 3.7 in dynamic int8).
+
+Older measurements (ORT 1.31.1, a VNNI CPU, 200 of these passages): int4 block 64 / 128 agree 0.9894 / 0.9889 (KL
+0.041 / 0.053; acc 1.000 / 1.000), asymmetric int4 block 32 0.9929 (0.029); per-tensor int8 scales double the KL;
+on x86 without VNNI int8 weights (QInt8) give KL 0.0137 where uint8 give 0.0007. With attention exported from
+Hugging Face's eager implementation instead of SDPA the quantized graphs were ~15% faster at batch 1: SDPA's export
+transposes the whole key cache at every step (Reshape-Transpose-Reshape, which ORT cannot fuse into the MatMul).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import platform
 import shutil
 import sys
 from pathlib import Path
 from typing import Mapping
 
 from nndf.errors import HarnessError, UsageError
+from nndf.export.cpu_int8 import int8_weight_type, nbits_accuracy_level
 from nndf.export.onnx import derived_graph
 from nndf.export.weight_graph import prepare_graph, weight_matmuls
 from nndf.workspace import read_metadata
 from nndf.progress import say
 
 # Bump when a change here changes the graphs produced, so that old quantized graphs are rebuilt rather than reused.
-QUANTIZER_REVISION = 2
+QUANTIZER_REVISION = 3
 
-# x86 CPU flags with which MLAS multiplies uint8 by int8 exactly (VPDPBUSD(S) accumulates in int32, or AMX).
-_EXACT_U8S8_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
-
-
-def int8_weight_type(machine: str | None = None, cpuinfo: str | None = None) -> str:
-    """"QInt8" where ONNX Runtime's CPU kernel for uint8 activations x int8 weights is exact, else "QUInt8".
-
-    On x86 that kernel is exact only with VNNI (or AMX): without it MLAS uses VPMADDUBSW, whose int16 pair sums
-    saturate (see the module docstring); on x86 the CPU flags are read from /proc/cpuinfo (Linux), and when they
-    cannot be read the exact uint8 x uint8 kernel is chosen. Other CPUs (ARM's NEON / dot-product kernels) widen
-    exactly. `machine` and `cpuinfo` default to this host's.
-    """
-    machine = (machine if machine is not None else platform.machine()).lower()
-    if machine not in ("x86_64", "amd64", "i386", "i686", "x86"):
-        return "QInt8"
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
-        except OSError:
-            return "QUInt8"
-    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines()
-                  if line.startswith("flags") and ":" in line), [])
-    return "QInt8" if _EXACT_U8S8_FLAGS & set(flags) else "QUInt8"
-
-
-# The parameters of each kind. Every one of them is part of the artifact's settings (and so of its name): an int8
-# graph made for one weight type is not reused on a host that needs the other.
-INT8 = {"method": "dynamic", "weight_type": int8_weight_type(), "per_channel": True, "reduce_range": False}
-INT4 = {"method": "matmul_nbits", "bits": 4, "block_size": 32, "is_symmetric": True, "accuracy_level": 4}
+# The parameters of each kind. Every one of them is part of the artifact's settings (and so of its name): a graph
+# made for another block size, accuracy level or weight type is not reused. `method` says how the weight MatMuls are
+# quantized: "matmul_nbits" (bits, block_size, is_symmetric, accuracy_level) or, for 8 bits, "dynamic" (weight_type,
+# per_channel); `lm_head` and `embedding` (8 or 4 bits as `bits`, blocks of `block_size`) apply to both.
+INT8 = {"method": "dynamic", "bits": 8, "block_size": 32, "is_symmetric": True,
+        "accuracy_level": nbits_accuracy_level(), "weight_type": int8_weight_type(), "per_channel": True,
+        "lm_head": True, "embedding": True}
+INT4 = dict(INT8, method="matmul_nbits", bits=4, embedding=False)
 KINDS: dict[str, dict] = {"int8": INT8, "int4": INT4}
+PARAMETERS = frozenset(INT8)
+METHODS = ("matmul_nbits", "dynamic")
+
+
+def block_size_problem(block_size) -> str | None:
+    """Why `block_size` cannot be MatMulNBits' block size (ORT: a power of two of at least 16), or None."""
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 16 \
+            or block_size & (block_size - 1):
+        return f"must be a power of two of at least 16 (16, 32, 64, 128, ...), got {block_size!r}"
+    return None
+
+
+def quantize_params(kind: str, block_size: int | None = None) -> dict:
+    """The default parameters of `kind`, with `block_size` (the --block-size flag) in place of the default."""
+    if kind not in KINDS:
+        raise UsageError(f"unknown quantization '{kind}'; allowed: {', '.join(KINDS)}")
+    params = dict(KINDS[kind])
+    if block_size is not None:
+        params["block_size"] = block_size
+    return params
 
 
 @contextlib.contextmanager
@@ -120,7 +130,7 @@ def _quiet_quantizers():
         import onnxruntime.quantization.matmul_nbits_quantizer  # noqa: F401
 
         root.setLevel(logging.ERROR)
-        with contextlib.redirect_stdout(sys.stderr):  # their prints are progress, not results
+        with contextlib.redirect_stdout(sys.stderr):  # its prints are progress, not results
             yield
     finally:
         root.setLevel(level)
@@ -130,66 +140,41 @@ def _quiet_quantizers():
 
 
 def _describe(params: Mapping) -> str:
+    quantized = ["LM head"] * bool(params["lm_head"]) + [f"embeddings (block {params['block_size']})"] * bool(
+        params["embedding"])
+    also = f"{' and '.join(quantized) or 'neither LM head nor embeddings'} quantized too"
     if params["method"] == "dynamic":
         return (f"dynamic int8 MatMul ({params['weight_type']} weights, "
-                f"{'per-channel' if params['per_channel'] else 'per-tensor'} scales"
-                f"{', reduced range' if params['reduce_range'] else ''})")
+                f"{'per-channel' if params['per_channel'] else 'per-tensor'} scales; {also})")
     return (f"MatMulNBits {params['bits']}-bit ({'symmetric' if params['is_symmetric'] else 'asymmetric'}, "
-            f"block {params['block_size']}, accuracy level {params['accuracy_level']})")
+            f"block {params['block_size']}, accuracy level {params['accuracy_level']}; {also})")
 
 
 def _check_params(kind: str, params: Mapping) -> None:
-    method = params.get("method")
-    if method == "dynamic":
-        needed = {"weight_type", "per_channel", "reduce_range"}
-        if params.get("weight_type") not in ("QUInt8", "QInt8"):
-            raise UsageError(f"int8 weight_type must be QUInt8 or QInt8, got {params.get('weight_type')!r}")
-    elif method == "matmul_nbits":
-        needed = {"bits", "block_size", "is_symmetric", "accuracy_level"}
-        if params.get("bits") not in (4, 8):
-            raise UsageError(f"MatMulNBits bits must be 4 or 8, got {params.get('bits')!r}")
-        block = params.get("block_size")
-        if not isinstance(block, int) or block < 16 or block & (block - 1):
-            raise UsageError(f"MatMulNBits block_size must be a power of two >= 16, got {block!r}")
-    else:
-        raise UsageError(f"quantization method for {kind} must be 'dynamic' or 'matmul_nbits', got {method!r}")
-    bits = 8 if method == "dynamic" else params.get("bits")
-    if kind in KINDS and bits != int(kind[3:]):
-        raise UsageError(f"{kind} must quantize to {kind[3:]} bits, but the parameters give {bits}")
-    missing = needed - set(params)
-    if missing:
-        raise UsageError(f"quantization parameters for {kind} lack {', '.join(sorted(missing))}")
+    missing, unknown = PARAMETERS - set(params), set(params) - PARAMETERS
+    if missing or unknown:
+        raise UsageError(f"quantization parameters for {kind} lack {', '.join(sorted(missing)) or 'nothing'} and "
+                         f"have unknown {', '.join(sorted(unknown)) or 'nothing'}")
+    if params["method"] not in METHODS:
+        raise UsageError(f"quantization method for {kind} must be one of {', '.join(METHODS)}, got "
+                         f"{params['method']!r}")
+    if params["bits"] not in (4, 8):
+        raise UsageError(f"MatMulNBits bits must be 4 or 8, got {params['bits']!r}")
+    if params["method"] == "dynamic" and (params["bits"] != 8 or params["weight_type"] not in ("QUInt8", "QInt8")):
+        raise UsageError(f"dynamic quantization is 8-bit with QUInt8 or QInt8 weights, got {params['bits']} bits and "
+                         f"{params['weight_type']!r}")
+    if params["bits"] != int(kind[3:]):
+        raise UsageError(f"{kind} must quantize to {kind[3:]} bits, but the parameters give {params['bits']}")
+    problem = block_size_problem(params["block_size"])
+    if problem:
+        raise UsageError(f"the block size {problem}")
+    if params["accuracy_level"] not in (0, 1, 2, 3, 4):
+        raise UsageError(f"MatMulNBits accuracy_level must be 0 to 4, got {params['accuracy_level']!r}")
+    if params["embedding"] and not params["is_symmetric"]:
+        raise UsageError("quantized embeddings need symmetric weights (GatherBlockQuantized without zero points)")
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Quantization
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def _quantize_dynamic(prepared: Path, out: Path, nodes: list[str], params: Mapping) -> None:
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    quantize_dynamic(
-        prepared, out, op_types_to_quantize=["MatMul"], nodes_to_quantize=nodes,
-        per_channel=bool(params["per_channel"]), reduce_range=bool(params["reduce_range"]),
-        weight_type=getattr(QuantType, params["weight_type"]), use_external_data_format=True,
-        extra_options={"MatMulConstBOnly": True},
-    )
-
-
-def _quantize_nbits(model, out: Path, nodes: list[str], params: Mapping) -> None:
-    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
-
-    config = DefaultWeightOnlyQuantConfig(
-        block_size=int(params["block_size"]), is_symmetric=bool(params["is_symmetric"]),
-        accuracy_level=int(params["accuracy_level"]), op_types_to_quantize=("MatMul",), bits=int(params["bits"]),
-    )
-    quantizer = MatMulNBitsQuantizer(model, nodes_to_include=nodes, algo_config=config)
-    quantizer.process()
-    quantizer.model.save_model_to_file(str(out), use_external_data_format=True)
-
-
-def _check_result(out: Path, export, params: Mapping, expected: int) -> dict[str, int]:
+def _check_result(out: Path, export, report: Mapping) -> dict[str, int]:
     """Count the quantized nodes and check that the names the backend feeds and reads are all still there."""
     import onnx
 
@@ -197,10 +182,11 @@ def _check_result(out: Path, export, params: Mapping, expected: int) -> dict[str
     ops: dict[str, int] = {}
     for n in model.graph.node:
         ops[n.op_type] = ops.get(n.op_type, 0) + 1
-    done = ops.get("MatMulInteger", 0) if params["method"] == "dynamic" else ops.get("MatMulNBits", 0)
-    if done != expected:
-        raise HarnessError(f"quantizing {export.graph} replaced {done} of its {expected} weight MatMuls; "
-                           f"the quantizer skipped some, so the graph would be partly fp32")
+    matmul = "MatMulInteger" if report["method"] == "dynamic" else "MatMulNBits"
+    for op, expected in ((matmul, report["matmuls"]), ("GatherBlockQuantized", report["gathers"])):
+        if ops.get(op, 0) != expected:
+            raise HarnessError(f"quantizing {export.graph} gave {ops.get(op, 0)} {op} for {expected} nodes to "
+                               "quantize; the quantizer skipped some, so the graph would be partly fp32")
     inputs = tuple(i.name for i in model.graph.input)
     outputs = tuple(o.name for o in model.graph.output)
     if set(inputs) != set(export.input_names) or set(outputs) != set(export.output_names):
@@ -227,14 +213,19 @@ def quantize_settings(export, kind: str, params: Mapping) -> dict:
     }
 
 
-def quantized_decoder(export, kind: str, working_dir: str | Path, params: Mapping | None = None) -> Path:
+def quantized_decoder(export, kind: str, working_dir: str | Path, params: Mapping | None = None,
+                      block_size: int | None = None) -> Path:
     """The quantized graph (.onnx path) of `export` for `kind` ("int8" or "int4"), reused or (re)built.
 
-    `params` replaces the kind's default parameters (for measuring alternatives; they name the artifact too).
+    `block_size` replaces the kind's default block size (the --block-size flag); `params` replaces all of the
+    kind's default parameters (for measuring alternatives). Both name the artifact too.
     """
-    if kind not in KINDS:
-        raise UsageError(f"unknown quantization '{kind}'; allowed: {', '.join(KINDS)}")
-    params = dict(KINDS[kind] if params is None else params)
+    from nndf.export.weight_quant import quantize_graph
+
+    defaults = quantize_params(kind)  # an unknown kind is refused here, whatever `params` says
+    params = dict(defaults if params is None else params)
+    if block_size is not None:
+        params["block_size"] = block_size
     _check_params(kind, params)
     try:
         import onnx  # noqa: F401
@@ -264,25 +255,19 @@ def quantized_decoder(export, kind: str, working_dir: str | Path, params: Mappin
                      f"{counts['transposed_weights']} read a transposed constant",
                      f"{counts['reshapes_removed']} Reshapes around them removed",
                      f"{counts['gemm_left']} Gemm left in fp32 (not a plain x @ W + b)"]
-            say(f"  {len(nodes)} weight MatMuls to quantize"
-                f"{''.join(f'; {n}' for n in notes if not n.startswith('0 '))}")
+            say(f"  {len(nodes)} weight MatMuls{''.join(f'; {n}' for n in notes if not n.startswith('0 '))}")
             try:
-                if params["method"] == "dynamic":
-                    prep = tmp / "prepared"
-                    prep.mkdir()
-                    onnx.save_model(model, str(prep / graph_file), save_as_external_data=True,
-                                    all_tensors_to_one_file=True, location=graph_file + ".data")
-                    del model
-                    _quantize_dynamic(prep / graph_file, out, nodes, params)
-                    shutil.rmtree(prep)
-                else:
-                    _quantize_nbits(model, out, nodes, params)
+                report = quantize_graph(model, nodes, params, out, tmp / "prepared")
             except HarnessError:
                 raise
-            except Exception as exc:  # the quantizers raise many types; the user needs one sentence and the cause
+            except Exception as exc:  # the quantizer raises many types; the user needs one sentence and the cause
                 raise HarnessError(f"{kind} quantization of {export.graph} failed: {type(exc).__name__}: "
                                    f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
-        _check_result(out, export, params, len(nodes))
+        head = "the LM head among them" if report["lm_head"] else "not the LM head"
+        say(f"  {report['matmuls']} MatMuls quantized ({head}), {report['gathers']} embedding lookups"
+            + (f"; {', '.join(report['fp32_tables'])} kept in fp32 (width not a multiple of the block)"
+               if report["fp32_tables"] else ""))
+        _check_result(out, export, report)
         # quantize_dynamic leaves a shape-inferred copy behind in some versions: keep only the graph and its data.
         for extra in tmp.iterdir():
             if extra.name not in (graph_file, graph_file + ".data"):

@@ -24,7 +24,8 @@ reads. Hence, on a copy of the graph and before quantizing (`prepare_graph`):
 from __future__ import annotations
 
 
-def _attr(node, name: str, default):
+def node_attribute(node, name: str, default):
+    """The value of a node's attribute, or `default` where the node leaves it out (ONNX's defaults are per op)."""
     import onnx
 
     for a in node.attribute:
@@ -97,8 +98,8 @@ def prepare_graph(model) -> dict[str, int]:
         if node.op_type != "Gemm" or node.domain not in ("", "ai.onnx"):
             new_nodes.append(node)
             continue
-        alpha, beta = _attr(node, "alpha", 1.0), _attr(node, "beta", 1.0)
-        trans_a, trans_b = _attr(node, "transA", 0), _attr(node, "transB", 0)
+        alpha, beta = node_attribute(node, "alpha", 1.0), node_attribute(node, "beta", 1.0)
+        trans_a, trans_b = node_attribute(node, "transA", 0), node_attribute(node, "transB", 0)
         weight = node.input[1]
         if alpha != 1.0 or beta != 1.0 or trans_a or weight not in inits:
             counts["gemm_left"] += 1
@@ -129,7 +130,7 @@ def prepare_graph(model) -> dict[str, int]:
         transpose = producers.get(node.input[1])
         if transpose is None or transpose.op_type != "Transpose" or transpose.input[0] not in inits:
             continue
-        if len(inits[transpose.input[0]].dims) != 2 or list(_attr(transpose, "perm", [1, 0])) != [1, 0]:
+        if len(inits[transpose.input[0]].dims) != 2 or list(node_attribute(transpose, "perm", [1, 0])) != [1, 0]:
             continue
         node.input[1] = transposed(transpose.input[0])
         counts["transposed_weights"] += 1
