@@ -185,28 +185,24 @@ def status_kib(pid: int, fields: tuple[str, ...] = ("VmHWM", "RssFile")) -> dict
     return found
 
 
-def run_watched(cmd: list[str], log_path: Path | None = None, every: float = 0.01) -> tuple[int, str, dict]:
-    """Run `cmd`, polling its VmHWM (and RssFile) until it exits: (exit code, stdout, the last poll's figures)."""
-    log = open(log_path, "a", encoding="utf-8") if log_path else subprocess.DEVNULL
-    try:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
-        seen: dict = {}
+def run_watched(cmd: list[str], every: float = 0.01) -> tuple[int, str, dict]:
+    """Run `cmd` (its stderr: ours, so the worker's log), polling its VmHWM and RssFile until it exits: (exit code,
+    stdout, the figures of the poll that saw the highest VmHWM)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    seen: dict = {}
 
-        def watch():
-            while proc.poll() is None:
-                now = status_kib(proc.pid)
-                if now.get("VmHWM", 0) >= seen.get("VmHWM", 0):
-                    seen.update(now)
-                time.sleep(every)
+    def watch():
+        while proc.poll() is None:
+            now = status_kib(proc.pid)
+            if now.get("VmHWM", 0) >= seen.get("VmHWM", 0):
+                seen.update(now)
+            time.sleep(every)
 
-        watcher = threading.Thread(target=watch, daemon=True)
-        watcher.start()
-        out = proc.communicate()[0]
-        watcher.join()
-        return proc.returncode, out, seen
-    finally:
-        if log_path:
-            log.close()
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    out = proc.communicate()[0]
+    watcher.join()
+    return proc.returncode, out, seen
 
 
 class LlamaCppRunner:
@@ -226,7 +222,7 @@ class LlamaCppRunner:
         batch, prompt, steps = len(ids), len(ids[0]), max(1, int(command["new_tokens"]) - 1)
         code, out, seen = run_watched(bench_command(self.binary, self.model, batch, prompt, steps, self.threads))
         if code != 0:
-            raise RuntimeError(f"llama-batched-bench exited with code {code}")
+            raise RuntimeError(f"llama-batched-bench exited with code {code} (its messages are in this engine's log)")
         result = parse_bench(out, batch, prompt, steps)
         self.versions["flash_attn"] = result["tool"].get("flash_attn")
         if seen.get("VmHWM", 0) > self.peak_kib:
