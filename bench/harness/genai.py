@@ -73,11 +73,14 @@ def build(python: str, folder: Path, out: Path, precision: str, log: Path, run_l
     shutil.rmtree(tmp, ignore_errors=True)
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONNOUSERSITE="1")
     env.pop("PYTHONPATH", None)
+    log.write_text("")  # this build's reasons only, not an earlier one's
     code = run_logged(builder_command(python, folder, tmp, precision, out.parent / "cache"), log, 3600, env)
     if code != 0 or not (tmp / "genai_config.json").is_file():
         shutil.rmtree(tmp, ignore_errors=True)
         text = log.read_text(errors="replace") if log.is_file() else ""
-        why = builder_refusal(text) or f"exit code {code}"
+        config = json.loads((folder / "config.json").read_text())
+        model = (config.get("architectures") or [config.get("model_type", "this model")])[0]
+        why = (builder_refusal(text) or f"exit code {code}").replace(str(folder), model)  # "The GPT2LMHeadModel..."
         raise RuntimeError(f"the ONNX Runtime GenAI model builder failed: {why} (log {log})")
     os.replace(tmp, out)
     return out

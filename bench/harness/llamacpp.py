@@ -187,15 +187,14 @@ def status_kib(pid: int, fields: tuple[str, ...] = ("VmHWM", "RssFile")) -> dict
 
 def run_watched(cmd: list[str], every: float = 0.01) -> tuple[int, str, dict]:
     """Run `cmd` (its stderr: ours, so the worker's log), polling its VmHWM and RssFile until it exits: (exit code,
-    stdout, the figures of the poll that saw the highest VmHWM)."""
+    stdout, the largest of each seen; RssFile's largest, since a process that is exiting unmaps its file first)."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     seen: dict = {}
 
     def watch():
         while proc.poll() is None:
-            now = status_kib(proc.pid)
-            if now.get("VmHWM", 0) >= seen.get("VmHWM", 0):
-                seen.update(now)
+            for name, value in status_kib(proc.pid).items():
+                seen[name] = max(value, seen.get(name, 0))
             time.sleep(every)
 
     watcher = threading.Thread(target=watch, daemon=True)
@@ -225,11 +224,11 @@ class LlamaCppRunner:
             raise RuntimeError(f"llama-batched-bench exited with code {code} (its messages are in this engine's log)")
         result = parse_bench(out, batch, prompt, steps)
         self.versions["flash_attn"] = result["tool"].get("flash_attn")
-        if seen.get("VmHWM", 0) > self.peak_kib:
-            self.peak_kib, self.file_kib = seen["VmHWM"], seen.get("RssFile", 0)
+        self.peak_kib = max(self.peak_kib, seen.get("VmHWM", 0))
+        self.file_kib = max(self.file_kib, seen.get("RssFile", 0))
         return result
 
     def memory(self, command: dict) -> dict:
-        """The largest VmHWM of the tool's runs (mmap'd weights included: RssFile at that peak is in the answer)."""
+        """The largest VmHWM of the tool's runs (mmap'd weights included; the largest RssFile is in the answer)."""
         return {"peak_rss_bytes": self.peak_kib * 1024, "rss_bytes": None, "ru_maxrss_bytes": None,
                 "rss_file_bytes": self.file_kib * 1024}

@@ -5,7 +5,8 @@ files), or raises EngineError with the one-line reason the peer's rows then show
 Everything is built once and kept in the working dir, keyed on the weights (name, sizes, times) and the tool's
 version: llama.cpp's tree and build (`DIR/llama.cpp/`), its GGUF files (`DIR/bench-gguf/`), ONNX Runtime GenAI's
 venv (`DIR/genai-venv/`) and its builds (`DIR/bench-genai/`). A failed build is remembered for the rest of the run,
-so three llama.cpp rows do not try a missing cmake three times.
+so three llama.cpp rows do not try a missing cmake three times (keyed on what was built: the build, the venv, each
+weights folder's conversion).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def llamacpp_setup(engine: str, args, weights: Path, working_dir: Path, logs: Pa
     folder = _once("peer weights", lambda: peer_weights(weights, working_dir))
     key = short_hash([str(weights), folder_signature(weights), llamacpp.SDIST])
     out_dir = working_dir / "bench-gguf" / f"{weights.name}-{key}"
-    model = _once(engine, lambda: llamacpp.gguf(engine, source, folder, out_dir, logs / f"{engine}-convert.log", say))
+    model = _once(f"{engine} {out_dir}", lambda: llamacpp.gguf(engine, source, folder, out_dir, logs / f"{engine}-convert.log", say))
     env_info["llama.cpp"] = {"sdist": "==".join(llamacpp.SDIST), "cmake": " ".join(llamacpp.cmake_flags()),
                              "tool": "llama-batched-bench"}
     return sys.executable, ["--peer-tool", str(source / "build" / "bin" / "llama-batched-bench"),
@@ -60,7 +61,7 @@ def genai_setup(engine: str, args, weights: Path, working_dir: Path, logs: Path,
     out.parent.mkdir(parents=True, exist_ok=True)
     if not (out / "genai_config.json").is_file():
         say(f"{engine}: building with the ONNX Runtime GenAI model builder (-p {precision}) ...")
-    built = _once(f"genai {precision}", lambda: genai.build(str(python), folder, out, precision,
+    built = _once(f"genai {out}", lambda: genai.build(str(python), folder, out, precision,
                                                             logs / f"{engine}-build.log", run_logged))
     return python, ["--peer-model", str(built)]
 
