@@ -99,7 +99,7 @@ def test_no_cmake_or_no_network_is_one_sentence(tmp_path, monkeypatch):
         log.write_text("ERROR: Could not find a version that satisfies the requirement llama-cpp-python\n")
         return 1
 
-    monkeypatch.setattr(llamacpp, "_run", offline)
+    monkeypatch.setattr(llamacpp, "run_logged", offline)
     with pytest.raises(llamacpp.LlamaCppError, match=r"pip download of llama-cpp-python==\S+ failed \(no network\?\)"):
         llamacpp.build(tmp_path / "llama.cpp", tmp_path / "build.log", print)
     assert calls[0][1:4] == ["-m", "pip", "download"]

@@ -36,7 +36,7 @@ class EngineError(Exception):
     """An engine cannot run; the message is the reason shown in its row."""
 
 
-def _log_tail(path: Path, lines: int = 3) -> str:
+def log_tail(path: Path, lines: int = 3) -> str:
     """The last few meaningful lines of a log, for a one-line reason."""
     try:
         text = path.read_text(encoding="utf-8", errors="replace").splitlines()
@@ -95,14 +95,19 @@ def optimum_requirements() -> list[str]:
     return reqs
 
 
-def run_logged(cmd: list[str], log: Path, timeout: float, env: dict | None = None) -> int:
+def run_logged(cmd: list, log: Path, timeout: float, env: dict | None = None, cwd: Path | None = None) -> int:
+    """Run `cmd` with its output appended to `log`: its exit code, -1 when it timed out or could not start."""
     with open(log, "a", encoding="utf-8") as f:
         f.write(f"\n$ {' '.join(map(str, cmd))}\n")
         f.flush()
         try:
-            return subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, env=env).returncode
+            return subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, env=env,
+                                  cwd=cwd).returncode
         except subprocess.TimeoutExpired:
             f.write(f"timed out after {timeout:.0f} s\n")
+            return -1
+        except OSError as exc:
+            f.write(f"{exc}\n")
             return -1
 
 
@@ -122,16 +127,16 @@ def venv_environment(venv: Path, log: Path, reqs: list[str], probe_imports: str,
     env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1")
     env.pop("PYTHONPATH", None)
     if run_logged([sys.executable, "-m", "venv", str(venv)], log, 300, env) != 0:
-        raise EngineError(f"python -m venv failed: {_log_tail(log)} (log {log})")
+        raise EngineError(f"python -m venv failed: {log_tail(log)} (log {log})")
     if run_logged([str(python), "-m", "pip", "install", *reqs], log, 1800, env) != 0:
-        raise EngineError(f"pip install failed: {_log_tail(log)} (log {log})")
+        raise EngineError(f"pip install failed: {log_tail(log)} (log {log})")
     probe = (f"import json, {probe_imports}; from importlib import metadata; "
              f"print(json.dumps({{n: metadata.version(n) for n in {list(packages)!r}}}))")
     done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, env=env)
     if done.returncode != 0:
         with open(log, "a", encoding="utf-8") as f:
             f.write(done.stderr)
-        raise EngineError(f"{probe_imports} do(es) not import in {venv}: {_log_tail(log)} (log {log})")
+        raise EngineError(f"{probe_imports} do(es) not import in {venv}: {log_tail(log)} (log {log})")
     found = json.loads(done.stdout.strip().splitlines()[-1])
     marker.write_text(json.dumps({"requirements": reqs, "versions": found}, indent=2))
     say(f"{venv.name}: ready: " + ", ".join(f"{k} {v}" for k, v in found.items()))
@@ -178,7 +183,7 @@ class Worker:
         line = self.proc.stdout.readline()
         if not line:
             code = self.proc.wait()
-            raise EngineError(f"worker exited with code {code}: {_log_tail(self.log_path)} (log {self.log_path})")
+            raise EngineError(f"worker exited with code {code}: {log_tail(self.log_path)} (log {self.log_path})")
         answer = json.loads(line)
         if not answer.get("ok"):
             raise EngineError(f"{answer.get('error')} (log {self.log_path})")
@@ -190,7 +195,7 @@ class Worker:
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             code = self.proc.wait()
-            raise EngineError(f"worker exited with code {code}: {_log_tail(self.log_path)} (log {self.log_path})")
+            raise EngineError(f"worker exited with code {code}: {log_tail(self.log_path)} (log {self.log_path})")
         return self.receive()
 
     def close(self) -> None:
@@ -243,7 +248,7 @@ def start_engine(bench, engine: str, args, weights: Path, working_dir: Path, log
                                   stderr=f, text=True, env=env)
         answers = [json.loads(t) for t in done.stdout.splitlines() if t.startswith("{")]
         if done.returncode != 0 or not answers or not answers[-1].get("ok"):
-            why = answers[-1].get("error") if answers else f"exit code {done.returncode}: {_log_tail(log)}"
+            why = answers[-1].get("error") if answers else f"exit code {done.returncode}: {log_tail(log)}"
             raise EngineError(f"preparation failed: {why} (log {log})")
     say(f"{engine}: starting its worker ...")
     worker = Worker(engine, python, bench.script, argv, log, env)

@@ -27,6 +27,8 @@ import statistics
 import time
 from pathlib import Path
 
+from harness.engines import run_logged
+
 GENAI_VERSION = "0.18.0"
 ENGINES = {"genai": "fp32", "genai-int4": "int4"}
 PACKAGES = ("onnxruntime-genai", "onnxruntime", "onnx-ir", "onnx", "transformers", "torch", "numpy")
@@ -65,7 +67,7 @@ def with_threads(config: dict, threads: int | None) -> dict:
     return config
 
 
-def build(python: str, folder: Path, out: Path, precision: str, log: Path, run_logged) -> Path:
+def build(python: str, folder: Path, out: Path, precision: str, log: Path) -> Path:
     """The builder's output folder for `precision` (built once); RuntimeError with the reason when it fails."""
     if (out / "genai_config.json").is_file():
         return out

@@ -17,7 +17,8 @@ Why these pieces:
   model comes from the page cache. Its peak memory is the tool's VmHWM, polled from /proc while it runs: the
   mmap'd weights count in it once touched (RssFile), which a whole decode step does.
 
-Standard library only: the worker for these engines is this script under the main python, without torch.
+Standard library only at import time (harness.engines too): the worker is this script under the main python,
+without torch.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ import threading
 import time
 from pathlib import Path
 
+from harness.engines import log_tail, run_logged
+
 SDIST = ("llama-cpp-python", "0.3.36")
 TARGETS = ("llama-batched-bench", "llama-quantize")
 CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
@@ -46,6 +49,8 @@ X86_FLAGS = (f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}")
 
 def cmake_flags() -> tuple[str, ...]:
     return CMAKE_FLAGS + (X86_FLAGS if platform.machine().lower() in ("x86_64", "amd64") else ())
+
+
 # engine -> (GGUF type, how it is made: the converter's --outtype, or llama-quantize from the F32 file)
 ENGINES = {"llamacpp-f32": ("f32", "convert"), "llamacpp-q8_0": ("q8_0", "convert"),
            "llamacpp-q4_0": ("q4_0", "quantize")}
@@ -68,27 +73,6 @@ def tool(root: Path, name: str) -> Path:
     return tree(root) / "build" / "bin" / name
 
 
-def _run(cmd: list, log: Path, timeout: float, env: dict | None = None, cwd: Path | None = None) -> int:
-    with open(log, "a", encoding="utf-8") as f:
-        f.write(f"\n$ {' '.join(map(str, cmd))}\n")
-        f.flush()
-        try:
-            return subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, env=env,
-                                  cwd=cwd).returncode
-        except subprocess.TimeoutExpired:
-            f.write(f"timed out after {timeout:.0f} s\n")
-            return -1
-        except OSError as exc:
-            f.write(f"{exc}\n")
-            return -1
-
-
-def _tail(log: Path) -> str:
-    lines = [t.strip() for t in log.read_text(errors="replace").splitlines() if t.strip()]
-    errors = [t for t in lines if "error" in t.lower()]
-    return " | ".join((errors or lines)[-2:])[-300:]
-
-
 def build(root: Path, log: Path, say) -> Path:
     """The built tree under `root` (downloaded, unpacked and built with cmake on first use); LlamaCppError when
     cmake, the download or the build fails."""
@@ -107,20 +91,21 @@ def build(root: Path, log: Path, say) -> Path:
     if not archive.is_file():
         say(f"llama.cpp: downloading the {SDIST[0]} {SDIST[1]} sdist (log {log}) ...")
         env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1")
-        if _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                 f"{SDIST[0]}=={SDIST[1]}", "-d", str(root)], log, 900, env) != 0 or not archive.is_file():
-            raise LlamaCppError(f"pip download of {SDIST[0]}=={SDIST[1]} failed (no network?): {_tail(log)}")
+        download = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                    f"{SDIST[0]}=={SDIST[1]}", "-d", str(root)]
+        if run_logged(download, log, 900, env) != 0 or not archive.is_file():
+            raise LlamaCppError(f"pip download of {SDIST[0]}=={SDIST[1]} failed (no network?): {log_tail(log)}")
     if not (tree(root) / "CMakeLists.txt").is_file():
         with tarfile.open(archive) as tar:
             tar.extractall(root, filter="data")
     say(f"llama.cpp: building {', '.join(TARGETS)} with cmake (about 8 minutes on 2 cores; log {log}) ...")
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
     source = tree(root)
-    if _run([cmake, "-B", "build", *generator, *cmake_flags()], log, 600, cwd=source) != 0:
-        raise LlamaCppError(f"cmake configure failed: {_tail(log)}")
+    if run_logged([cmake, "-B", "build", *generator, *cmake_flags()], log, 600, cwd=source) != 0:
+        raise LlamaCppError(f"cmake configure failed: {log_tail(log)}")
     jobs = str(os.cpu_count() or 2)
-    if _run([cmake, "--build", "build", "-j", jobs, "--target", *TARGETS], log, 3600, cwd=source) != 0:
-        raise LlamaCppError(f"cmake build failed: {_tail(log)}")
+    if run_logged([cmake, "--build", "build", "-j", jobs, "--target", *TARGETS], log, 3600, cwd=source) != 0:
+        raise LlamaCppError(f"cmake build failed: {log_tail(log)}")
     marker.write_text(json.dumps(wanted))
     return source
 
@@ -136,16 +121,17 @@ def gguf(engine: str, source: Path, peer_folder: Path, out_dir: Path, log: Path,
     if how == "quantize":
         f32 = gguf("llamacpp-f32", source, peer_folder, out_dir, log, say)
         say(f"{engine}: llama-quantize {f32.name} -> {target.name} ...")
-        code = _run([str(source / "build" / "bin" / "llama-quantize"), str(f32), str(tmp), kind.upper()], log, 1800)
+        quantize = str(source / "build" / "bin" / "llama-quantize")
+        code = run_logged([quantize, str(f32), str(tmp), kind.upper()], log, 1800)
     else:
         say(f"{engine}: convert_hf_to_gguf.py --outtype {kind} ...")
         env = dict(os.environ, PYTHONPATH=str(source / "gguf-py"), HF_HUB_OFFLINE="1")
-        code = _run([sys.executable, str(source / "convert_hf_to_gguf.py"), str(peer_folder), "--outtype", kind,
-                     "--outfile", str(tmp)], log, 1800, env)
+        code = run_logged([sys.executable, str(source / "convert_hf_to_gguf.py"), str(peer_folder), "--outtype", kind,
+                           "--outfile", str(tmp)], log, 1800, env)
     if code != 0 or not tmp.is_file():
         tmp.unlink(missing_ok=True)
         raise LlamaCppError(f"{'llama-quantize' if how == 'quantize' else 'convert_hf_to_gguf.py'} failed: "
-                            f"{_tail(log)}")
+                            f"{log_tail(log)}")
     os.replace(tmp, target)
     return target
 

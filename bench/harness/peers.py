@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from harness import genai, llamacpp
-from harness.engines import EngineError, folder_signature, run_logged, say, short_hash, venv_environment
+from harness.engines import EngineError, folder_signature, say, short_hash, venv_environment
 from harness.peer_weights import PeerWeightsError, peer_weights
 from harness.worker import versions
 
@@ -40,7 +40,8 @@ def llamacpp_setup(engine: str, args, weights: Path, working_dir: Path, logs: Pa
     folder = _once("peer weights", lambda: peer_weights(weights, working_dir))
     key = short_hash([str(weights), folder_signature(weights), llamacpp.SDIST])
     out_dir = working_dir / "bench-gguf" / f"{weights.name}-{key}"
-    model = _once(f"{engine} {out_dir}", lambda: llamacpp.gguf(engine, source, folder, out_dir, logs / f"{engine}-convert.log", say))
+    convert_log = logs / f"{engine}-convert.log"
+    model = _once(f"{engine} {out_dir}", lambda: llamacpp.gguf(engine, source, folder, out_dir, convert_log, say))
     env_info["llama.cpp"] = {"sdist": "==".join(llamacpp.SDIST), "cmake": " ".join(llamacpp.cmake_flags()),
                              "tool": "llama-batched-bench"}
     return sys.executable, ["--peer-tool", str(source / "build" / "bin" / "llama-batched-bench"),
@@ -61,8 +62,8 @@ def genai_setup(engine: str, args, weights: Path, working_dir: Path, logs: Path,
     out.parent.mkdir(parents=True, exist_ok=True)
     if not (out / "genai_config.json").is_file():
         say(f"{engine}: building with the ONNX Runtime GenAI model builder (-p {precision}) ...")
-    built = _once(f"genai {out}", lambda: genai.build(str(python), folder, out, precision,
-                                                            logs / f"{engine}-build.log", run_logged))
+    build_log = logs / f"{engine}-build.log"
+    built = _once(f"genai {out}", lambda: genai.build(str(python), folder, out, precision, build_log))
     return python, ["--peer-model", str(built)]
 
 
