@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """Decoder speed on the CPU, side by side in one run: Hugging Face eager, our loop on PyTorch and ONNX Runtime
-(fp32 / int8 / int4), and Hugging Face Optimum's ORTModelForCausalLM.
+(fp32 / int8 / int4), Hugging Face Optimum's ORTModelForCausalLM, and the CPU peers on the same weights: llama.cpp
+(F32 / Q8_0 / Q4_0) and ONNX Runtime GenAI (fp32 / int4, Llama-class models).
 
     HF_HUB_OFFLINE=1 python bench/decoder_cpu.py                      # GPT-2 small, random weights, b1 and b4
     HF_HUB_OFFLINE=1 python bench/decoder_cpu.py --engines hf onnxrt --rounds 3 --json out.json
@@ -21,7 +22,12 @@ How it measures (see bench/README.md):
   `--output-len` new tokens (EOS suppressed until then).
 - Per engine and batch: decode ms/step (median over rounds of each run's median step), time to first token and
   end-to-end tokens/s (batch * output_len / generation time), with the spread (max - min) / median over rounds.
-- Ratios last: each engine against hf and against optimum, then the goals as PASS / FAIL / SKIP lines.
+- The peers (harness/peers.py) are built once in the working dir: llama.cpp from the llama-cpp-python sdist's
+  sources with cmake, measured by its llama-batched-bench (harness/llamacpp.py); ONNX Runtime GenAI in its own venv
+  with its model builder, timed per token like our loop (harness/genai.py). A peer that cannot be built (no cmake,
+  no network, a model its builder refuses) shows why in its rows; the rest runs.
+- Ratios last: each engine against hf and against optimum, ours against the peers at the same precision, then the
+  goals as PASS / FAIL / SKIP lines.
 
 What every benchmark shares (workers, the Optimum venv, statistics, the report) is bench/harness/; this file holds
 only what is decoder-specific. Nothing here imports nndf, torch or transformers at import time: the same file is
@@ -42,8 +48,11 @@ from harness.bench import Bench  # noqa: E402
 from harness.render import format_table  # noqa: E402,F401
 from harness.stats import stat, token_agreement  # noqa: E402,F401
 from harness.worker import NndfRunner, optimum_runner  # noqa: E402
+from harness import genai, llamacpp  # noqa: E402
+from harness.peers import SETUPS  # noqa: E402
 
-DEFAULT_ENGINES = ("hf", "onnxrt", "onnxrt-int8", "onnxrt-int4", "optimum")
+DEFAULT_ENGINES = ("hf", "onnxrt", "onnxrt-int8", "onnxrt-int4", "optimum", "llamacpp-f32", "llamacpp-q8_0",
+                   "llamacpp-q4_0", "genai", "genai-int4")
 ENGINE_HELP = {
     "hf": "Hugging Face eager generate() with KV cache (PyTorch, transformers 5.x)",
     "nndf-frameworks": "our generation loop on PyTorch",
@@ -53,7 +62,15 @@ ENGINE_HELP = {
     "onnxrt-growing": "our generation loop on ONNX Runtime, fp32, with the growing KV layout (--kv-layout growing: "
                       "past and new concatenated in the graph at every step; onnxrt's default is the shared buffer)",
     "optimum": "Hugging Face Optimum ORTModelForCausalLM (KV cache), in its own virtual environment",
+    "llamacpp-f32": "llama.cpp (from the llama-cpp-python sdist), llama-batched-bench on an F32 GGUF of the weights",
+    "llamacpp-q8_0": "the same on a Q8_0 GGUF (convert_hf_to_gguf.py --outtype q8_0)",
+    "llamacpp-q4_0": "the same on a Q4_0 GGUF (llama-quantize from the F32 file)",
+    "genai": "ONNX Runtime GenAI (its model builder, fp32; Llama-class models only), in its own virtual environment",
+    "genai-int4": "the same, built with -p int4 (MatMulNBits)",
 }
+# Our engine and the peer at its precision: the RATIOS against the peers and the peers' goals pair them so.
+PEERS = (("onnxrt", "llamacpp-f32"), ("onnxrt-int8", "llamacpp-q8_0"), ("onnxrt-int4", "llamacpp-q4_0"),
+         ("onnxrt", "genai"), ("onnxrt-int4", "genai-int4"))
 QUANTIZE = {"onnxrt-int8": "int8", "onnxrt-int4": "int4"}
 KV_LAYOUTS = {"onnxrt-growing": "growing"}  # engines whose onnxrt graph has another KV layout than the default
 
@@ -67,7 +84,10 @@ GOALS = (
     ("onnxrt-int8", 1, "step_ms", "hf", "<=", 0.40),
     ("onnxrt-int4", 1, "step_ms", "hf", "<=", 0.30),
     ("onnxrt-int4", 4, "tok_s", "hf", ">=", 3.0),
-    ("onnxrt", None, "peak_rss", "hf", "<=", 1.3),
+    ("onnxrt", None, "peak_rss", "hf", "<=", 1.0),
+    # issue 21: faster per token than llama.cpp and ONNX Runtime GenAI on the same weights, at the same precision
+    *((ours, 1, "step_ms", peer, "<=", 0.85) for ours, peer in PEERS),
+    *((ours, 1, "ttft_ms", peer, "<=", 0.7) for ours, peer in PEERS if peer.startswith("llamacpp")),
 )
 
 
@@ -75,6 +95,10 @@ def make_runner(args):
     """The worker's engine: Optimum's ORTModelForCausalLM (in its own venv, no nndf), else nndf.load."""
     if args.worker == "optimum":
         return optimum_runner(args, "ORTModelForCausalLM", seq2seq=False)
+    if args.worker in llamacpp.ENGINES:
+        return llamacpp.LlamaCppRunner(args)
+    if args.worker in genai.ENGINES:
+        return genai.GenaiRunner(args)
     return NndfRunner(args, QUANTIZE, kv_layouts=KV_LAYOUTS)
 
 
@@ -90,7 +114,8 @@ BENCH = Bench(
     name="decoder_cpu",
     script=Path(__file__).resolve(),
     description="Decoder speed on the CPU, side by side in one run: Hugging Face eager, our loop on PyTorch and ONNX "
-                "Runtime fp32/int8/int4, and Optimum's ORTModelForCausalLM. Report on stdout, progress on stderr.",
+                "Runtime fp32/int8/int4, Optimum's ORTModelForCausalLM, llama.cpp and ONNX Runtime GenAI on the same "
+                "weights. Report on stdout, progress on stderr.",
     engine_help=ENGINE_HELP,
     default_engines=DEFAULT_ENGINES,
     goals=GOALS,
@@ -101,12 +126,16 @@ BENCH = Bench(
     default_family="GPT2",
     default_variant="gpt2",
     quantize=QUANTIZE,
+    unprepared=("hf", "nndf-frameworks", *llamacpp.ENGINES, *genai.ENGINES),  # the peers' setups build their files
+    peers=PEERS,
+    setups=SETUPS,
 )
 
 build_parser = partial(driver.build_parser, BENCH)
 parse_args = partial(driver.parse_args, BENCH)
 compute_ratios = partial(stats.compute_ratios, bench=BENCH)
 evaluate_goals = partial(stats.evaluate_goals, bench=BENCH)
+peer_ratios = partial(stats.peer_ratios, bench=BENCH)
 render_report = partial(render.render_report, bench=BENCH)
 main = partial(driver.main, BENCH)
 

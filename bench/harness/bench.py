@@ -62,6 +62,9 @@ class Bench:
     input_word: what the input tokens are called in the header ("prompt", "encoder").
     check_lengths(config, args): a sentence when the lengths do not fit the model's config, else None.
     make_runner(args): the worker-side runner of args.worker (see harness.worker).
+    peers: (ours, peer) pairs whose ratios the report shows side by side (same weights, same precision);
+    setups: engine -> setup(engine, args, weights, working_dir, logs, env_info) returning the worker's python and
+    its extra arguments, for engines with an environment or files of their own (Optimum's is built in).
     family: the script's own family data (inputs "tokens" unless it says otherwise); families: the families that
     change it (name -> Family), applied by for_family().
     """
@@ -84,6 +87,8 @@ class Bench:
     unprepared: tuple[str, ...] = ("hf", "nndf-frameworks")  # engines with nothing to export or quantize first
     generation_keys: tuple[str, ...] = ()  # entries of the weights' generation_config.json the header shows
     default_output_len: int = 64
+    peers: tuple[tuple[str, str], ...] = ()  # (our engine, a peer at its precision), for the RATIOS against peers
+    setups: Mapping[str, Callable] = field(default_factory=dict)  # engine -> its setup (harness.engines.start_engine)
     family: Family = Family(inputs="tokens")
     families: Mapping[str, Family] = field(default_factory=dict)
 

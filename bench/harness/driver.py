@@ -13,7 +13,7 @@ from pathlib import Path
 from harness.engines import EngineError, Worker, close_all, elapsed, prepare_weights, say, start_engine
 from harness.inputs import describe, make_inputs
 from harness.render import render_report
-from harness.stats import CpuWatch, compute_ratios, evaluate_goals, summarize
+from harness.stats import CpuWatch, compute_ratios, evaluate_goals, peer_ratios, summarize
 from harness.worker import versions, worker_main
 
 
@@ -61,6 +61,8 @@ def build_parser(bench) -> argparse.ArgumentParser:
     p.add_argument("--prepare-only", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--weights-dir", help=argparse.SUPPRESS)
     p.add_argument("--onnx-dir", help=argparse.SUPPRESS)
+    p.add_argument("--peer-tool", help=argparse.SUPPRESS)  # a peer's binary (llama.cpp's llama-batched-bench)
+    p.add_argument("--peer-model", help=argparse.SUPPRESS)  # a peer's model (a GGUF file, a GenAI build folder)
     return p
 
 
@@ -172,8 +174,7 @@ def run_benchmark(args, bench) -> dict:
         for engine in list(workers):
             try:
                 memory = workers[engine].request({"cmd": "memory"})
-                engines[engine].update(peak_rss_bytes=memory["peak_rss_bytes"], rss_bytes=memory["rss_bytes"],
-                                       ru_maxrss_bytes=memory["ru_maxrss_bytes"])
+                engines[engine].update({k: v for k, v in memory.items() if k.endswith("_bytes")})
             except EngineError as exc:
                 fail(engine, f"memory query: {exc}")
     finally:
@@ -204,6 +205,7 @@ def run_benchmark(args, bench) -> dict:
     if rules:
         report["settings"]["generation"] = rules
     report["ratios"] = compute_ratios(report, bench)
+    report["peer_ratios"] = peer_ratios(report, bench)
     report["goals"] = evaluate_goals(report, bench)
     report["elapsed_s"] = elapsed()
     return report

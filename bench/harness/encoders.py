@@ -15,7 +15,7 @@ import shutil
 import time
 from pathlib import Path
 
-from harness.engines import _folder_signature, _short_hash
+from harness.engines import folder_signature, short_hash
 from harness.worker import optimum_model, optimum_versions, versions
 
 # The ONNX Runtime engines and the graph of convert_model's -o folder each one runs.
@@ -52,7 +52,7 @@ def minilm_folder(working_dir: Path) -> Path:
 
 def graphs_dir(working_dir: Path, weights: Path) -> Path:
     """convert_model's -o folder for these weights: a new one when the weights folder's files change."""
-    return working_dir / "bench-encoder-onnx" / f"{weights.name}-{_short_hash([str(weights), _folder_signature(weights)])}"
+    return working_dir / "bench-encoder-onnx" / f"{weights.name}-{short_hash([str(weights), folder_signature(weights)])}"
 
 
 def convert_once(weights: Path, out: Path, threads: int | None = None) -> None:

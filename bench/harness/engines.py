@@ -36,7 +36,7 @@ class EngineError(Exception):
     """An engine cannot run; the message is the reason shown in its row."""
 
 
-def _log_tail(path: Path, lines: int = 3) -> str:
+def log_tail(path: Path, lines: int = 3) -> str:
     """The last few meaningful lines of a log, for a one-line reason."""
     try:
         text = path.read_text(encoding="utf-8", errors="replace").splitlines()
@@ -48,11 +48,11 @@ def _log_tail(path: Path, lines: int = 3) -> str:
     return " | ".join(picked)[-400:]
 
 
-def _folder_signature(folder: Path) -> list:
+def folder_signature(folder: Path) -> list:
     return [(p.name, p.stat().st_size, int(p.stat().st_mtime)) for p in sorted(folder.iterdir()) if p.is_file()]
 
 
-def _short_hash(obj: object) -> str:
+def short_hash(obj: object) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=repr).encode()).hexdigest()[:12]
 
 
@@ -73,7 +73,7 @@ def prepare_weights(args, working_dir: Path) -> tuple[Path, str]:
         kind, what = "hub", f"hub {variant.hub_id}"
     else:
         kind, what = f"random-seed{args.seed}", f"random weights (seed {args.seed})"
-    key = _short_hash([spec.family, variant.name, sorted(variant.config.items()), kind])
+    key = short_hash([spec.family, variant.name, sorted(variant.config.items()), kind])
     folder = working_dir / "bench-weights" / f"{spec.family}-{variant.name}-{kind}-{key}"
     if (folder / "config.json").is_file():
         say(f"weights: reusing {folder}")
@@ -95,54 +95,73 @@ def optimum_requirements() -> list[str]:
     return reqs
 
 
-def _run_logged(cmd: list[str], log: Path, timeout: float, env: dict | None = None) -> int:
+def run_logged(cmd: list, log: Path, timeout: float, env: dict | None = None, cwd: Path | None = None) -> int:
+    """Run `cmd` with its output appended to `log`: its exit code, -1 when it timed out or could not start."""
     with open(log, "a", encoding="utf-8") as f:
         f.write(f"\n$ {' '.join(map(str, cmd))}\n")
         f.flush()
         try:
-            return subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, env=env).returncode
+            return subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, env=env,
+                                  cwd=cwd).returncode
         except subprocess.TimeoutExpired:
             f.write(f"timed out after {timeout:.0f} s\n")
             return -1
+        except OSError as exc:
+            f.write(f"{exc}\n")
+            return -1
 
 
-def optimum_environment(working_dir: Path, logs: Path) -> tuple[Path, dict]:
-    """The Optimum venv's python and its package versions; created (python -m venv + pip) on first use."""
-    venv = working_dir / "optimum-venv"
+def venv_environment(venv: Path, log: Path, reqs: list[str], probe_imports: str, packages) -> tuple[Path, dict]:
+    """A virtual environment's python and the versions of `packages` in it; created (python -m venv + pip install
+    `reqs`, then `import probe_imports` as a check) on first use, reused while its marker lists the same `reqs`."""
     python = venv / "bin" / "python"
     marker = venv / "nndf-bench-ready.json"
-    reqs = optimum_requirements()
     try:
         ready = json.loads(marker.read_text())
         if ready.get("requirements") == reqs and python.exists():
             return python, ready["versions"]
     except (OSError, ValueError, KeyError):
         pass
-    log = logs / "optimum-venv-setup.log"
-    say(f"optimum: creating its environment in {venv} (pip install {' '.join(reqs)}; log {log}) ...")
+    say(f"{venv.name}: creating it (pip install {' '.join(reqs)}; log {log}) ...")
     shutil.rmtree(venv, ignore_errors=True)
     env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1")
     env.pop("PYTHONPATH", None)
-    if _run_logged([sys.executable, "-m", "venv", str(venv)], log, 300, env) != 0:
-        raise EngineError(f"python -m venv failed: {_log_tail(log)} (log {log})")
-    if _run_logged([str(python), "-m", "pip", "install", *reqs], log, 1800, env) != 0:
-        raise EngineError(f"pip install failed: {_log_tail(log)} (log {log})")
-    probe = ("import json, optimum.onnxruntime, transformers, torch, onnxruntime; from importlib import metadata; "
-             f"print(json.dumps({{n: metadata.version(n) for n in {list(OPTIMUM_PACKAGES)!r}}}))")
+    if run_logged([sys.executable, "-m", "venv", str(venv)], log, 300, env) != 0:
+        raise EngineError(f"python -m venv failed: {log_tail(log)} (log {log})")
+    if run_logged([str(python), "-m", "pip", "install", *reqs], log, 1800, env) != 0:
+        raise EngineError(f"pip install failed: {log_tail(log)} (log {log})")
+    probe = (f"import json, {probe_imports}; from importlib import metadata; "
+             f"print(json.dumps({{n: metadata.version(n) for n in {list(packages)!r}}}))")
     done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, env=env)
     if done.returncode != 0:
         with open(log, "a", encoding="utf-8") as f:
             f.write(done.stderr)
-        raise EngineError(f"optimum does not import in its environment: {_log_tail(log)} (log {log})")
+        raise EngineError(f"{probe_imports} do(es) not import in {venv}: {log_tail(log)} (log {log})")
     found = json.loads(done.stdout.strip().splitlines()[-1])
     marker.write_text(json.dumps({"requirements": reqs, "versions": found}, indent=2))
-    say("optimum: environment ready: " + ", ".join(f"{k} {v}" for k, v in found.items()))
+    say(f"{venv.name}: ready: " + ", ".join(f"{k} {v}" for k, v in found.items()))
     return python, found
 
 
-def worker_env(optimum: bool) -> dict:
+def optimum_environment(working_dir: Path, logs: Path) -> tuple[Path, dict]:
+    """The Optimum venv's python and its package versions; created on first use."""
+    return venv_environment(working_dir / "optimum-venv", logs / "optimum-venv-setup.log", optimum_requirements(),
+                            "optimum.onnxruntime, transformers, torch, onnxruntime", OPTIMUM_PACKAGES)
+
+
+def optimum_setup(engine: str, args, weights: Path, working_dir: Path, logs: Path, env_info: dict):
+    """Optimum's python (its venv) and the folder of its own export of the weights (made by --prepare-only)."""
+    python, found = optimum_environment(working_dir, logs)
+    env_info["optimum"] = {"python": str(python), "requirements": optimum_requirements(), "versions": found}
+    key = short_hash([str(weights), folder_signature(weights), found])
+    (working_dir / "bench-optimum-onnx").mkdir(exist_ok=True)
+    return python, ["--onnx-dir", str(working_dir / "bench-optimum-onnx" / f"{weights.name}-{key}")]
+
+
+def worker_env(isolated: bool) -> dict:
+    """A worker's environment; `isolated`: it runs another environment's python (no PYTHONPATH, no user site)."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
-    if optimum:
+    if isolated:
         env.pop("PYTHONPATH", None)
         env["PYTHONNOUSERSITE"] = "1"
     return env
@@ -164,7 +183,7 @@ class Worker:
         line = self.proc.stdout.readline()
         if not line:
             code = self.proc.wait()
-            raise EngineError(f"worker exited with code {code}: {_log_tail(self.log_path)} (log {self.log_path})")
+            raise EngineError(f"worker exited with code {code}: {log_tail(self.log_path)} (log {self.log_path})")
         answer = json.loads(line)
         if not answer.get("ok"):
             raise EngineError(f"{answer.get('error')} (log {self.log_path})")
@@ -176,7 +195,7 @@ class Worker:
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             code = self.proc.wait()
-            raise EngineError(f"worker exited with code {code}: {_log_tail(self.log_path)} (log {self.log_path})")
+            raise EngineError(f"worker exited with code {code}: {log_tail(self.log_path)} (log {self.log_path})")
         return self.receive()
 
     def close(self) -> None:
@@ -216,13 +235,11 @@ def start_engine(bench, engine: str, args, weights: Path, working_dir: Path, log
     if args.threads:
         argv += ["--threads", str(args.threads)]
     python: Path | str = sys.executable
-    if engine == "optimum":
-        python, found = optimum_environment(working_dir, logs)
-        env_info["optimum"] = {"python": str(python), "requirements": optimum_requirements(), "versions": found}
-        key = _short_hash([str(weights), _folder_signature(weights), found])
-        argv += ["--onnx-dir", str(working_dir / "bench-optimum-onnx" / f"{weights.name}-{key}")]
-        (working_dir / "bench-optimum-onnx").mkdir(exist_ok=True)
-    env = worker_env(engine == "optimum")
+    setup = getattr(bench, "setups", {}).get(engine) or (optimum_setup if engine == "optimum" else None)
+    if setup is not None:  # an engine of its own environment or with files of its own: python, extra arguments
+        python, extra = setup(engine, args, weights, working_dir, logs, env_info)
+        argv += extra
+    env = worker_env(str(python) != sys.executable)
     if engine not in bench.unprepared:
         quantization = ", quantization" if engine in bench.quantize else ""
         say(f"{engine}: preparing (export{quantization}; reused when cached) ...")
@@ -231,7 +248,7 @@ def start_engine(bench, engine: str, args, weights: Path, working_dir: Path, log
                                   stderr=f, text=True, env=env)
         answers = [json.loads(t) for t in done.stdout.splitlines() if t.startswith("{")]
         if done.returncode != 0 or not answers or not answers[-1].get("ok"):
-            why = answers[-1].get("error") if answers else f"exit code {done.returncode}: {_log_tail(log)}"
+            why = answers[-1].get("error") if answers else f"exit code {done.returncode}: {log_tail(log)}"
             raise EngineError(f"preparation failed: {why} (log {log})")
     say(f"{engine}: starting its worker ...")
     worker = Worker(engine, python, bench.script, argv, log, env)

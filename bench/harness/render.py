@@ -138,11 +138,25 @@ def _ratio_section(report: dict, bench) -> list[str]:
             if rows:
                 out.append(f"  batch {b}: {label} ({'lower' if lower else 'higher'} is faster)")
                 out.append(format_table(["engine", label, "/ hf", "/ optimum"], rows, indent="    "))
-    rows = [[r["engine"], f"{r['value'] / 2**20:.0f}", _x(r.get("vs_hf"))] for r in ratios if r["metric"] == "peak_rss"]
+    peers = report.get("peer_ratios") or []
+    if peers:
+        out.append("  against the peers (ours / peer, same weights and precision; lower is faster, tok/s higher)")
+        rows = [[str(r["batch"]), r["engine"], r["peer"], _x(r["step_ms"]), _x(r["ttft_ms"]), _x(r["tok_s"])]
+                for r in peers]
+        out.append(format_table(["batch", "engine", "peer", "decode ms/step", "first token ms", "tok/s"], rows,
+                                "lllrrr", indent="    "))
+    rows = [[r["engine"], f"{r['value'] / 2**20:.0f}", _x(r.get("vs_hf")), _mmap(report, r["engine"])]
+            for r in ratios if r["metric"] == "peak_rss"]
     if rows:
-        out.append("  peak memory of each worker process (its peak RSS, VmHWM, read at the end)")
-        out.append(format_table(["engine", "MiB", "/ hf"], rows, indent="    "))
+        out.append("  peak memory of each worker process (its peak RSS, VmHWM, read at the end; llama.cpp: its tool's,"
+                   " mmap'd weights included)")
+        out.append(format_table(["engine", "MiB", "/ hf", "of it file-backed (mmap) MiB"], rows, indent="    "))
     return out
+
+
+def _mmap(report: dict, engine: str) -> str:
+    value = report["engines"].get(engine, {}).get("rss_file_bytes")
+    return "-" if value is None else f"{value / 2**20:.0f}"
 
 
 def render_report(report: dict, bench) -> str:

@@ -31,7 +31,7 @@ class CpuWatch:
         try:
             with open(f"/proc/{pid}/stat", encoding="ascii") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-            return int(fields[11]) + int(fields[12])  # utime + stime
+            return sum(int(f) for f in fields[11:15])  # utime + stime + cutime + cstime (its tools, once waited for)
         except (OSError, IndexError, ValueError):
             return 0
 
@@ -100,7 +100,7 @@ def summarize(runs: dict, warm: dict, args) -> dict:
             encoder = stat([r["encoder_s"] * 1e3 for r in results if r.get("encoder_s") is not None])
             if encoder is not None:
                 entry["encoder_ms"] = encoder
-            if reference is not None:
+            if reference is not None and all(r.get("tokens") is not None for r in [warm[b][engine], *results]):
                 outputs = [warm[b][engine]["tokens"]] + [r["tokens"] for r in results]
                 entry["tokens"] = token_agreement(reference, outputs)
             per[engine] = entry
@@ -136,6 +136,19 @@ def compute_ratios(report: dict, bench) -> list[dict]:
         if metric(report, e, None, "peak_rss") is not None:
             rows.append({"batch": None, "metric": "peak_rss", "engine": e, "value": metric(report, e, None, "peak_rss"),
                          "vs_hf": ratio(report, e, "hf", None, "peak_rss")})
+    return rows
+
+
+def peer_ratios(report: dict, bench) -> list[dict]:
+    """Per batch, each (ours, peer) pair of bench.peers where both ran: decode ms/step, first token ms and tok/s of
+    ours divided by the peer's (the same weights converted for the peer, at the same precision)."""
+    rows = []
+    for b in report["settings"]["batch_sizes"]:
+        for ours, peer in getattr(bench, "peers", ()):
+            if metric(report, ours, b, "step_ms") is None or metric(report, peer, b, "step_ms") is None:
+                continue
+            rows.append({"batch": b, "engine": ours, "peer": peer,
+                         **{name: ratio(report, ours, peer, b, name) for name in ("step_ms", "ttft_ms", "tok_s")}})
     return rows
 
 

@@ -85,6 +85,18 @@ def rss_bytes() -> int | None:
         return None
 
 
+def rss_file_bytes() -> int | None:
+    """The file-backed part of the resident set now (RssFile: mmap'd files such as weights), None without /proc."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("RssFile:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def ru_maxrss_bytes() -> int:
     """ru_maxrss: KiB on Linux, bytes on macOS."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -290,7 +302,9 @@ def worker_main(args, make_runner) -> int:
         try:
             command = json.loads(line)
             kind = command.get("cmd")
-            if kind == "generate":
+            if kind in getattr(runner, "commands", {}):  # a runner's own commands (a peer's generate and memory)
+                answer(dict(runner.commands[kind](command), ok=True))
+            elif kind == "generate":
                 inputs = runner.inputs(command)
                 if runner.encoder is not None:
                     runner.encoder.reset()
@@ -303,9 +317,7 @@ def worker_main(args, make_runner) -> int:
                 answer(result)
             elif kind == "memory":
                 answer({"ok": True, "peak_rss_bytes": peak_rss_bytes(), "rss_bytes": rss_bytes(),
-                        "ru_maxrss_bytes": ru_maxrss_bytes()})
-            elif kind in getattr(runner, "commands", {}):  # a runner's own commands (encoder_cpu.py's "encode")
-                answer(dict(runner.commands[kind](command), ok=True))
+                        "ru_maxrss_bytes": ru_maxrss_bytes(), "rss_file_bytes": rss_file_bytes()})
             elif kind == "quit":
                 answer({"ok": True})
                 sys.stderr.flush()
