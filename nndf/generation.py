@@ -16,6 +16,7 @@ import torch
 
 from nndf.decoder import Decoder, TokenState
 from nndf.errors import UsageError
+from nndf.processors import FastMinLength, FastMinNewTokensLength, PlainProcessors
 from nndf.sampling import Sampling, check_repetition_penalty
 
 
@@ -80,7 +81,7 @@ class GenerationOptions:
         their mask, whose left padding the repetition penalty skips as `generate()`'s does.
         """
         from transformers import (
-            ForcedBOSTokenLogitsProcessor, ForcedEOSTokenLogitsProcessor, MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor, NoRepeatNGramLogitsProcessor,
+            ForcedBOSTokenLogitsProcessor, ForcedEOSTokenLogitsProcessor, NoRepeatNGramLogitsProcessor,
             RepetitionPenaltyLogitsProcessor,
         )
 
@@ -97,26 +98,15 @@ class GenerationOptions:
         if eos is not None and min_length > 0 and self.min_new_tokens is None:
             # generate() adds this beside MinNewTokens when min_new_tokens is given, with min_length = prompt +
             # min_new_tokens: the same EOS ban twice. Once is exact and saves a pass over the vocabulary per step.
-            processors.append(MinLengthLogitsProcessor(min_length, eos))
+            processors.append(FastMinLength(min_length, eos))
         if eos is not None and self.min_new_tokens:
-            processors.append(MinNewTokensLengthLogitsProcessor(prompt_len, self.min_new_tokens, eos))
+            processors.append(FastMinNewTokensLength(prompt_len, self.min_new_tokens, eos))
         if self.forced_bos_token_id is not None:
             processors.append(ForcedBOSTokenLogitsProcessor(self.forced_bos_token_id))
         if self.forced_eos_token_id is not None:
             processors.append(ForcedEOSTokenLogitsProcessor(max_length, self.forced_eos_token_id))
         processors.extend(self.sampling.warpers())
         return PlainProcessors(processors)
-
-
-class PlainProcessors(list):
-    """transformers' processors applied in order, as `LogitsProcessorList(tokens, scores)` applies them, without its
-    per-call `inspect.signature` of every processor (it looks for processors that take extra keywords: none of
-    those built here do), which costs more per decode step than most of the processors themselves."""
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        for processor in self:
-            scores = processor(input_ids, scores)
-        return scores
 
 
 def is_eos(tokens: torch.Tensor, eos: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,12 @@ def model(tiny_gpt2_dir):
 def _describe(processors) -> list[tuple]:
     """Each processor's class and the settings that shape the scores."""
     keys = ("penalty", "ngram_size", "temperature", "top_k", "top_p", "min_p", "mass", "min_tokens_to_keep")
-    return [(type(p).__name__, *(getattr(p, k, None) for k in keys)) for p in processors]
+    return [(_transformers_class(p), *(getattr(p, k, None) for k in keys)) for p in processors]
+
+
+def _transformers_class(processor) -> str:
+    """The transformers class a processor is or derives from (nndf.processors computes two of them faster)."""
+    return next(c.__name__ for c in type(processor).__mro__ if c.__module__.startswith("transformers."))
 
 
 @pytest.mark.parametrize("settings", [
@@ -190,6 +195,25 @@ def test_the_fast_argmax_is_torch_argmax():
     for scores in (edge, edge.double(), logits[:, -1, :], logits[:, 2:4, :]):
         got = last_dim_argmax(scores)
         assert got.dtype == torch.int64 and torch.equal(got, scores.argmax(dim=-1))
+
+
+@pytest.mark.parametrize("eos", [[7], [3, 99, 7], [-1, 5, 5000]])  # several, one outside the vocabulary
+def test_fast_length_processors_equal_transformers(eos):
+    """nndf.processors' minimum-length EOS bans give their transformers parents' scores, bit for bit, before and
+    after the minimum, on rows with -inf and NaN scores too."""
+    from transformers import MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor
+
+    from nndf.processors import FastMinLength, FastMinNewTokensLength
+
+    scores = torch.randn(3, 100, generator=torch.Generator().manual_seed(0))
+    scores[1, 7], scores[2, 3] = float("-inf"), float("nan")
+    pairs = [(FastMinLength(6, eos), MinLengthLogitsProcessor(6, eos)),
+             (FastMinNewTokensLength(4, 2, eos), MinNewTokensLengthLogitsProcessor(4, 2, eos))]
+    for length in (4, 5, 6, 7):
+        ids = torch.zeros(3, length, dtype=torch.long)
+        for ours, theirs in pairs:
+            assert torch.equal(ours(ids, scores).isnan(), theirs(ids, scores).isnan())
+            assert torch.equal(ours(ids, scores).nan_to_num(), theirs(ids, scores).nan_to_num())
 
 
 @pytest.mark.gpu
