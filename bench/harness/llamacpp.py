@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 from harness.engines import log_tail, run_logged
+from harness.worker import status_kib
 
 SDIST = ("llama-cpp-python", "0.3.36")
 TARGETS = ("llama-batched-bench", "llama-quantize")
@@ -82,7 +83,7 @@ def build(root: Path, log: Path, say) -> Path:
         if json.loads(marker.read_text()) == wanted and all(tool(root, t).is_file() for t in TARGETS):
             return tree(root)
     except (OSError, ValueError):
-        pass
+        pass  # no marker yet, or an unreadable one: build
     cmake = shutil.which("cmake")
     if cmake is None:
         raise LlamaCppError("cmake is not on PATH (needed to build llama.cpp)")
@@ -157,20 +158,6 @@ def parse_bench(output: str, batch: int, prompt: int, steps: int) -> dict:
     raise ValueError(f"no result line for batch {batch}, {prompt} + {steps} tokens in llama-batched-bench's output")
 
 
-def status_kib(pid: int, fields: tuple[str, ...] = ("VmHWM", "RssFile")) -> dict:
-    """Fields of /proc/PID/status in KiB (missing ones left out)."""
-    found = {}
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii") as f:
-            for line in f:
-                name, _, value = line.partition(":")
-                if name in fields:
-                    found[name] = int(value.split()[0])
-    except (OSError, ValueError, IndexError):
-        pass
-    return found
-
-
 def run_watched(cmd: list[str], every: float = 0.01) -> tuple[int, str, dict]:
     """Run `cmd` (its stderr: ours, so the worker's log), polling its VmHWM and RssFile until it exits: (exit code,
     stdout, the largest of each seen; RssFile's largest, since a process that is exiting unmaps its file first)."""
@@ -179,7 +166,7 @@ def run_watched(cmd: list[str], every: float = 0.01) -> tuple[int, str, dict]:
 
     def watch():
         while proc.poll() is None:
-            for name, value in status_kib(proc.pid).items():
+            for name, value in status_kib(proc.pid, ("VmHWM", "RssFile")).items():
                 seen[name] = max(value, seen.get(name, 0))
             time.sleep(every)
 

@@ -85,16 +85,24 @@ def rss_bytes() -> int | None:
         return None
 
 
+def status_kib(pid: int | str, fields: tuple[str, ...]) -> dict:
+    """Fields of /proc/PID/status in KiB (`pid` "self" for this process; missing ones, or no /proc, left out)."""
+    found = {}
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                if name in fields:
+                    found[name] = int(value.split()[0])
+    except (OSError, ValueError, IndexError):
+        pass  # no /proc (macOS) or a process that just ended: the caller falls back or reports nothing
+    return found
+
+
 def rss_file_bytes() -> int | None:
     """The file-backed part of the resident set now (RssFile: mmap'd files such as weights), None without /proc."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("RssFile:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+    kib = status_kib("self", ("RssFile",)).get("RssFile")
+    return None if kib is None else kib * 1024
 
 
 def ru_maxrss_bytes() -> int:
@@ -110,14 +118,8 @@ def peak_rss_bytes() -> int:
     it was started (the main process that built GPT-2's weights is ~1 GB): VmHWM is the same high-water mark for
     the worker's own address space only.
     """
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return ru_maxrss_bytes()
+    kib = status_kib("self", ("VmHWM",)).get("VmHWM")
+    return ru_maxrss_bytes() if kib is None else kib * 1024
 
 
 def versions(names) -> dict:
