@@ -148,8 +148,9 @@ def _environment(venv: Path) -> dict[str, str]:
 
 @contextlib.contextmanager
 def triton_server(repository: Path, root: Path, timeout: float = 60.0, extra_args: tuple[str, ...] = ()):
-    """Start tritonserver on 127.0.0.1 and free ports, yield {"http": url, "grpc": url, "log": path} once every
-    model is ready, and stop it (terminate, wait, kill) however the body ends."""
+    """Start tritonserver on 127.0.0.1 and free ports, yield {"http": url, "grpc": url, "log": path, "process":
+    Popen} once every model is ready, and stop it (terminate, wait, kill) however the body ends (a body that kills
+    it itself is fine)."""
     import tritonclient.http as http
 
     venv = triton_venv()
@@ -163,6 +164,7 @@ def triton_server(repository: Path, root: Path, timeout: float = 60.0, extra_arg
     urls = {"http": f"127.0.0.1:{ports['http']}", "grpc": f"127.0.0.1:{ports['grpc']}", "log": log}
     with open(log, "w") as log_file:
         process = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=_environment(venv))
+    urls["process"] = process
     try:
         client = http.InferenceServerClient(urls["http"])
         deadline = time.monotonic() + timeout

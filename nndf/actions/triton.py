@@ -10,6 +10,7 @@ from __future__ import annotations
 from nndf.actions.common import describe, open_models
 from nndf.errors import UsageError
 from nndf.results import Column, Result
+from nndf.triton.generative import SCHEDULERS
 
 
 def add_arguments(parser) -> None:
@@ -20,6 +21,17 @@ def add_arguments(parser) -> None:
     g.add_argument("--nb-instances", type=int, default=1, help="model instances in the server (default 1)")
     g.add_argument("--max-new-tokens", type=int, default=32,
                    help="new tokens when a request does not say (its MAX_NEW_TOKENS input; default 32)")
+    g.add_argument("--scheduler", choices=SCHEDULERS, default="continuous",
+                   help="continuous (default): requests join one running batch at each step and leave when done; "
+                        "sequential: one request at a time, each as its own batch")
+    g.add_argument("--max-rows", type=int, default=None,
+                   help="prompts generated together in the continuous batch (default: --max-batch-size); more wait")
+    g.add_argument("--max-queue-delay-us", type=int, default=0,
+                   help="how long Triton's dynamic batcher holds a request for others to arrive with it "
+                        "(microseconds, default 0; continuous scheduler)")
+    g.add_argument("--streaming", action="store_true",
+                   help="also write <name>_stream, a decoupled model that sends each new piece of text as it is "
+                        "generated (gRPC streaming)")
 
 
 def run(args) -> list[Result]:
@@ -33,12 +45,19 @@ def run(args) -> list[Result]:
     if model.architecture.takes_images:
         raise UsageError(f"triton serves text generation; {model.spec.family} captions images")
     name = args.name or model.variant.name.lower()
-    folder = write_generative_repository(args.output, name, model, args.max_batch_size, args.nb_instances,
-                                         max_new_tokens=args.max_new_tokens, num_beams=args.num_beams)
-    validate_config(folder / "config.pbtxt")
-    rows = [{"model": name, "folder": str(folder), "graph": model.artifacts[-1]}]
+    folders = write_generative_repository(args.output, name, model, args.max_batch_size, args.nb_instances,
+                                          max_new_tokens=args.max_new_tokens, num_beams=args.num_beams,
+                                          scheduler=args.scheduler, streaming=args.streaming,
+                                          max_rows=args.max_rows, queue_delay_us=args.max_queue_delay_us)
+    for folder in folders:
+        validate_config(folder / "config.pbtxt")
+    rows = [{"model": folder.name, "folder": str(folder), "graph": model.artifacts[-1]} for folder in folders]
     columns = [Column("model", "Triton model"), Column("folder", "folder"), Column("graph", "decoder graph")]
     notes = [f"serve it: tritonserver --model-repository {args.output} (its Python needs nndf[onnxruntime]); "
-             f"query it with inputs TEXT (and MAX_NEW_TOKENS, NUM_BEAMS), output GENERATED"]
+             f"query it with inputs TEXT (and MAX_NEW_TOKENS, NUM_BEAMS, DO_SAMPLE, TEMPERATURE, TOP_K, TOP_P, "
+             f"SEED, REPETITION_PENALTY), output GENERATED; scheduler {args.scheduler}"]
+    if args.streaming:
+        notes.append(f"{name}_stream streams each new piece of text (gRPC stream_infer; a final empty response "
+                     f"flagged complete)")
     return [Result("triton", f"triton {model.spec.family} {model.variant.name}", columns, rows, describe(model),
                    notes)]

@@ -171,6 +171,7 @@ class OrtSession:
         # shared layout: each present output is bound to the buffer its past input was fed
         self.shared_presents = {present_name(i, k): past_name(i, k) for i in range(layers) for k in KINDS} \
             if self.layout == "shared" else {}
+        self.shared_pasts = set(self.shared_presents.values())
         self.info_notes = []  # what --info shows: the KV layout of a graph with a self-attention cache
         if layers:
             note = f" ({layout_note})" if layout_note else ""
@@ -199,6 +200,9 @@ class OrtSession:
         else:
             ort = _ort()
             binding = self.session.io_binding()
+            if self.shared_presents:  # a buffer given as a tensor (a continuous batch's rows): an OrtValue over it
+                feeds = {name: value if isinstance(value, ort.OrtValue) or name not in self.shared_pasts else
+                         ort.OrtValue.ortvalue_from_numpy(_as_numpy(value)) for name, value in feeds.items()}
             for name, value in feeds.items():
                 if isinstance(value, ort.OrtValue):
                     binding.bind_ortvalue_input(name, value)

@@ -1,41 +1,101 @@
 """Triton Python-backend model that generates text with nndf's loop; copied verbatim as `<name>/1/model.py`.
 
-Unlike the encoders' tokenizer model, this one runs nndf itself inside the server's Python: `nndf.load` on the
-files beside it (the model's config, generation config and tokenizer in `hf/`, the exported decoder graph in
-`decoder/`, what to load in `nndf.json`), so each request runs the same generation loop with the KV cache as
-`run.py` does: greedy or beam search, batches with masks, EOS. The server's Python needs nndf installed with its
-`onnxruntime` extra (in NVIDIA's container: a derived image with `pip install nndf[onnxruntime]`).
+It runs nndf itself inside the server's Python: `nndf.load` on the files beside it (the model's config, generation
+config and tokenizer in `hf/`, the exported decoder graph in `decoder/`, what to load in `nndf.json`), so each
+request gets what `run.py` would generate. The server's Python needs nndf installed with its `onnxruntime` extra
+(in NVIDIA's container: a derived image with `pip install nndf[onnxruntime]`).
 
-Inputs: TEXT (one prompt per batch row), optional MAX_NEW_TOKENS and NUM_BEAMS (one int32 per row; a request's
-first row decides for the request). Output: GENERATED, the new text of each row (special tokens dropped).
+Two schedulers (`nndf.json`'s "scheduler", `run.py triton --scheduler`):
+- continuous (default): every prompt row joins one running batch (`nndf.continuous`) at the next step boundary and
+  leaves when it is done; `execute` hands the requests over and returns at once, and each request's response is
+  sent from the batch's thread when its last row ends (Triton's response sender). Rows with different settings
+  share steps; each gets the answer it would get alone.
+- sequential: each request runs as its own batch, one after another (the model before continuous batching, kept
+  for comparison: `bench/serving_cpu.py`).
+
+Decoupled (`model_transaction_policy { decoupled: true }`, the `<name>_stream` model): each new piece of text is a
+response as soon as it is generated (GENERATED holds every row's new piece, empty for rows with none), then an
+empty response flagged final. gRPC streaming clients only, as for any decoupled model.
+
+Inputs: TEXT (one prompt per batch row); optional, one value per row (a request's first row decides for the
+request): MAX_NEW_TOKENS, NUM_BEAMS, DO_SAMPLE, TEMPERATURE, TOP_K, TOP_P, SEED, REPETITION_PENALTY.
+Output: GENERATED, the new text of each row (special tokens dropped).
 """
 
 import json
 import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 SETTINGS_FILE = "nndf.json"
+# optional input -> (keyword of Model.generation_options, type); checked by nndf's own options (one sentence each)
+DECODING_INPUTS = {"DO_SAMPLE": ("do_sample", bool), "TEMPERATURE": ("temperature", float), "TOP_K": ("top_k", int),
+                   "TOP_P": ("top_p", float), "SEED": ("seed", int), "REPETITION_PENALTY": ("repetition_penalty", float)}
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
-def _optional_int(request, name, default):
+def _optional(request, name, kind, default=None):
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     if tensor is None:
         return default
-    value = int(tensor.as_numpy().reshape(-1)[0])
-    if value < 1:
-        raise ValueError(f"{name} must be at least 1, got {value}")
-    return value
+    return kind(tensor.as_numpy().reshape(-1)[0].item())
+
+
+def _texts(request) -> list:
+    text = pb_utils.get_input_tensor_by_name(request, "TEXT")
+    if text is None:
+        raise ValueError("the TEXT input is missing: give one prompt per row")
+    return [row.decode("utf-8") if isinstance(row, bytes) else str(row) for row in text.as_numpy().reshape(-1)]
+
+
+def _strings(texts) -> "pb_utils.Tensor":
+    return pb_utils.Tensor("GENERATED", np.array([t.encode("utf-8") for t in texts], dtype=np.object_).reshape(-1, 1))
+
+
+class Reply:
+    """The rows of one Triton request in the batch: sends the whole answer (or each streamed piece, then the final
+    flag) through the request's response sender once its last row ends; an error or a cancelled row ends the
+    request with an error."""
+
+    def __init__(self, sender, rows: int, tokenizer, stream: bool):
+        self.sender, self.tokenizer, self.stream = sender, tokenizer, stream
+        self.left = rows
+        self.failed = None
+        self.requests = []
+
+    def piece(self, row: int, rows: int, text: str) -> None:
+        if self.failed is None:
+            pieces = [""] * rows
+            pieces[row] = text
+            self.sender.send(pb_utils.InferenceResponse(output_tensors=[_strings(pieces)]))
+
+    def row_done(self, request) -> None:
+        if request.error is not None or request.cancelled:
+            self.failed = self.failed or (f"generation failed: {request.error}" if request.error is not None
+                                          else "the request was cancelled")
+        self.left -= 1
+        if self.left:
+            return
+        if self.failed is not None:
+            self.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(self.failed)), flags=FINAL)
+        elif self.stream:
+            self.sender.send(flags=FINAL)
+        else:
+            replies = self.tokenizer.batch_decode([r.new_tokens for r in self.requests], skip_special_tokens=True)
+            self.sender.send(pb_utils.InferenceResponse(output_tensors=[_strings(replies)]), flags=FINAL)
 
 
 class TritonPythonModel:
-    """One loaded model per instance; requests run one after another, each as one batch."""
+    """One loaded model per instance, and with the continuous scheduler one batch (on its own thread) per instance."""
 
     def initialize(self, args):
         import nndf
 
+        config = json.loads(args["model_config"])
+        self.stream = pb_utils.using_decoupled_model_transaction_policy(config)
         version = Path(args["model_repository"]) / args["model_version"]
         settings = json.loads((version / SETTINGS_FILE).read_text())
         self.defaults = settings["defaults"]
@@ -44,33 +104,88 @@ class TritonPythonModel:
                                torch_dir=str(version / "hf"), decoder_onnx=str(version / settings["graph"]),
                                working_dir=self._work.name, use_cache=settings["use_cache"],
                                threads=settings.get("threads"), device="cpu")
+        self.worker = None
+        self.lock = threading.Lock()  # the sequential scheduler's generations, one at a time
+        if settings.get("scheduler", "continuous") == "continuous":
+            from nndf.continuous import BatchWorker, ContinuousBatcher
 
-    def generate(self, texts, max_new_tokens, num_beams):
-        """The new text of each prompt, as `run.py` generates it."""
+            self.worker = BatchWorker(ContinuousBatcher(self.model, max_rows=settings["max_rows"]))
+
+    def options(self, request):
+        """The request's generation options from its optional inputs (the defaults where absent)."""
+        decoding = {}
+        for name, (keyword, kind) in DECODING_INPUTS.items():
+            value = _optional(request, name, kind)
+            if value is not None:
+                decoding[keyword] = value
+        max_new = _optional(request, "MAX_NEW_TOKENS", int, self.defaults["max_new_tokens"])
+        beams = _optional(request, "NUM_BEAMS", int, self.defaults["num_beams"])
+        for name, value in (("MAX_NEW_TOKENS", max_new), ("NUM_BEAMS", beams)):
+            if value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
+        return self.model.generation_options(max_new, num_beams=beams, **decoding)
+
+    def prompts(self, texts):
         from nndf.actions.common import encode_prompts
 
-        model = self.model
-        ids, mask = encode_prompts(model.tokenizer, texts, use_mask=True, pad_side=model.architecture.pad_side)
-        output = model.generate(ids, mask, max_new_tokens=max_new_tokens, num_beams=num_beams)
-        return model.tokenizer.batch_decode(model.new_tokens(output, ids), skip_special_tokens=True)
+        tokenizer = self.model.tokenizer
+        return [encode_prompts(tokenizer, [text], use_mask=True, pad_side=self.model.architecture.pad_side)[0]
+                for text in texts]
 
     def execute(self, requests):
-        """One response per request; a request that fails gets its error, the others still run."""
-        responses = []
+        if self.worker is None:
+            return [self._sequential(request) for request in requests]
         for request in requests:
-            try:
-                text = pb_utils.get_input_tensor_by_name(request, "TEXT")
-                if text is None:
-                    raise ValueError("the TEXT input is missing: give one prompt per row")
-                rows = text.as_numpy().reshape(-1)
-                texts = [row.decode("utf-8") if isinstance(row, bytes) else str(row) for row in rows]
-                max_new = _optional_int(request, "MAX_NEW_TOKENS", self.defaults["max_new_tokens"])
-                replies = self.generate(texts, max_new, _optional_int(request, "NUM_BEAMS", self.defaults["num_beams"]))
-                out = np.array([reply.encode("utf-8") for reply in replies], dtype=np.object_).reshape(-1, 1)
-                responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("GENERATED", out)]))
-            except Exception as exc:  # noqa: BLE001 - the client gets the reason, the server keeps serving
-                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"generation failed: {exc}")))
-        return responses
+            self._submit(request)
+        return None
+
+    def _submit(self, request):
+        """Queue every row of the request in the batch; a request that cannot be served gets its error at once."""
+        from nndf.continuous import Request
+        from nndf.streaming import ReplyStreamer
+
+        sender = request.get_response_sender()
+        try:
+            texts = _texts(request)
+            options = self.options(request)
+            prompts = self.prompts(texts)
+            reply = Reply(sender, len(prompts), self.model.tokenizer, self.stream)
+            rows = []
+            for row, ids in enumerate(prompts):
+                streamer = None
+                if self.stream:
+                    streamer = ReplyStreamer(self.model.tokenizer,
+                                             write=lambda text, row=row: reply.piece(row, len(prompts), text))
+                rows.append(Request(ids, options, streamer=streamer, is_cancelled=request.is_cancelled,
+                                    on_done=reply.row_done))
+                self.worker.batcher.check(rows[-1])
+            reply.requests = rows
+        except Exception as exc:  # noqa: BLE001 - the client gets the reason, the server keeps serving
+            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"generation failed: {exc}")),
+                        flags=FINAL)
+            return
+        for row in rows:
+            self.worker.submit(row)
+
+    def _sequential(self, request):
+        """One request as its own batch, answered when done (the model before continuous batching)."""
+        from nndf.actions.common import encode_prompts
+        from nndf.generation import generate
+
+        try:
+            texts = _texts(request)
+            options = self.options(request)
+            model = self.model
+            ids, mask = encode_prompts(model.tokenizer, texts, use_mask=True, pad_side=model.architecture.pad_side)
+            model.architecture.check_length(ids.shape[1], options.max_new_tokens, model.decoder.shapes)
+            with self.lock:
+                output = generate(model.decoder, ids, mask, options).cpu()
+            replies = model.tokenizer.batch_decode(model.new_tokens(output, ids), skip_special_tokens=True)
+            return pb_utils.InferenceResponse(output_tensors=[_strings(replies)])
+        except Exception as exc:  # noqa: BLE001 - the client gets the reason, the server keeps serving
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"generation failed: {exc}"))
 
     def finalize(self):
+        if self.worker is not None:
+            self.worker.close()  # queued and running requests finish (a reload must not lose their answers)
         self._work.cleanup()

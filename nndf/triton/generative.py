@@ -1,11 +1,13 @@
 """A Triton model for a generative model (`python run.py triton GPT2 onnxrt ...`): text in, generated text out, with
 nndf's generation loop and KV cache inside Triton's Python backend (transformer-deploy never served one).
 
-    <name>/config.pbtxt       backend python; TEXT (+ optional MAX_NEW_TOKENS, NUM_BEAMS) -> GENERATED
+    <name>/config.pbtxt       backend python; TEXT (+ optional MAX_NEW_TOKENS, NUM_BEAMS, sampling) -> GENERATED
     <name>/1/model.py         nndf/triton/generation_model.py, copied verbatim
     <name>/1/nndf.json        family, variant, backend, graph, cache, threads and the generation defaults
     <name>/1/hf/              the model's config, generation config and tokenizer (no weights)
     <name>/1/decoder/...      the exported decoder graph the onnxrt backend runs (fp32, int8 or int4), its data beside
+
+    <name>_stream/            with --streaming: the same files, its config decoupled (a response per new piece)
 
 The config is Triton's own `ModelConfig` message, as the encoders' are (`nndf.triton.repository`).
 """
@@ -22,38 +24,69 @@ from nndf.triton.repository import DEVICES, add_tensor, config_schema, external_
 MODEL_SOURCE = Path(__file__).with_name("generation_model.py")
 
 
-def generative_config(name: str, max_batch_size: int, nb_instances: int, kind: str = "KIND_CPU"):
-    """TEXT (one prompt per row) and the optional per-request settings in, GENERATED out; rows of a request are
-    generated as one batch (with masks), so Triton batches requests as they come (no dynamic batcher: requests
-    with different settings must not be merged)."""
+SCHEDULERS = ("continuous", "sequential")
+STREAM_SUFFIX = "_stream"  # the decoupled (streaming) model's name: <name>_stream
+OPTIONAL_INPUTS = {"MAX_NEW_TOKENS": "TYPE_INT32", "NUM_BEAMS": "TYPE_INT32", "DO_SAMPLE": "TYPE_BOOL",
+                   "TEMPERATURE": "TYPE_FP32", "TOP_K": "TYPE_INT32", "TOP_P": "TYPE_FP32", "SEED": "TYPE_INT64",
+                   "REPETITION_PENALTY": "TYPE_FP32"}
+
+
+def generative_config(name: str, max_batch_size: int, nb_instances: int, kind: str = "KIND_CPU",
+                      scheduler: str = "continuous", decoupled: bool = False, queue_delay_us: int = 0):
+    """TEXT (one prompt per row) and the optional per-request settings in, GENERATED out.
+
+    With the continuous scheduler Triton's dynamic batcher is on (`queue_delay_us`: how long it holds a request
+    for others to join the same `execute`), since every row keeps its own settings in the batch; the sequential
+    scheduler generates each request as one batch, so requests with different settings must not be merged.
+    `decoupled`: the streaming model (a response per new piece of text, then a final flag)."""
     pb = config_schema()
     config = pb.ModelConfig(name=name, backend="python", max_batch_size=max_batch_size)
     add_tensor(config.input.add(), "TEXT", "TYPE_STRING", [1])
-    for optional in ("MAX_NEW_TOKENS", "NUM_BEAMS"):
-        add_tensor(config.input.add(), optional, "TYPE_INT32", [1]).optional = True
+    for optional, data_type in OPTIONAL_INPUTS.items():
+        add_tensor(config.input.add(), optional, data_type, [1]).optional = True
     add_tensor(config.output.add(), "GENERATED", "TYPE_STRING", [1])
     config.instance_group.add(count=nb_instances, kind=pb.ModelInstanceGroup.Kind.Value(kind))
+    if scheduler == "continuous":
+        config.dynamic_batching.max_queue_delay_microseconds = queue_delay_us
+        config.dynamic_batching.SetInParent()
+    if decoupled:
+        config.model_transaction_policy.decoupled = True
     return config
 
 
 def write_generative_repository(output_dir: str | Path, name: str, model, max_batch_size: int,
-                                nb_instances: int = 1, max_new_tokens: int = 32, num_beams: int = 1) -> Path:
+                                nb_instances: int = 1, max_new_tokens: int = 32, num_beams: int = 1,
+                                scheduler: str = "continuous", streaming: bool = False, max_rows: int | None = None,
+                                queue_delay_us: int = 0) -> list[Path]:
     """The Triton model `name` in `output_dir` for `model` (an `nndf.Model` on the onnxrt backend, its graph built),
-    replacing a model folder of that name; returns the folder."""
+    and with `streaming` its decoupled twin `<name>_stream`, replacing model folders of those names; returns the
+    folders. `max_rows`: rows in the continuous batch (default `max_batch_size`)."""
     if model.backend != "onnxrt":
         raise UsageError(f"Triton serves the onnxrt backend's graphs (CPU, or CUDA with onnxruntime-gpu); "
                          f"{model.backend} is not served yet")
     if not name or "/" in name or name.startswith("."):
         raise UsageError(f"--name must be a plain folder name, not {name!r}")
-    for flag, value in (("--max-batch-size", max_batch_size), ("--nb-instances", nb_instances)):
+    if scheduler not in SCHEDULERS:
+        raise UsageError(f"--scheduler must be one of {', '.join(SCHEDULERS)}, not {scheduler!r}")
+    if streaming and scheduler != "continuous":
+        raise UsageError("--streaming needs --scheduler continuous (the sequential model answers whole requests)")
+    max_rows = max_batch_size if max_rows is None else max_rows
+    for flag, value in (("--max-batch-size", max_batch_size), ("--nb-instances", nb_instances),
+                        ("--max-rows", max_rows)):
         if value < 1:
             raise UsageError(f"{flag} must be at least 1, got {value}")
+    if queue_delay_us < 0:
+        raise UsageError(f"--max-queue-delay-us must be 0 or more, got {queue_delay_us}")
+    if scheduler == "continuous":
+        from nndf.continuous import ContinuousBatcher
+
+        ContinuousBatcher.check_model(model)  # refused here, not at the server's start
     graph = Path(model.artifacts[-1])
     files = {"model.py": MODEL_SOURCE, f"decoder/{graph.name}": graph}
     files.update({f"decoder/{rel}": path for rel, path in external_data_files(graph).items()})
     settings = {"family": model.spec.family, "variant": model.variant.name, "backend": model.backend,
                 "graph": f"decoder/{graph.name}", "use_cache": model.settings.use_cache,
-                "threads": model.options.threads,
+                "threads": model.options.threads, "scheduler": scheduler, "max_rows": max_rows,
                 "defaults": {"max_new_tokens": max_new_tokens, "num_beams": num_beams}}
     with tempfile.TemporaryDirectory() as tmp:
         hf = Path(tmp) / "hf"
@@ -66,5 +99,8 @@ def write_generative_repository(output_dir: str | Path, name: str, model, max_ba
         files.update({f"hf/{f.name}": f for f in hf.iterdir()})
         files["nndf.json"] = Path(tmp) / "nndf.json"
         Path(output_dir).mkdir(parents=True, exist_ok=True)
-        return write_model_folder(Path(output_dir), name, generative_config(name, max_batch_size, nb_instances,
-                                                                      DEVICES["cpu"]), files)
+        names = [name] + ([name + STREAM_SUFFIX] if streaming else [])
+        return [write_model_folder(Path(output_dir), folder,
+                                   generative_config(folder, max_batch_size, nb_instances, DEVICES["cpu"], scheduler,
+                                                     decoupled=folder != name, queue_delay_us=queue_delay_us), files)
+                for folder in names]
