@@ -159,8 +159,8 @@ class RowCache:
                 _at(buf, rows, slice(by, length + by)).copy_(_at(buf, rows, slice(0, length)).clone())
             else:
                 _at(buf, rows, slice(0, length + by)).copy_(_at(buf, rows, slice(-by, length)).clone())
-        if by > 0:
-            self.mask[: self.rows, :by] = 0
+            if by > 0:  # the columns the rows left: no row has a position there
+                _at(buf, rows, slice(0, by)).zero_()
         self.length += by
         self.starts = [start + by for start in self.starts]
 

@@ -73,6 +73,9 @@ class Reply:
             self.sender.send(pb_utils.InferenceResponse(output_tensors=[_strings(pieces)]))
 
     def row_done(self, request) -> None:
+        if request.cancelled:
+            pb_utils.Logger.log_info(f"nndf: a request was cancelled after {len(request.new_tokens)} new tokens; "
+                                     f"its row is free")
         if request.error is not None or request.cancelled:
             self.failed = self.failed or (f"generation failed: {request.error}" if request.error is not None
                                           else "the request was cancelled")
