@@ -23,6 +23,19 @@ LAMBADA_FILE = SHARED_DATA / "lambada" / "lambada_test.jsonl"
 TRAINED_TINY_GPT2 = SHARED_DATA / "lambada-tiny-gpt2"
 
 
+def load_bench(name: str):
+    """bench/<name>.py as a module (registered under `name`, as its dataclasses and pickling need), for the tests of
+    a benchmark's pure pieces."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def needs_shared(path: Path):
     """Skip (with the reason) when ../shared/data is not beside the checkout, as in a user's clone."""
     return pytest.mark.skipif(not path.exists(), reason=f"{path} is absent (../shared/data is not beside this checkout)")

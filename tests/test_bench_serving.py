@@ -3,23 +3,11 @@ its goals (the figures themselves are measured by running it, never in tests).""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import pytest
 
-from conftest import REPO, TOKENIZER_DIR, needs_shared
+from conftest import TOKENIZER_DIR, load_bench, needs_shared
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("serving_cpu", REPO / "bench" / "serving_cpu.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["serving_cpu"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-serving = _load()
+serving = load_bench("serving_cpu")
 
 
 def record(latency, tokens=32, equal=True, ttft=None, direct_ttft=None):

@@ -3,21 +3,9 @@ measured by running it, never in tests)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
+from conftest import load_bench
 
-from conftest import REPO
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("triton_cpu", REPO / "bench" / "triton_cpu.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["triton_cpu"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-triton_cpu = _load()
+triton_cpu = load_bench("triton_cpu")
 
 
 def test_texts_are_cut_to_the_asked_length(minilm_dir):
