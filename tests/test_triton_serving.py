@@ -241,15 +241,14 @@ def test_kill_9_ends_every_waiting_client_with_an_error(tiny_gpt2_dir, onnx_work
         assert stream.next()[0] == "piece"
         for thread in threads:
             thread.start()
-        time.sleep(0.2)  # the requests reach the server (3 rows: one of them waits for a row)
+        time.sleep(0.05)  # the requests reach the server (3 rows: one of them waits for a row)
         urls["process"].kill()
         for thread in threads:
             thread.join(timeout=30)
         assert not any(thread.is_alive() for thread in threads), "a client hung after the server died"
         kind, _ = stream.next(timeout=30)
-        while kind == "piece":  # pieces sent before the kill may still be in flight
+        while kind != "error":  # pieces (or its end) sent before the kill may still be in flight
             kind, _ = stream.next(timeout=30)
-        assert kind == "error"
         stream.client.close()
     results = [outcomes.get_nowait() for _ in range(outcomes.qsize())]
     assert len(results) == 4 and all(r.startswith("error") or r == "answered" for r in results)
