@@ -177,7 +177,7 @@ class ContinuousBatcher:
             self.step()
 
     def _admit(self, request: Request) -> None:
-        if request.is_cancelled is not None and request.is_cancelled():
+        if _cancelled(request):
             request._finish(cancelled=True)
             return
         try:
@@ -234,13 +234,23 @@ class ContinuousBatcher:
 
     def _drop_cancelled(self) -> None:
         for row in reversed(range(len(self.active))):
-            check = self.active[row].is_cancelled
-            if check is not None and check():
+            if _cancelled(self.active[row]):
                 self._retire(row)._finish(cancelled=True)
 
     def _fail_all(self, exc: BaseException) -> None:
         while self.active:
             self._retire(len(self.active) - 1)._finish(error=exc)
+
+
+def _cancelled(request: Request) -> bool:
+    """Whether the request's client has left; a question that cannot be answered (the server's side of the request
+    gone) counts as yes."""
+    if request.is_cancelled is None:
+        return False
+    try:
+        return bool(request.is_cancelled())
+    except Exception:  # noqa: BLE001
+        return True
 
 
 class BatchWorker:
@@ -269,7 +279,11 @@ class BatchWorker:
                 self._wake.wait(timeout=0.5)
                 self._wake.clear()
                 continue
-            self.batcher.step()
+            try:
+                self.batcher.step()
+            except Exception as exc:  # noqa: BLE001 - the thread must outlive any one step: those in flight fail
+                print(f"nndf: a batch step failed, its requests get the error: {exc!r}", file=sys.stderr)
+                self.batcher._fail_all(exc)
 
     def close(self, timeout: float | None = None) -> bool:
         """Finish what was submitted and stop; whether the thread ended within `timeout` seconds."""

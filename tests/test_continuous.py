@@ -102,7 +102,8 @@ def test_a_cancelled_or_failing_request_ends_alone(tiny_gpt2_dir, onnx_work_dir)
     leaving = Request(p[0], options, is_cancelled=lambda: len(leaving.new_tokens) >= 3)
     failing = Request(p[1], options, streamer=BreakingStreamer(after=3))
     staying = Request(p[2], options)
-    for request in (leaving, failing, staying):
+    gone = Request(p[2], options, is_cancelled=lambda: 1 / 0)  # its client cannot even be asked: it has left
+    for request in (leaving, failing, staying, gone):
         batcher.submit(request)
     batcher.step()
     assert len(batcher.active) == 3
@@ -110,6 +111,7 @@ def test_a_cancelled_or_failing_request_ends_alone(tiny_gpt2_dir, onnx_work_dir)
     assert leaving.cancelled and 3 <= len(leaving.new_tokens) < 12 and leaving.error is None
     assert isinstance(failing.error, ConnectionError) and len(failing.new_tokens) == 3
     assert staying.new_tokens == alone(model, p[2], options) and staying.error is None and not staying.cancelled
+    assert gone.cancelled and gone.new_tokens == [] and gone.done.is_set()
     with pytest.raises(UsageError, match="more than the 128 positions of this model"):
         batcher.submit(Request(p[0], model.generation_options(200)))
 
