@@ -186,6 +186,22 @@ def triton_server(repository: Path, root: Path, timeout: float = 60.0, extra_arg
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+        _kill_stubs(root / "backends")
+
+
+def _kill_stubs(backends: Path) -> None:
+    """Kill the Python backend's stub processes of this server that outlived it: a server stopped normally ends
+    them, but after a SIGKILL (tests/test_triton_serving.py) they stay, each holding a model, until the machine
+    restarts. They are found by the backend directory in their command line."""
+    import signal
+
+    marker = str(backends).encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if marker in (proc / "cmdline").read_bytes():
+                os.kill(int(proc.name), signal.SIGKILL)
 
 
 class TritonPythonModel:
