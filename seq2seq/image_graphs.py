@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from nndf.export.wrapper import StepWrapper
+from nndf.export.wrapper import StepWrapper, with_cache
 from nndf.kvcache import past_names, present_names
 from nndf.seq2seq.wrappers import (CrossCacheWrapper, cross_attention_cache, cross_io, cross_names,
                                    self_attention_part)
@@ -89,8 +89,8 @@ class TextDecoderCrossCache(CrossCacheWrapper):
     """The cross-attention cache generator over a text decoder that takes `encoder_hidden_states` itself."""
 
     def run_decoder(self, input_ids, encoder_hidden_states, cache):
-        return self.model(input_ids=input_ids, encoder_hidden_states=encoder_hidden_states, past_key_values=cache,
-                          use_cache=True)
+        return self.model(input_ids=input_ids, encoder_hidden_states=encoder_hidden_states, use_cache=True,
+                          **with_cache(self.model, cache))
 
 
 class CaptionDecoderWrapper(StepWrapper):
@@ -108,7 +108,7 @@ class CaptionDecoderWrapper(StepWrapper):
         # The cross-attention layers run only when encoder states are given; they read the cache, not this.
         placeholder = rest[0].new_zeros(()).expand(input_ids.shape[0], 1, 1)
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         encoder_hidden_states=placeholder, past_key_values=cache, use_cache=True,
+                         encoder_hidden_states=placeholder, use_cache=True, **with_cache(self.model, cache),
                          **self.keep_kwargs(logits_to_keep))
         return self.step_outputs(out, logits_to_keep, self_attention_part)
 

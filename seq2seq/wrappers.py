@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, EncoderDecoderCache
 
-from nndf.export.wrapper import StepWrapper, flat_layers, past_as_cache
+from nndf.export.wrapper import StepWrapper, flat_layers, past_as_cache, returned_cache, with_cache
 from nndf.kvcache import KINDS, past_names, present_names
 
 
@@ -76,15 +76,15 @@ class CrossCacheWrapper(torch.nn.Module):
 
     def run_decoder(self, input_ids, encoder_hidden_states, cache):
         """One decoder step over `encoder_hidden_states` that fills `cache` (the model's own call)."""
-        return self.model(encoder_outputs=(encoder_hidden_states,), decoder_input_ids=input_ids,
-                          past_key_values=cache, use_cache=True)
+        return self.model(encoder_outputs=(encoder_hidden_states,), decoder_input_ids=input_ids, use_cache=True,
+                          **with_cache(self.model, cache))
 
     def forward(self, encoder_hidden_states):
         rows = encoder_hidden_states.shape[0]
         placeholder = torch.zeros((rows, 1), dtype=torch.long, device=encoder_hidden_states.device)
         cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
         out = self.run_decoder(placeholder, encoder_hidden_states, cache)
-        return flat_layers(out.past_key_values.cross_attention_cache, self.num_layers)
+        return flat_layers(returned_cache(out).cross_attention_cache, self.num_layers)
 
 
 def self_attention_part(cache: EncoderDecoderCache):
@@ -114,7 +114,7 @@ class DecoderWrapper(StepWrapper):
         rows, length = encoder_attention_mask.shape
         placeholder = rest[0].new_zeros(()).expand(rows, length, 1)  # sizes the encoder mask only
         out = self.model(encoder_outputs=(placeholder,), attention_mask=encoder_attention_mask,
-                         decoder_input_ids=input_ids, past_key_values=cache, use_cache=True,
+                         decoder_input_ids=input_ids, use_cache=True, **with_cache(self.model, cache),
                          **self.keep_kwargs(logits_to_keep))
         return self.step_outputs(out, logits_to_keep, self_attention_part)
 

@@ -31,6 +31,18 @@ def accepts(model_class: type, argument: str) -> bool:
     return argument in inspect.signature(model_class.forward).parameters
 
 
+def with_cache(model: torch.nn.Module, cache) -> dict:
+    """The keyword that hands `cache` to the model's forward: `cache` from transformers 5.24 on (where
+    `past_key_values` is deprecated, to be removed in 5.40), `past_key_values` before."""
+    return {"cache" if accepts(type(model), "cache") else "past_key_values": cache}
+
+
+def returned_cache(out):
+    """The cache a forward returned: `out.cache` from transformers 5.24 on, `out.past_key_values` before."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
+
+
 def decoder_io(model_class: type, num_layers: int, use_cache: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The input and output names of the decoder graph of such a model, known without loading its weights."""
     inputs = ["input_ids", "attention_mask"] + (["position_ids"] if accepts(model_class, "position_ids") else [])
@@ -165,7 +177,7 @@ class StepWrapper(torch.nn.Module):
         logits = self.kept_logits(out.logits, keep)
         if not self.use_cache or self.static:
             return (logits,)
-        return (logits, *flat_layers(self_attention(out.past_key_values), self.num_layers))
+        return (logits, *flat_layers(self_attention(returned_cache(out)), self.num_layers))
 
 
 class DecoderWrapper(StepWrapper):
@@ -189,8 +201,8 @@ class DecoderWrapper(StepWrapper):
             out = self.model(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
-                past_key_values=cache,
                 use_cache=self.use_cache,
+                **with_cache(self.model, cache),
                 **extra,
             )
         return self.step_outputs(out, keep)
