@@ -31,7 +31,7 @@ import torch
 
 from nndf.decoder import TokenState
 from nndf.errors import UsageError
-from nndf.generation import GenerationOptions, generate, is_eos
+from nndf.generation import GenerationOptions, generate
 from nndf.kvcache import StaticKVCache
 from nndf.rowcache import RowCache
 from nndf.sampling import last_dim_argmax
@@ -59,7 +59,6 @@ class Request:
     def __post_init__(self) -> None:
         self._processors = None
         self._chooser = None
-        self._eos = torch.tensor(self.options.eos_ids) if self.options.eos_ids else None
         self._sequence = self.prompt
 
     @property
@@ -85,8 +84,7 @@ class Request:
             self._sequence = torch.cat([self._sequence, self._sequence.new_tensor([[token]])], dim=1)
         if self.streamer is not None:
             self.streamer.put(torch.tensor([token]))
-        ended = self._eos is not None and bool(is_eos(torch.tensor(token), self._eos))
-        return ended or len(self.new_tokens) >= self.options.max_new_tokens
+        return token in self.options.eos_ids or len(self.new_tokens) >= self.options.max_new_tokens
 
     def _finish(self, error: BaseException | None = None, cancelled: bool = False) -> None:
         self.error, self.cancelled = error, cancelled
@@ -98,11 +96,6 @@ class Request:
                 self.on_done(self)
             except Exception as exc:  # noqa: BLE001 - a reply that cannot be sent (its client gone) ends only it
                 print(f"nndf: the answer to a request could not be delivered: {exc}", file=sys.stderr)
-
-    @property
-    def output(self) -> torch.Tensor:
-        """Prompt + new tokens, as `Model.generate` returns one row."""
-        return torch.cat([self.prompt, torch.tensor([self.new_tokens], dtype=self.prompt.dtype)], dim=1)
 
 
 class ContinuousBatcher:

@@ -64,10 +64,6 @@ class RowCache:
     def max_rows(self) -> int:
         return self.shape[0]
 
-    @property
-    def max_len(self) -> int:  # what `Decoder.step`'s cache protocol reads
-        return self.capacity
-
     def past_feeds(self) -> dict[str, torch.Tensor]:
         if self.in_place:  # whole rows: the graph writes the new column at `length` itself
             return {name: buf[: self.rows] for name, buf in self.buffers.items()}

@@ -24,7 +24,6 @@ Output: GENERATED, the new text of each row (special tokens dropped).
 
 import json
 import tempfile
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -108,14 +107,13 @@ class TritonPythonModel:
                                working_dir=self._work.name, use_cache=settings["use_cache"],
                                threads=settings.get("threads"), device="cpu")
         self.worker = None
-        self.lock = threading.Lock()  # the sequential scheduler's generations, one at a time
         if settings.get("scheduler", "continuous") == "continuous":
             from nndf.continuous import BatchWorker, ContinuousBatcher
 
             self.worker = BatchWorker(ContinuousBatcher(self.model, max_rows=settings["max_rows"]))
 
-    def options(self, request):
-        """The request's generation options from its optional inputs (the defaults where absent)."""
+    def settings(self, request) -> dict:
+        """`Model.generate`'s keywords from the request's optional inputs (the defaults where absent)."""
         decoding = {}
         for name, (keyword, kind) in DECODING_INPUTS.items():
             value = _optional(request, name, kind)
@@ -126,7 +124,7 @@ class TritonPythonModel:
         for name, value in (("MAX_NEW_TOKENS", max_new), ("NUM_BEAMS", beams)):
             if value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}")
-        return self.model.generation_options(max_new, num_beams=beams, **decoding)
+        return dict(decoding, max_new_tokens=max_new, num_beams=beams)
 
     def prompts(self, texts):
         from nndf.actions.common import encode_prompts
@@ -150,7 +148,7 @@ class TritonPythonModel:
         sender = request.get_response_sender()
         try:
             texts = _texts(request)
-            options = self.options(request)
+            options = self.model.generation_options(**self.settings(request))
             prompts = self.prompts(texts)
             reply = Reply(sender, len(prompts), self.model.tokenizer, self.stream)
             rows = []
@@ -173,16 +171,13 @@ class TritonPythonModel:
     def _sequential(self, request):
         """One request as its own batch, answered when done (the model before continuous batching)."""
         from nndf.actions.common import encode_prompts
-        from nndf.generation import generate
 
         try:
             texts = _texts(request)
-            options = self.options(request)
+            settings = self.settings(request)
             model = self.model
             ids, mask = encode_prompts(model.tokenizer, texts, use_mask=True, pad_side=model.architecture.pad_side)
-            model.architecture.check_length(ids.shape[1], options.max_new_tokens, model.decoder.shapes)
-            with self.lock:
-                output = generate(model.decoder, ids, mask, options).cpu()
+            output = model.generate(ids, mask, **settings)
             replies = model.tokenizer.batch_decode(model.new_tokens(output, ids), skip_special_tokens=True)
             return pb_utils.InferenceResponse(output_tensors=[_strings(replies)])
         except Exception as exc:  # noqa: BLE001 - the client gets the reason, the server keeps serving
