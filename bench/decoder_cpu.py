@@ -36,6 +36,7 @@ the Optimum worker.
 
 from __future__ import annotations
 
+import os
 import sys
 from functools import partial
 from pathlib import Path
@@ -61,6 +62,8 @@ ENGINE_HELP = {
     "onnxrt-int4": "our generation loop on ONNX Runtime, int4 weights",
     "onnxrt-growing": "our generation loop on ONNX Runtime, fp32, with the growing KV layout (--kv-layout growing: "
                       "past and new concatenated in the graph at every step; onnxrt's default is the shared buffer)",
+    "onnxrt-4k": "our generation loop on ONNX Runtime, fp32, its weights left on 4 KiB pages (NNDF_HUGE_PAGES=0; "
+                 "onnxrt's default moves them onto 2 MiB pages after loading, nndf.hugepages)",
     "optimum": "Hugging Face Optimum ORTModelForCausalLM (KV cache), in its own virtual environment",
     "llamacpp-f32": "llama.cpp (from the llama-cpp-python sdist), llama-batched-bench on an F32 GGUF of the weights",
     "llamacpp-q8_0": "the same on a Q8_0 GGUF (convert_hf_to_gguf.py --outtype q8_0)",
@@ -73,6 +76,7 @@ PEERS = (("onnxrt", "llamacpp-f32"), ("onnxrt-int8", "llamacpp-q8_0"), ("onnxrt-
          ("onnxrt", "genai"), ("onnxrt-int4", "genai-int4"))
 QUANTIZE = {"onnxrt-int8": "int8", "onnxrt-int4": "int4"}
 KV_LAYOUTS = {"onnxrt-growing": "growing"}  # engines whose onnxrt graph has another KV layout than the default
+SMALL_PAGES = ("onnxrt-4k",)  # engines whose weights stay on the 4 KiB pages ONNX Runtime loads them onto
 
 # The goals: (engine, batch, metric, reference, op, target). `metric` is "step_ms" (decode ms/step, lower is
 # better), "tok_s" (end-to-end tokens/s, higher is better) or "peak_rss" (worker peak memory, any batch).
@@ -99,6 +103,8 @@ def make_runner(args):
         return llamacpp.LlamaCppRunner(args)
     if args.worker in genai.ENGINES:
         return genai.GenaiRunner(args)
+    if args.worker in SMALL_PAGES:
+        os.environ["NNDF_HUGE_PAGES"] = "0"
     return NndfRunner(args, QUANTIZE, kv_layouts=KV_LAYOUTS)
 
 

@@ -126,6 +126,7 @@ def test_default_layout_is_shared_and_info_says_so(family_dirs, onnx_work_dir):
                   device="cpu")
     assert m.decoder.session.layout == "shared"
     assert any(note.startswith("KV layout: shared") for note in info_result(m).notes)
+    assert any(note.startswith("decoder huge pages: ") for note in info_result(m).notes)  # nndf.hugepages
     growing = nndf.load("GPT2", backend="onnxrt", loaded=m.loaded, working_dir=str(onnx_work_dir), kv_layout="growing")
     assert any(note.startswith("KV layout: growing") for note in info_result(growing).notes)
     assert growing.decoder.session.artifacts[0].parent != m.decoder.session.artifacts[0].parent  # two artifacts
@@ -142,3 +143,38 @@ def test_growing_layout_plain_run_still_agrees(family_dirs, onnx_work_dir):
     for num_beams in (1, 2):
         assert torch.equal(growing.generate(ids, mask, max_new_tokens=6, num_beams=num_beams),
                            shared.generate(ids, mask, max_new_tokens=6, num_beams=num_beams))
+
+
+def test_a_generation_binds_once_and_reuses_its_logits_buffer(family_dirs, onnx_work_dir):
+    """A shared-layout generation keeps one IO binding (`SharedStep`, its cache's) for all its steps, and the session
+    forgets the cache when it goes; from the second step the last position's logits are written into the binding's own buffer, and they
+    equal what a fresh binding per step (the generic path) computes."""
+    import gc
+
+    m = _shared("GPT2", family_dirs, onnx_work_dir)
+    session = m.decoder.session
+    ids, _ = _batches()["equal lengths"]
+    state, cache = m.decoder.start(ids, torch.ones_like(ids), 1), m.decoder.new_cache(2, 16)
+    first = m.decoder.step(state, cache)
+    step = cache.step
+    state.append(first[:, -1].argmax(-1))
+    second = m.decoder.step(state, cache)
+    assert step.logits is not None and second.data_ptr() == step.logits[1].data_ptr()
+    kept = second.clone()
+    state.append(second[:, -1].argmax(-1))
+    third = m.decoder.step(state, cache)
+    assert third.data_ptr() == second.data_ptr() and cache.step is step
+
+    generic = m.decoder.new_cache(2, 16)  # the same steps with the shared buffers given as tensors: no SharedStep
+    tensors = {name: torch.from_numpy(array) for name, array in generic.arrays.items()}
+    generic.past_feeds = lambda: dict(tensors)
+    replay = m.decoder.start(state.tokens[:, :-2], torch.ones_like(state.tokens[:, :-2]), 1)
+    m.decoder.step(replay, generic)
+    replay.append(state.tokens[:, -2])
+    assert torch.equal(m.decoder.step(replay, generic), kept)
+    replay.append(state.tokens[:, -1])
+    assert torch.allclose(m.decoder.step(replay, generic), third, atol=1e-5)
+    assert generic.step is None  # fed as tensors: the generic path
+    del cache, step
+    gc.collect()
+    assert list(session.shared_caches.values()) == [generic]

@@ -14,6 +14,7 @@ layout always binds (its point is that past and present are one buffer).
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 from typing import Mapping
 
@@ -21,100 +22,14 @@ import numpy as np
 import torch
 
 from nndf.backends import BackendOptions
-from nndf.errors import HarnessError, UsageError
+from nndf.errors import UsageError
+from nndf.hugepages import HugePageReport, huge_pages_for_load
+from nndf.backends.ort_cache import PresentCache, SharedBufferCache, SharedStep, as_numpy, ort_module
 from nndf.kvcache import KINDS, past_name, present_name
 from nndf.loading import LoadedModel
 from nndf.spec import BuildSettings, ShapeSpec
 
 DESCRIPTION = "ONNX Runtime on the exported graph (CPU; CUDA with onnxruntime-gpu and a GPU)"
-
-
-def _ort():
-    try:
-        import onnxruntime
-    except ImportError:
-        raise HarnessError(
-            "the onnxrt backend needs ONNX Runtime: pip install -e '.[onnxruntime]' (CPU) or "
-            "'.[onnxruntime-gpu]' (CUDA), never both"
-        ) from None
-    return onnxruntime
-
-
-def _as_numpy(value):
-    if isinstance(value, torch.Tensor):
-        if value.device.type == "cpu" and not value.requires_grad:
-            return value.numpy()  # a view; detach() and cpu() would each make a new tensor object per step
-        return value.detach().cpu().numpy()
-    return value
-
-
-class PresentCache:
-    """The cache as the runtime returned it: each step's presents are fed back as the next step's pasts."""
-
-    def __init__(self, num_layers: int, rows: int, kv_heads: int, head_dim: int, max_len: int,
-                 dtype=np.float32) -> None:
-        self.empty = np.zeros((rows, kv_heads, 0, head_dim), dtype=dtype)
-        self.values = {past_name(i, k): self.empty for i in range(num_layers) for k in KINDS}
-        self.num_layers = num_layers
-        self.max_len = max_len
-        self.length = 0
-
-    def restart(self) -> None:
-        """Hold no positions again: the next step feeds the whole sequence."""
-        self.values = {name: self.empty for name in self.values}
-        self.length = 0
-
-    def past_feeds(self) -> dict:
-        return dict(self.values)
-
-    def store(self, outputs: Mapping[str, object], new_length: int) -> None:
-        for layer in range(self.num_layers):
-            for kind in KINDS:
-                self.values[past_name(layer, kind)] = outputs[present_name(layer, kind)]
-        self.length = new_length
-
-    def reorder(self, row_index: torch.Tensor) -> None:
-        index = row_index.cpu().numpy()
-        for name, value in self.values.items():
-            array = value.numpy() if hasattr(value, "numpy") and not isinstance(value, np.ndarray) else value
-            self.values[name] = np.ascontiguousarray(np.take(array, index, axis=0))
-
-
-class SharedBufferCache:
-    """Whole-length buffers, (rows, kv_heads, max_len, head_dim) per past, that the graph writes in place.
-
-    `past_feeds` hands out OrtValues over the buffers (made once); the session binds each present output to its
-    past's OrtValue, so a step's presents are these buffers and `store` only counts positions. The buffers are
-    not zeroed: the attention reads only the positions the mask covers."""
-
-    def __init__(self, num_layers: int, rows: int, kv_heads: int, head_dim: int, max_len: int,
-                 dtype=np.float32) -> None:
-        ort = _ort()
-        shape = (rows, kv_heads, max_len, head_dim)
-        self.arrays = {past_name(i, k): np.empty(shape, dtype=dtype) for i in range(num_layers) for k in KINDS}
-        self.values = {name: ort.OrtValue.ortvalue_from_numpy(array) for name, array in self.arrays.items()}
-        self.num_layers = num_layers
-        self.max_len = max_len
-        self.length = 0
-
-    def restart(self) -> None:
-        """Hold no positions again: the next step feeds the whole sequence and writes it from the start."""
-        self.length = 0
-
-    def past_feeds(self) -> dict:
-        return dict(self.values)
-
-    def store(self, outputs: Mapping[str, object], new_length: int) -> None:
-        if new_length > self.max_len:
-            raise ValueError(f"KV cache holds {self.max_len} positions, a step produced {new_length}")
-        self.length = new_length
-
-    def reorder(self, row_index: torch.Tensor) -> None:
-        """Row r takes what row `row_index[r]` held, in place, over the filled positions only."""
-        index = row_index.cpu()
-        for array in self.arrays.values():
-            filled = torch.from_numpy(array)[:, :, : self.length]
-            filled.copy_(filled.index_select(0, index))
 
 
 def graph_layout(graph: Path) -> str:
@@ -134,7 +49,7 @@ class OrtSession:
     def __init__(self, graph: Path, input_names, output_names, threads: int | None = None,
                  io_binding: bool | None = True, use_gpu: bool | None = None, torch_outputs: bool = False,
                  role: str = "decoder", layout: str | None = None, layout_note: str | None = None) -> None:
-        ort = _ort()
+        ort = ort_module()
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if threads:
@@ -144,7 +59,9 @@ class OrtSession:
             use_gpu = "CUDAExecutionProvider" in ort.get_available_providers() and torch.cuda.is_available()
         if use_gpu:
             providers.insert(0, "CUDAExecutionProvider")
-        self.session = ort.InferenceSession(str(graph), options, providers=providers)
+        self.huge_pages = HugePageReport()
+        with huge_pages_for_load(self.huge_pages):  # the weights ONNX Runtime holds, on 2 MiB pages
+            self.session = ort.InferenceSession(str(graph), options, providers=providers)
         self.artifacts = [Path(graph)]
         # onnxruntime-gpu lists CUDA as available even without a GPU and then silently falls back: trust only
         # the providers the session really got.
@@ -172,10 +89,16 @@ class OrtSession:
         self.shared_presents = {present_name(i, k): past_name(i, k) for i in range(layers) for k in KINDS} \
             if self.layout == "shared" else {}
         self.shared_pasts = set(self.shared_presents.values())
-        self.info_notes = []  # what --info shows: the KV layout of a graph with a self-attention cache
+        # The SharedBufferCaches made here, by their first past's OrtValue: a step fed from one runs through the
+        # cache's own binding (SharedStep); the entry goes with the cache. A continuous batch's rows, given as
+        # tensors, take the generic path.
+        self.shared_caches = weakref.WeakValueDictionary() if self.shared_presents and not torch_outputs else None
+        self.first_shared_past = past_name(0, KINDS[0])
+        self.info_notes = []  # what --info shows: the KV layout of a graph with a self-attention cache, huge pages
         if layers:
             note = f" ({layout_note})" if layout_note else ""
             self.info_notes.append(f"KV layout: {self._describe_layout()}{note}")
+        self.info_notes.append(f"{role} {self.huge_pages.describe()}")
 
     def _describe_layout(self) -> str:
         if self.layout == "shared":
@@ -185,29 +108,39 @@ class OrtSession:
 
     def new_cache(self, shapes: ShapeSpec, rows: int, max_len: int) -> PresentCache | SharedBufferCache:
         kind = SharedBufferCache if self.layout == "shared" else PresentCache
-        return kind(shapes.num_layers, rows, shapes.kv_heads, shapes.head_dim, max_len)
+        cache = kind(shapes.num_layers, rows, shapes.kv_heads, shapes.head_dim, max_len)
+        if kind is SharedBufferCache and self.shared_caches is not None:
+            self.shared_caches[id(cache.values[self.first_shared_past])] = cache
+        return cache
 
     def as_feed(self, tensor: torch.Tensor):
         """An input that every step feeds unchanged (cross-attention keys and values), converted once."""
         if not self.io_binding:
-            return _as_numpy(tensor)
-        return _ort().OrtValue.ortvalue_from_numpy(np.ascontiguousarray(_as_numpy(tensor)))
+            return as_numpy(tensor)
+        return ort_module().OrtValue.ortvalue_from_numpy(np.ascontiguousarray(as_numpy(tensor)))
 
     def run(self, feeds: Mapping[str, object]) -> dict:
+        if self.shared_caches is not None:  # a generation over one of our SharedBufferCaches: its own binding
+            first_past = feeds.get(self.first_shared_past)
+            cache = self.shared_caches.get(id(first_past))
+            if cache is not None and cache.values[self.first_shared_past] is first_past:
+                if cache.step is None:
+                    cache.step = SharedStep(self.session, cache.values, self.shared_presents)
+                return {"logits": cache.step.run(self.session, feeds)}
         if not self.io_binding and not self.shared_presents:
-            arrays = self.session.run(None, {name: _as_numpy(v) for name, v in feeds.items()})
+            arrays = self.session.run(None, {name: as_numpy(v) for name, v in feeds.items()})
             outputs = dict(zip(self.output_names, arrays))
         else:
-            ort = _ort()
+            ort = ort_module()
             binding = self.session.io_binding()
             if self.shared_presents:  # a buffer given as a tensor (a continuous batch's rows): an OrtValue over it
                 feeds = {name: value if isinstance(value, ort.OrtValue) or name not in self.shared_pasts else
-                         ort.OrtValue.ortvalue_from_numpy(_as_numpy(value)) for name, value in feeds.items()}
+                         ort.OrtValue.ortvalue_from_numpy(as_numpy(value)) for name, value in feeds.items()}
             for name, value in feeds.items():
                 if isinstance(value, ort.OrtValue):
                     binding.bind_ortvalue_input(name, value)
                 else:
-                    binding.bind_cpu_input(name, np.ascontiguousarray(_as_numpy(value)))
+                    binding.bind_cpu_input(name, np.ascontiguousarray(as_numpy(value)))
             for name in self.output_names:
                 if name in self.shared_presents:  # the past's own buffer: written in place
                     binding.bind_ortvalue_output(name, feeds[self.shared_presents[name]])
@@ -224,7 +157,7 @@ class OrtSession:
 
 def _cuda_provider() -> bool:
     """Whether sessions here run on ONNX Runtime's CUDA provider (onnxruntime-gpu and a GPU)."""
-    return torch.cuda.is_available() and "CUDAExecutionProvider" in _ort().get_available_providers()
+    return torch.cuda.is_available() and "CUDAExecutionProvider" in ort_module().get_available_providers()
 
 
 def check_fp16(settings: BuildSettings, options: BackendOptions) -> None:

@@ -1,0 +1,148 @@
+"""The KV cache of the onnxrt backend as ONNX Runtime sees it, and the IO binding of a shared-buffer generation.
+
+`PresentCache` (growing layout) feeds each step's presents back as the next step's pasts; `SharedBufferCache`
+(shared layout) keeps one whole-length buffer per past that the graph writes in place. `SharedStep` is why the shared
+layout's step costs the host little: the 48 past/present bindings of GPT-2 are made once per generation, not once
+per step, and the last position's logits land in a buffer made once, so a decode step binds four small inputs and
+reads no output back through ONNX Runtime's Python objects. That matters because the host's work between two
+steps runs on cold caches (the step has just streamed every weight through them): `OrtSession.run`'s generic
+binding and `get_outputs` took about 0.3 ms per GPT-2 step there against 30 us in a warm loop (`bench/onnxrt_io.py`
+measures the host's share).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+import torch
+
+from nndf.errors import HarnessError
+from nndf.kvcache import KINDS, past_name, present_name
+
+
+def ort_module():
+    try:
+        import onnxruntime
+    except ImportError:
+        raise HarnessError(
+            "the onnxrt backend needs ONNX Runtime: pip install -e '.[onnxruntime]' (CPU) or "
+            "'.[onnxruntime-gpu]' (CUDA), never both"
+        ) from None
+    return onnxruntime
+
+
+def as_numpy(value):
+    if isinstance(value, torch.Tensor):
+        if value.device.type == "cpu" and not value.requires_grad:
+            return value.numpy()  # a view; detach() and cpu() would each make a new tensor object per step
+        return value.detach().cpu().numpy()
+    return value
+
+
+class PresentCache:
+    """The cache as the runtime returned it: each step's presents are fed back as the next step's pasts."""
+
+    def __init__(self, num_layers: int, rows: int, kv_heads: int, head_dim: int, max_len: int,
+                 dtype=np.float32) -> None:
+        self.empty = np.zeros((rows, kv_heads, 0, head_dim), dtype=dtype)
+        self.values = {past_name(i, k): self.empty for i in range(num_layers) for k in KINDS}
+        self.num_layers = num_layers
+        self.max_len = max_len
+        self.length = 0
+
+    def restart(self) -> None:
+        """Hold no positions again: the next step feeds the whole sequence."""
+        self.values = {name: self.empty for name in self.values}
+        self.length = 0
+
+    def past_feeds(self) -> dict:
+        return dict(self.values)
+
+    def store(self, outputs: Mapping[str, object], new_length: int) -> None:
+        for layer in range(self.num_layers):
+            for kind in KINDS:
+                self.values[past_name(layer, kind)] = outputs[present_name(layer, kind)]
+        self.length = new_length
+
+    def reorder(self, row_index: torch.Tensor) -> None:
+        index = row_index.cpu().numpy()
+        for name, value in self.values.items():
+            array = value.numpy() if hasattr(value, "numpy") and not isinstance(value, np.ndarray) else value
+            self.values[name] = np.ascontiguousarray(np.take(array, index, axis=0))
+
+
+class SharedBufferCache:
+    """Whole-length buffers, (rows, kv_heads, max_len, head_dim) per past, that the graph writes in place.
+
+    `past_feeds` hands out OrtValues over the buffers (made once); the session binds each present output to its
+    past's OrtValue, so a step's presents are these buffers and `store` only counts positions. The buffers are
+    not zeroed: the attention reads only the positions the mask covers."""
+
+    def __init__(self, num_layers: int, rows: int, kv_heads: int, head_dim: int, max_len: int,
+                 dtype=np.float32) -> None:
+        ort = ort_module()
+        shape = (rows, kv_heads, max_len, head_dim)
+        self.arrays = {past_name(i, k): np.empty(shape, dtype=dtype) for i in range(num_layers) for k in KINDS}
+        self.values = {name: ort.OrtValue.ortvalue_from_numpy(array) for name, array in self.arrays.items()}
+        self.num_layers = num_layers
+        self.max_len = max_len
+        self.length = 0
+        self.step: SharedStep | None = None  # the binding of this cache's steps, made by the session at the first
+
+    def restart(self) -> None:
+        """Hold no positions again: the next step feeds the whole sequence and writes it from the start."""
+        self.length = 0
+
+    def past_feeds(self) -> dict:
+        return dict(self.values)
+
+    def store(self, outputs: Mapping[str, object], new_length: int) -> None:
+        if new_length > self.max_len:
+            raise ValueError(f"KV cache holds {self.max_len} positions, a step produced {new_length}")
+        self.length = new_length
+
+    def reorder(self, row_index: torch.Tensor) -> None:
+        """Row r takes what row `row_index[r]` held, in place, over the filled positions only."""
+        index = row_index.cpu()
+        for array in self.arrays.values():
+            filled = torch.from_numpy(array)[:, :, : self.length]
+            filled.copy_(filled.index_select(0, index))
+
+
+class SharedStep:
+    """The IO binding of one `SharedBufferCache` (so of one generation): pasts and presents bound once, the small inputs
+    rebound each step, and the last position's logits written into a buffer of this binding's own.
+
+    The logits a step returns for one position per row are a view of that buffer: valid until this cache's next
+    step, which overwrites them (every loop reads a step's logits before running the next). Logits of several
+    positions (scoring a sequence) come from ONNX Runtime's own allocation, as in the generic path."""
+
+    def __init__(self, session, pasts: Mapping[str, object], shared_presents: Mapping[str, str]) -> None:
+        """`pasts`: the cache's OrtValue per past input; `shared_presents`: present output -> its past's name."""
+        self.binding = session.io_binding()  # it holds the OrtValues, so the cache's buffers, as long as it lives
+        self.binding.bind_output("logits", "cpu")  # bound first, so that get_outputs()[0] is the logits
+        for present, past in shared_presents.items():
+            self.binding.bind_ortvalue_input(past, pasts[past])
+            self.binding.bind_ortvalue_output(present, pasts[past])
+        self.pasts = frozenset(shared_presents.values())
+        self.logits: tuple | None = None  # (OrtValue, torch view) over the one-position logits buffer
+
+    def run(self, session, feeds: Mapping[str, object]) -> torch.Tensor:
+        binding = self.binding
+        for name, value in feeds.items():
+            if name not in self.pasts:
+                binding.bind_cpu_input(name, np.ascontiguousarray(as_numpy(value)))
+        keep = feeds.get("logits_to_keep")
+        one_position = keep is not None and len(keep) == 1
+        if one_position and self.logits is not None:
+            binding.bind_ortvalue_output("logits", self.logits[0])
+            session.run_with_iobinding(binding)
+            return self.logits[1]
+        binding.bind_output("logits", "cpu")
+        session.run_with_iobinding(binding)
+        logits = binding.get_outputs()[0].numpy()
+        if one_position:  # the shape every later step's logits have: give them a buffer of their own
+            buffer = np.empty_like(logits)
+            self.logits = (ort_module().OrtValue.ortvalue_from_numpy(buffer), torch.from_numpy(buffer))
+        return torch.from_numpy(logits)
