@@ -111,7 +111,9 @@ class GenerationOptions:
 
 def is_eos(tokens: torch.Tensor, eos: torch.Tensor) -> torch.Tensor:
     """Which tokens are one of the few `eos` ids: `torch.isin` sorts its inputs and costs several times more per
-    step than comparing against each id."""
+    step than comparing against each id (and one id is one comparison)."""
+    if eos.numel() == 1:
+        return tokens == eos.reshape(())
     return (tokens.unsqueeze(-1) == eos).any(dim=-1)
 
 
@@ -206,9 +208,13 @@ def greedy_search(decoder, state: TokenState, options, on_token=None, stopping=N
         if generated + 1 == options.max_new_tokens:
             break
         if ends:
-            running_steps += unfinished.any()
-            if (generated + 1) % check_every == 0 and not bool(unfinished.any()):
-                break
+            if check_every == 1:  # the host reads it at every step: no count of running steps needed
+                if not bool(unfinished.any()):
+                    break
+            else:
+                running_steps += unfinished.any()
+                if (generated + 1) % check_every == 0 and not bool(unfinished.any()):
+                    break
         logits = decoder.step(state, cache)
     if ends and check_every > 1 and not bool(unfinished.any()):
         # generate() stops at the step that ended the last row: the steps run after it are cut off.

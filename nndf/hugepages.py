@@ -8,8 +8,10 @@ ONNX Runtime does not ask, so after it loads a session we ask for it: `MADV_HUGE
 during the load (so that it stays eligible) and `MADV_COLLAPSE` (Linux 6.1+) to move what is already there onto
 huge pages now rather than whenever khugepaged gets to it.
 
-Only whole 2 MiB-aligned stretches of private anonymous memory that did not exist before the load are touched:
-nothing a caller held before, no file mappings. Where the kernel or platform refuses (not Linux, an old kernel,
+Only private anonymous regions that the load filled are touched (their resident memory grew by 2 MiB or more during
+it, and at least 3/4 of each is resident after, so collapsing adds few pages nobody wrote), in whole 2 MiB-aligned
+stretches; no file mappings. A region counts whether it is new or one the allocator reused, as happens when a
+process loads a second graph after freeing the first. Where the kernel or platform refuses (not Linux, an old kernel,
 THP disabled), memory stays as it was; it is a speed-up, never needed for correctness. `NNDF_HUGE_PAGES=0` turns it
 off (for measuring what it brings).
 """
@@ -25,7 +27,8 @@ from dataclasses import dataclass
 HUGE_PAGE = 2 << 20
 MADV_HUGEPAGE = 14
 MADV_COLLAPSE = 25
-MAPS = "/proc/self/maps"
+SMAPS = "/proc/self/smaps"
+DENSE = 0.75  # the share of a region that must be resident for it to be collapsed whole
 
 
 @dataclass
@@ -48,38 +51,41 @@ def enabled() -> bool:
     return sys.platform.startswith("linux") and os.environ.get("NNDF_HUGE_PAGES", "1") != "0"
 
 
-def anonymous_regions(maps_text: str) -> list[tuple[int, int]]:
-    """The private, writable, anonymous mappings of a /proc/<pid>/maps text, as [start, end) address pairs."""
-    regions = []
-    for line in maps_text.splitlines():
+def anonymous_regions(smaps_text: str) -> dict[tuple[int, int], int]:
+    """The private, writable, anonymous mappings of a /proc/<pid>/smaps text (the heap included, stacks not):
+    [start, end) address pair -> resident bytes."""
+    regions: dict[tuple[int, int], int] = {}
+    current = None
+    for line in smaps_text.splitlines():
         fields = line.split()
-        if len(fields) < 5 or fields[1] != "rw-p" or len(fields) > 5 and not fields[5].startswith("[heap"):
-            continue
-        start, end = (int(address, 16) for address in fields[0].split("-"))
-        regions.append((start, end))
+        if fields and "-" in fields[0] and not fields[0].endswith(":"):  # a mapping's header line
+            anonymous = len(fields) >= 5 and fields[1] == "rw-p" and (len(fields) == 5 or fields[5] == "[heap]")
+            current = tuple(int(address, 16) for address in fields[0].split("-")) if anonymous else None
+        elif current is not None and fields and fields[0] == "Rss:":
+            regions[current] = int(fields[1]) * 1024
     return regions
 
 
-def new_huge_stretches(before: list[tuple[int, int]], after: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """The 2 MiB-aligned stretches of `after`'s regions that no region of `before` overlaps, as [start, end)."""
+def grown_stretches(before: dict[tuple[int, int], int], after: dict[tuple[int, int], int],
+                    dense: float = DENSE) -> list[tuple[int, int]]:
+    """The 2 MiB-aligned stretches of the regions the load filled: whose resident memory grew by at least a huge
+    page (new regions, and old ones the allocator reused) and is at least `dense` of their size afterwards, so that
+    collapsing them adds few pages that nobody wrote."""
     stretches = []
-    for start, end in after:
-        pieces = [(start, end)]
-        for old_start, old_end in before:  # subtract every old region from this one
-            pieces = [part for piece_start, piece_end in pieces
-                      for part in ((piece_start, min(piece_end, old_start)), (max(piece_start, old_end), piece_end))
-                      if part[0] < part[1]]
-        for piece_start, piece_end in pieces:
-            aligned_start = -(-piece_start // HUGE_PAGE) * HUGE_PAGE
-            aligned_end = piece_end // HUGE_PAGE * HUGE_PAGE
-            if aligned_end > aligned_start:
-                stretches.append((aligned_start, aligned_end))
+    for (start, end), resident in after.items():
+        earlier = sum(old_resident * (min(end, old_end) - max(start, old_start)) // (old_end - old_start)
+                      for (old_start, old_end), old_resident in before.items() if old_start < end and old_end > start)
+        if resident - earlier < HUGE_PAGE or resident < dense * (end - start):
+            continue
+        aligned_start, aligned_end = -(-start // HUGE_PAGE) * HUGE_PAGE, end // HUGE_PAGE * HUGE_PAGE
+        if aligned_end > aligned_start:
+            stretches.append((aligned_start, aligned_end))
     return stretches
 
 
-def _read_maps() -> str:
-    with open(MAPS) as maps:
-        return maps.read()
+def _read_smaps() -> str:
+    with open(SMAPS) as smaps:
+        return smaps.read()
 
 
 @contextmanager
@@ -89,11 +95,11 @@ def huge_pages_for_load(report: HugePageReport):
         report.reason = "turned off by NNDF_HUGE_PAGES=0" if sys.platform.startswith("linux") else "not Linux"
         yield report
         return
-    before = anonymous_regions(_read_maps())
+    before = anonymous_regions(_read_smaps())
     yield report
-    stretches = new_huge_stretches(before, anonymous_regions(_read_maps()))
+    stretches = grown_stretches(before, anonymous_regions(_read_smaps()))
     if not stretches:
-        report.reason = "the load added no 2 MiB stretch of memory"
+        report.reason = "the load filled no 2 MiB stretch of memory"
         return
     libc = ctypes.CDLL(None, use_errno=True)
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]

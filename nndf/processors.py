@@ -29,8 +29,8 @@ class PlainProcessors(list):
 
 
 class _EosBan:
-    """Sets the EOS ids that index the scores' vocabulary to -inf in a copy of the scores, as `torch.where(isin(...))`
-    does; the ids that fit are worked out once per vocabulary size and device, not at every step."""
+    """Sets the EOS ids that index the scores' vocabulary to -inf in a copy of the scores (one `index_fill`), as
+    `torch.where(isin(...))` does; the ids that fit are worked out once per vocabulary size and device, not at every step."""
 
     eos_token_id: torch.Tensor
 
@@ -40,9 +40,7 @@ class _EosBan:
         if cached is None or cached[0] != key:
             eos = self.eos_token_id.to(scores.device)
             cached = self._fitting_eos = (key, eos[(eos >= 0) & (eos < scores.shape[-1])])
-        banned = scores.clone()
-        banned[..., cached[1]] = -math.inf
-        return banned
+        return scores.index_fill(-1, cached[1], -math.inf)
 
 
 class FastMinLength(_EosBan, MinLengthLogitsProcessor):

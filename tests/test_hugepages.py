@@ -2,40 +2,55 @@
 
 from __future__ import annotations
 
+import mmap
 import sys
 
 import numpy as np
 import pytest
 
 from nndf import hugepages
-from nndf.hugepages import HUGE_PAGE, HugePageReport, anonymous_regions, huge_pages_for_load, new_huge_stretches
+from nndf.hugepages import HugePageReport, anonymous_regions, grown_stretches, huge_pages_for_load
 
 MIB = 1 << 20
 
-MAPS = """\
+SMAPS = """\
 55d0c0000000-55d0c0021000 r--p 00000000 08:01 1234   /usr/bin/python3.11
+Size:                132 kB
+Rss:                 132 kB
 55d0c1000000-55d0c1400000 rw-p 00000000 00:00 0      [heap]
+Size:               4096 kB
+Rss:                1024 kB
+Private_Dirty:      1024 kB
 7f0000000000-7f0000a00000 rw-p 00000000 00:00 0
+Size:              10240 kB
+Rss:               10240 kB
+VmFlags: rd wr mr mw me ac
 7f0000a00000-7f0000c00000 rw-p 00000000 08:01 99     /tmp/weights.bin
-7f0001000000-7f0001100000 r--p 00000000 00:00 0
+Rss:                2048 kB
 7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0      [stack]
+Rss:                  12 kB
 """
 
 
-def test_anonymous_regions_are_private_writable_and_unnamed_or_heap():
-    assert anonymous_regions(MAPS) == [(0x55D0C1000000, 0x55D0C1400000), (0x7F0000000000, 0x7F0000A00000)]
+def test_anonymous_regions_are_private_writable_and_unnamed_or_heap_with_their_resident_bytes():
+    assert anonymous_regions(SMAPS) == {(0x55D0C1000000, 0x55D0C1400000): 1 * MIB,
+                                        (0x7F0000000000, 0x7F0000A00000): 10 * MIB}
 
 
-def test_only_aligned_stretches_that_are_new_are_taken():
-    before = [(0, 3 * MIB)]
-    after = [(0, 11 * MIB + 4096), (20 * MIB + 4096, 23 * MIB)]
-    # the old 0-3 MiB are left out, 3-4 MiB is not a whole aligned page, 4-10 MiB are three pages, the first
-    # region's tail is short of a page, and the second region (20 MiB + 4 KiB to 23 MiB) holds no whole aligned page
-    assert new_huge_stretches(before, after) == [(4 * MIB, 10 * MIB)]
-    assert new_huge_stretches([], [(HUGE_PAGE, 3 * HUGE_PAGE)]) == [(HUGE_PAGE, 3 * HUGE_PAGE)]
-    assert new_huge_stretches([(0, 64 * MIB)], [(0, 64 * MIB)]) == []  # nothing new: nothing asked
-    # a region that grew around an old one keeps the old part out
-    assert new_huge_stretches([(4 * MIB, 6 * MIB)], [(0, 10 * MIB)]) == [(0, 4 * MIB), (6 * MIB, 10 * MIB)]
+def test_only_regions_the_load_filled_are_taken_in_aligned_stretches():
+    after = {(0, 11 * MIB + 4096): 11 * MIB, (20 * MIB + 4096, 23 * MIB): 3 * MIB - 4096}
+    # a new region, filled: its whole aligned part [0, 10 MiB); the second holds no whole aligned page
+    assert grown_stretches({}, after) == [(0, 10 * MIB)]
+    # the same region, resident before: nothing grew
+    assert grown_stretches({(0, 11 * MIB + 4096): 11 * MIB}, after) == []
+    # an old region the allocator reused (resident 1 MiB before, 11 after): taken
+    assert grown_stretches({(0, 11 * MIB + 4096): 1 * MIB}, after) == [(0, 10 * MIB)]
+    # grown, but mostly empty after (a large heap with a small new chunk): not collapsed, as that would fill it
+    assert grown_stretches({}, {(0, 64 * MIB): 8 * MIB}) == []
+    # grown by less than a huge page: left alone
+    assert grown_stretches({(0, 4 * MIB): 3 * MIB}, {(0, 4 * MIB): 4 * MIB}) == []
+    # regions merged since: the old region's residence counts in proportion to the overlap
+    assert grown_stretches({(0, 4 * MIB): 4 * MIB}, {(0, 8 * MIB): 8 * MIB}) == [(0, 8 * MIB)]
 
 
 def test_turned_off_asks_nothing(monkeypatch):
@@ -60,13 +75,25 @@ def _huge_kib_over(start: int, end: int) -> int:
     return total
 
 
+def _private_anonymous(size: int) -> tuple[mmap.mmap, np.ndarray]:
+    memory = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return memory, np.frombuffer(memory, dtype=np.float32)
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="transparent huge pages are Linux's")
-def test_a_load_lands_on_huge_pages():
-    """What a load allocates and fills (here 64 MiB standing for weights) is asked onto huge pages, and where the
-    kernel has MADV_COLLAPSE (Linux 6.1+) it is on them right after, as smaps shows."""
+@pytest.mark.parametrize("region", ["new", "reused"])
+def test_a_load_lands_on_huge_pages(region):
+    """What a load fills (here 64 MiB standing for weights, in a mapping made during the load or in one that
+    existed before it, as memory the allocator reuses) is asked onto huge pages, and where the kernel has
+    MADV_COLLAPSE (Linux 6.1+) it is on them right after, as smaps shows; the data is unchanged."""
     report = HugePageReport()
+    memory = weights = None
+    if region == "reused":
+        memory, weights = _private_anonymous(64 * MIB)
     with huge_pages_for_load(report):
-        weights = np.full(64 * MIB // 4, 1.5, dtype=np.float32)
+        if region == "new":
+            memory, weights = _private_anonymous(64 * MIB)
+        weights[:] = 1.5
     start = weights.ctypes.data
     assert report.asked >= 60 * MIB
     if report.collapsed == 0:
@@ -74,6 +101,8 @@ def test_a_load_lands_on_huge_pages():
     assert _huge_kib_over(start, start + weights.nbytes) * 1024 >= 60 * MIB
     assert float(weights.sum()) == 1.5 * weights.size  # the data moved with its pages
     assert "MiB loaded onto 2 MiB pages" in report.describe()
+    del weights
+    memory.close()
 
 
 def test_enabled_follows_platform_and_switch(monkeypatch):

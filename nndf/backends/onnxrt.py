@@ -208,18 +208,23 @@ def open_session(loaded: LoadedModel, settings: BuildSettings, options: BackendO
 
     `options.decoder_onnx` runs a given file instead, after checking its input and output names.
     """
-    from nndf.export.onnx import export_decoder, kv_layout, model_io
+    from nndf.export.onnx import built_export, export_decoder, kv_layout, model_io
 
     check_fp16(settings, options)
     if options.decoder_onnx is not None:
         path = given_graph(options.decoder_onnx, "--decoder-onnx")
         inputs, outputs = model_io(loaded, settings.use_cache)
         return OrtSession(path, inputs, outputs, options.threads, options.io_binding)
-    layout, refusal = kv_layout(loaded, settings.use_cache, options.kv_layout)
-    if layout == "shared" and _cuda_provider():
-        layout, refusal = "growing", ("on ONNX Runtime's CUDA provider graphs keep the growing layout: the shared "
-                                      "buffers are host memory, and GroupQueryAttention's CUDA kernel is fp16/bf16")
-    export = export_decoder(loaded, settings.use_cache, options.working_dir, layout)
+    on_cuda = _cuda_provider()
+    wanted = "shared" if options.kv_layout == "shared" and settings.use_cache and not on_cuda else "growing"
+    export, refusal = built_export(loaded, settings.use_cache, options.working_dir, wanted), None
+    if export is None:  # not built yet, or the model may not allow the layout: ask its class
+        layout, refusal = kv_layout(loaded, settings.use_cache, options.kv_layout)
+        if layout == "shared" and on_cuda:
+            layout, refusal = "growing", ("on ONNX Runtime's CUDA provider graphs keep the growing layout: the "
+                                          "shared buffers are host memory, and GroupQueryAttention's CUDA kernel is "
+                                          "fp16/bf16")
+        export = export_decoder(loaded, settings.use_cache, options.working_dir, layout)
     graph = runnable_graph(export, loaded, settings, options)
     return OrtSession(graph, export.input_names, export.output_names, options.threads, options.io_binding,
                       layout=export.layout, layout_note=refusal and f"{options.kv_layout} asked for: {refusal}")

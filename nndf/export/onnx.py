@@ -24,7 +24,7 @@ from nndf.errors import HarnessError
 from nndf.export.fused_attention import GROWING, LAYOUTS, SHARED, layout_refusal
 from nndf.export.wrapper import DecoderWrapper, decoder_io
 from nndf.loading import LoadedModel
-from nndf.workspace import artifact_name, build_dir_artifact, stale_reason
+from nndf.workspace import artifact_name, build_dir_artifact, read_metadata, stale_reason
 from nndf.progress import say, ticking
 
 # Bump when a change here changes the graphs produced, so that old exports are rebuilt rather than reused.
@@ -194,8 +194,9 @@ def trace_to_onnx(wrapper, args, dynamic, io: dict, path: Path, model, label: st
     failure is one HarnessError."""
     attention, translation = "eager", None
     if getattr(wrapper, "shared", False):
-        from nndf.export.fused_attention import ATTENTION, CUSTOM_TRANSLATION
+        from nndf.export.fused_attention import ATTENTION, CUSTOM_TRANSLATION, register
 
+        register()
         attention, translation = ATTENTION, CUSTOM_TRANSLATION
     try:
         with contextlib.redirect_stdout(sys.stderr), eager_attention(model, attention), attributes_kept(model), \
@@ -226,13 +227,35 @@ def fp32_cpu_model(model):
     return model
 
 
+def _export_folder(loaded: LoadedModel, use_cache: bool, working_dir: str | Path, layout: str) -> Path:
+    stem = f"{loaded.spec.family}-{loaded.variant.name}-decoder" + ("-shared-kv" if layout == SHARED else "")
+    return Path(working_dir) / artifact_name(stem, export_settings(loaded, use_cache, layout), "")
+
+
 def decoder_export_location(loaded: LoadedModel, use_cache: bool, working_dir: str | Path,
                             layout: str = GROWING) -> DecoderExport:
     """Where the exported decoder for these settings lives (built or not), and its names: no weights are loaded.
     `layout` is the one the export gets (`kv_layout`)."""
-    stem = f"{loaded.spec.family}-{loaded.variant.name}-decoder" + ("-shared-kv" if layout == SHARED else "")
-    name = artifact_name(stem, export_settings(loaded, use_cache, layout), "")
-    return DecoderExport(Path(working_dir) / name, *model_io(loaded, use_cache), layout=layout)
+    return DecoderExport(_export_folder(loaded, use_cache, working_dir, layout), *model_io(loaded, use_cache),
+                         layout=layout)
+
+
+def built_export(loaded: LoadedModel, use_cache: bool, working_dir: str | Path, layout: str) -> DecoderExport | None:
+    """The decoder export with `layout`, when one is built for these settings and intact, found from its settings
+    and metadata alone (its tensor names are those it was built with), else None.
+
+    Why: deciding the layout (`kv_layout`) and the names (`model_io`) asks the model's class, and importing it
+    imports transformers' modeling code, about 1.5 s and 110 MB of peak memory that running an already exported
+    graph does not need. A built shared-layout export is proof enough that the model allows that layout: the
+    settings it was built with name transformers' version, the weights and everything else that shapes it."""
+    folder = _export_folder(loaded, use_cache, working_dir, layout)
+    settings = export_settings(loaded, use_cache, layout)
+    if stale_reason(folder, settings) is not None:
+        return None
+    meta = read_metadata(folder)
+    if not isinstance(meta.get("input_names"), list) or not isinstance(meta.get("output_names"), list):
+        return None
+    return DecoderExport(folder, tuple(meta["input_names"]), tuple(meta["output_names"]), layout=layout)
 
 
 def export_decoder(loaded: LoadedModel, use_cache: bool, working_dir: str | Path,
