@@ -114,7 +114,7 @@ class Decoder:
             "logits_to_keep": positions[:new] if all_logits else positions[new - 1 : new],
         }
         if "position_ids" in self.session.input_names:  # ALiBi models and encoder-decoders take none
-            feeds["position_ids"] = self.hooks.position_ids(state.mask)[:, seen:]
+            feeds["position_ids"] = self.hooks.position_ids(state.mask, seen)
         feeds.update(state.fixed)
         if cache is not None:
             feeds.update(cache.past_feeds())

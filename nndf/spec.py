@@ -56,10 +56,14 @@ def looks_like_hub_id(name: str) -> bool:
 class FamilyHooks:
     """Per-family behaviour with sensible defaults; a family subclasses this only for its real quirks."""
 
-    def position_ids(self, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Position ids as Hugging Face `generate()` derives them: count real tokens, padding gets 0."""
+    def position_ids(self, attention_mask: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """Position ids as Hugging Face `generate()` derives them: count real tokens, padding gets 0; those of the
+        columns from `start` on. A decode step's one new column is its row's count of real tokens less one (or 0
+        when it is padding), in a few ops rather than a cumulative sum over the row: a step's host time goes by ops."""
+        if 0 < start == attention_mask.shape[-1] - 1:
+            return (attention_mask.sum(-1, keepdim=True) - 1) * attention_mask[:, start:]
         positions = attention_mask.long().cumsum(-1) - 1
-        return positions.masked_fill(attention_mask == 0, 0)
+        return positions.masked_fill(attention_mask == 0, 0)[:, start:]
 
     def max_positions(self, config) -> int:
         """The longest sequence the model can attend over."""

@@ -159,3 +159,20 @@ def test_growing_kv_cache_keeps_the_presents_as_they_are():
     assert cache.past_feeds()["past_key_values.0.value"][:, 0, 0, 0].tolist() == [12.0, 12.0, 10.0]
     with pytest.raises(ValueError, match="holds 5 positions"):
         cache.store(presents, 6)
+
+
+def test_position_ids_from_a_column_on_equal_the_whole_rows_count():
+    """`FamilyHooks.position_ids(mask, start)` is the whole computation's columns from `start` on, the decode
+    step's shortcut (one new column) included, for left padding, a padded last column and bool or int32 masks."""
+    from nndf.spec import FamilyHooks
+
+    hooks = FamilyHooks()
+    masks = [torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 1, 1, 1, 1]]),
+             torch.tensor([[1, 1, 1, 0], [0, 1, 1, 1]]), torch.ones(1, 1, dtype=torch.long)]
+    for mask in masks:
+        for dtype in (torch.long, torch.int32, torch.bool):
+            typed = mask.to(dtype)
+            whole = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+            for start in range(mask.shape[1]):
+                got = hooks.position_ids(typed, start)
+                assert got.dtype == torch.long and torch.equal(got, whole[:, start:]), (mask, dtype, start)
