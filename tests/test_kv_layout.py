@@ -203,3 +203,23 @@ def test_a_built_export_loads_without_the_models_code(family_dirs, onnx_work_dir
     expected = built.generate(torch.tensor([[5, 6, 7, 8]]), max_new_tokens=5).tolist()
     assert out[0] == f"shared {session.artifacts[0]} {list(session.input_names)} {expected}"
     assert out[1] == "[]"
+
+
+@pytest.mark.parametrize("family, fused", [("Llama", {"SkipSimplifiedLayerNormalization"}),
+                                           ("GPT2", {"SkipLayerNormalization"})])
+def test_the_shared_graph_has_onnxruntimes_fused_norms(family, fused, family_dirs, onnx_work_dir):
+    """The shared layout's graph (ONNX Runtime's alone) carries its fused normalizations (nndf.export.ort_fusions;
+    its tokens are checked against generate() above); the growing graph, which TensorRT builds from, keeps the
+    plain ops."""
+    import onnx
+
+    shared = _shared(family, family_dirs, onnx_work_dir)
+    growing = nndf.load(family, backend="onnxrt", loaded=shared.loaded, working_dir=str(onnx_work_dir),
+                        kv_layout="growing")
+
+    def ops(model) -> set[str]:
+        graph = onnx.load(str(model.decoder.session.artifacts[0]), load_external_data=False).graph
+        return {node.op_type for node in graph.node}
+
+    assert fused <= ops(shared)
+    assert not ops(growing) & (fused | {"SimplifiedLayerNormalization"})

@@ -45,7 +45,11 @@ def convert_tiny_encoder(root: Path, max_batch: int, tokenizer_dir: Path) -> tup
     sentence-transformers model and converted by `convert_model --task embedding` itself, which writes the Triton
     repository (`output` [batch, 32] float32) and its graphs."""
     import torch
-    from sentence_transformers import SentenceTransformer, models
+    from sentence_transformers import SentenceTransformer
+    try:  # sentence-transformers 6.2 moved the module classes and deprecates the old path
+        from sentence_transformers.sentence_transformer import modules as models
+    except ImportError:
+        from sentence_transformers import models
     from transformers import AutoModel, AutoTokenizer, BertConfig
 
     from nndf.convert.cli import main as convert_model

@@ -28,7 +28,7 @@ from nndf.workspace import artifact_name, build_dir_artifact, read_metadata, sta
 from nndf.progress import say, ticking
 
 # Bump when a change here changes the graphs produced, so that old exports are rebuilt rather than reused.
-EXPORTER_REVISION = 3
+EXPORTER_REVISION = 4  # 4: the shared layout's graph gets ONNX Runtime's fused norms and rotary (ort_fusions)
 GRAPH_FILE = "decoder.onnx"
 
 
@@ -216,6 +216,10 @@ def trace_to_onnx(wrapper, args, dynamic, io: dict, path: Path, model, label: st
     except Exception as exc:  # the exporter raises many types; the user needs one sentence and the cause
         raise HarnessError(f"ONNX export of {label} failed: {type(exc).__name__}: "
                            f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+    if getattr(wrapper, "shared", False):  # ONNX Runtime's alone: its fused normalizations and rotary embeddings
+        from nndf.export.ort_fusions import fuse_for_onnxruntime
+
+        fuse_for_onnxruntime(program.model)
     program.save(path, external_data=True)
 
 
