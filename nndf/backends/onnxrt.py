@@ -208,7 +208,7 @@ def open_session(loaded: LoadedModel, settings: BuildSettings, options: BackendO
 
     `options.decoder_onnx` runs a given file instead, after checking its input and output names.
     """
-    from nndf.export.onnx import built_export, export_decoder, kv_layout, model_io
+    from nndf.export.onnx import asked_layout, built_export, export_decoder, kv_layout, model_io
 
     check_fp16(settings, options)
     if options.decoder_onnx is not None:
@@ -216,7 +216,7 @@ def open_session(loaded: LoadedModel, settings: BuildSettings, options: BackendO
         inputs, outputs = model_io(loaded, settings.use_cache)
         return OrtSession(path, inputs, outputs, options.threads, options.io_binding)
     on_cuda = _cuda_provider()
-    wanted = "shared" if options.kv_layout == "shared" and settings.use_cache and not on_cuda else "growing"
+    wanted = "growing" if on_cuda else asked_layout(settings.use_cache, options.kv_layout)
     export, refusal = built_export(loaded, settings.use_cache, options.working_dir, wanted), None
     if export is None:  # not built yet, or the model may not allow the layout: ask its class
         layout, refusal = kv_layout(loaded, settings.use_cache, options.kv_layout)

@@ -28,7 +28,7 @@ from nndf.workspace import artifact_name, build_dir_artifact, read_metadata, sta
 from nndf.progress import say, ticking
 
 # Bump when a change here changes the graphs produced, so that old exports are rebuilt rather than reused.
-EXPORTER_REVISION = 4  # 4: the shared layout's graph gets ONNX Runtime's fused norms and rotary (ort_fusions)
+EXPORTER_REVISION = 4  # 4: the shared layout's graph gets ONNX Runtime's fused normalizations (ort_fusions)
 GRAPH_FILE = "decoder.onnx"
 
 
@@ -68,11 +68,17 @@ def export_settings(loaded: LoadedModel, use_cache: bool, layout: str = GROWING)
     }
 
 
-def kv_layout(loaded: LoadedModel, use_cache: bool, requested: str) -> tuple[str, str | None]:
-    """The KV layout a decoder export of this model gets when `requested` is asked for, and why it differs if so."""
+def asked_layout(use_cache: bool, requested: str) -> str:
+    """The layout `requested` asks for, before the model has its say: a graph without a cache has no KV layout to
+    share, so it is growing."""
     if requested not in LAYOUTS:
         raise HarnessError(f"unknown KV layout '{requested}'; allowed: {', '.join(LAYOUTS)}")
-    if requested == GROWING or not use_cache:
+    return GROWING if requested == GROWING or not use_cache else SHARED
+
+
+def kv_layout(loaded: LoadedModel, use_cache: bool, requested: str) -> tuple[str, str | None]:
+    """The KV layout a decoder export of this model gets when `requested` is asked for, and why it differs if so."""
+    if asked_layout(use_cache, requested) == GROWING:
         return GROWING, None
     refusal = layout_refusal(loaded.model_class)
     return (GROWING, refusal) if refusal else (SHARED, None)
@@ -216,7 +222,7 @@ def trace_to_onnx(wrapper, args, dynamic, io: dict, path: Path, model, label: st
     except Exception as exc:  # the exporter raises many types; the user needs one sentence and the cause
         raise HarnessError(f"ONNX export of {label} failed: {type(exc).__name__}: "
                            f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
-    if getattr(wrapper, "shared", False):  # ONNX Runtime's alone: its fused normalizations and rotary embeddings
+    if getattr(wrapper, "shared", False):  # ONNX Runtime's alone: its fused normalizations
         from nndf.export.ort_fusions import fuse_for_onnxruntime
 
         fuse_for_onnxruntime(program.model)
@@ -231,17 +237,19 @@ def fp32_cpu_model(model):
     return model
 
 
-def _export_folder(loaded: LoadedModel, use_cache: bool, working_dir: str | Path, layout: str) -> Path:
+def _export_folder(loaded: LoadedModel, settings: dict, working_dir: str | Path) -> Path:
+    """The folder of the export with these `export_settings`."""
+    layout = settings["kv_layout"]
     stem = f"{loaded.spec.family}-{loaded.variant.name}-decoder" + ("-shared-kv" if layout == SHARED else "")
-    return Path(working_dir) / artifact_name(stem, export_settings(loaded, use_cache, layout), "")
+    return Path(working_dir) / artifact_name(stem, settings, "")
 
 
 def decoder_export_location(loaded: LoadedModel, use_cache: bool, working_dir: str | Path,
                             layout: str = GROWING) -> DecoderExport:
     """Where the exported decoder for these settings lives (built or not), and its names: no weights are loaded.
     `layout` is the one the export gets (`kv_layout`)."""
-    return DecoderExport(_export_folder(loaded, use_cache, working_dir, layout), *model_io(loaded, use_cache),
-                         layout=layout)
+    folder = _export_folder(loaded, export_settings(loaded, use_cache, layout), working_dir)
+    return DecoderExport(folder, *model_io(loaded, use_cache), layout=layout)
 
 
 def built_export(loaded: LoadedModel, use_cache: bool, working_dir: str | Path, layout: str) -> DecoderExport | None:
@@ -252,8 +260,8 @@ def built_export(loaded: LoadedModel, use_cache: bool, working_dir: str | Path, 
     imports transformers' modeling code, about 1.5 s and 110 MB of peak memory that running an already exported
     graph does not need. A built shared-layout export is proof enough that the model allows that layout: the
     settings it was built with name transformers' version, the weights and everything else that shapes it."""
-    folder = _export_folder(loaded, use_cache, working_dir, layout)
     settings = export_settings(loaded, use_cache, layout)
+    folder = _export_folder(loaded, settings, working_dir)
     if stale_reason(folder, settings) is not None:
         return None
     meta = read_metadata(folder)

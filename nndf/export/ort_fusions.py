@@ -17,18 +17,16 @@ what TensorRT builds engines from. A rule that does not match leaves the graph a
 
 from __future__ import annotations
 
-# Each rule's name as `fuse_xformers` reports it, in its order.
-FUSIONS = ("rms_normalization", "skip_layer_normalization", "skip_rms_normalization")
-
 
 def fuse_for_onnxruntime(model) -> dict[str, int]:
-    """Apply the rules to an onnx_ir model in place; how many times each applied."""
+    """Apply the rules to an onnx_ir model in place, in `fuse_xformers`' order; how many times each applied."""
     from onnxscript.optimizer import optimize
     from onnxscript.rewriter.ort_fusions.rms_normalization import fuse_rms_normalization
     from onnxscript.rewriter.ort_fusions.skip_normalization import (fuse_skip_layer_normalization,
                                                                     fuse_skip_rms_normalization)
 
-    rules = dict(zip(FUSIONS, (fuse_rms_normalization, fuse_skip_layer_normalization, fuse_skip_rms_normalization)))
-    counts = {name: rule(model) for name, rule in rules.items()}
+    rules = (("rms_normalization", fuse_rms_normalization), ("skip_layer_normalization", fuse_skip_layer_normalization),
+             ("skip_rms_normalization", fuse_skip_rms_normalization))  # named as `fuse_xformers` reports them
+    counts = {name: rule(model) for name, rule in rules}
     optimize(model)  # inlines what a rule left as an intermediate function, drops unused nodes
     return counts
