@@ -205,21 +205,27 @@ def test_a_built_export_loads_without_the_models_code(family_dirs, onnx_work_dir
     assert out[1] == "[]"
 
 
-@pytest.mark.parametrize("family, fused", [("Llama", {"SkipSimplifiedLayerNormalization"}),
+@pytest.mark.parametrize("family, fused", [("Llama", {"SkipSimplifiedLayerNormalization", "RotaryEmbedding"}),
+                                           ("Qwen3", {"SkipSimplifiedLayerNormalization", "RotaryEmbedding"}),
                                            ("GPT2", {"SkipLayerNormalization"})])
-def test_the_shared_graph_has_onnxruntimes_fused_norms(family, fused, family_dirs, onnx_work_dir):
-    """The shared layout's graph (ONNX Runtime's alone) carries its fused normalizations (nndf.export.ort_fusions;
-    its tokens are checked against generate() above); the growing graph, which TensorRT builds from, keeps the
-    plain ops."""
+def test_the_shared_graph_has_onnxruntimes_fused_kernels(family, fused, family_dirs, onnx_work_dir):
+    """The shared layout's graph (ONNX Runtime's alone) carries its fused normalizations and rotary embeddings
+    (nndf.export.ort_fusions; its tokens are checked against generate() above): no rotate-half (Neg) is left, and
+    Llama's heads go into the kernel unsplit (Qwen3 normalizes its split heads first, so its kernel takes them
+    split); the growing graph, which TensorRT builds from, keeps the plain ops."""
     import onnx
 
     shared = _shared(family, family_dirs, onnx_work_dir)
     growing = nndf.load(family, backend="onnxrt", loaded=shared.loaded, working_dir=str(onnx_work_dir),
                         kv_layout="growing")
 
-    def ops(model) -> set[str]:
+    def ops(model) -> list[str]:
         graph = onnx.load(str(model.decoder.session.artifacts[0]), load_external_data=False).graph
-        return {node.op_type for node in graph.node}
+        return [node.op_type for node in graph.node]
 
-    assert fused <= ops(shared)
-    assert not ops(growing) & (fused | {"SimplifiedLayerNormalization"})
+    assert fused <= set(ops(shared))
+    assert not set(ops(growing)) & (fused | {"SimplifiedLayerNormalization"})
+    if "RotaryEmbedding" in fused:
+        assert "Neg" not in ops(shared) and "Neg" in ops(growing)
+    if family == "Llama":  # 2 layers: only the mask's and the head's Transposes are left, none per layer
+        assert ops(shared).count("Transpose") < ops(growing).count("Transpose") - 8

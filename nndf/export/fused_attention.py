@@ -113,11 +113,13 @@ def _contrib_op():
 def _onnx_group_query_attention(query, key, value, past_key, past_value, bias, num_heads: int, kv_num_heads: int,
                                 scale: float, softcap: float):
     """The op as ONNX: com.microsoft GroupQueryAttention, `total_sequence_length` the bias's last dimension and
-    `seqlens_k` (total - 1) for every row (left padding is masked by the bias, so all rows have the same length)."""
+    `seqlens_k` (total - 1) for every row (left padding is masked by the bias, so all rows have the same length).
+    Both come from the bias alone (it has a row per sequence: `shared_buffer_attention`), which every layer shares,
+    so the graph computes them once."""
     from onnxscript import opset18 as op
 
     total = op.Squeeze(op.Shape(bias, start=3, end=4), [0])  # int64 scalar
-    seqlens = op.Cast(op.Expand(op.Sub(total, op.Constant(value_int=1)), op.Shape(query, start=0, end=1)), to=6)
+    seqlens = op.Cast(op.Expand(op.Sub(total, op.Constant(value_int=1)), op.Shape(bias, start=0, end=1)), to=6)
     total = op.Cast(total, to=6)  # int32, as the op's M
     return _contrib_op()(query, key, value, past_key, past_value, seqlens, total, None, None, None, bias,
                          num_heads=num_heads, kv_num_heads=kv_num_heads, scale=scale, softcap=softcap)
@@ -140,8 +142,9 @@ def shared_buffer_attention(module, query, key, value, attention_mask, scaling=N
     batch, heads, new, head_dim = query.shape
     kv_heads = key.shape[1]
     flat = lambda t: t.transpose(1, 2).reshape(batch, new, -1)  # noqa: E731
+    bias = attention_mask.to(query.dtype).expand(batch, -1, -1, -1)  # a row per sequence: the node's lengths
     out, layer.keys, layer.values = torch.ops.nndf.group_query_attention(
-        flat(query), flat(key), flat(value), layer.keys, layer.values, attention_mask.to(query.dtype),
+        flat(query), flat(key), flat(value), layer.keys, layer.values, bias,
         heads, kv_heads, float(scaling if scaling is not None else head_dim ** -0.5), float(softcap or 0.0))
     return out.view(batch, new, heads, head_dim), None
 

@@ -1,32 +1,151 @@
-"""ONNX Runtime's fused normalizations in the shared-layout decoder graph, by onnxscript's own rewrite rules.
+"""ONNX Runtime's fused kernels in the shared-layout decoder graph: fewer, larger nodes for a decode step.
 
-Why: the exporter writes each RMSNorm as seven nodes (Pow, ReduceMean, Add, Sqrt, Reciprocal, Mul, Mul), a
-pattern ONNX Runtime's load-time fusions do not recognise, so a SmolLM2-135M decode step ran 1530 nodes where GPT-2
-small runs 388. At batch 1 every node costs its dispatch whatever its size, so a small or quantized model pays most.
-onnxscript's `ort_fusions` rules (those `onnxscript.rewriter.ort_fusions.optimize_for_ort` applies, from the
-exporter's own toolchain) turn each norm, with the residual Add before it, into ONNX Runtime's
-SkipSimplifiedLayerNormalization (RMSNorm) or SkipLayerNormalization: 426 nodes fewer on SmolLM2.
+Why: at batch 1 every node costs its dispatch whatever its size, so a small or quantized model pays most. The
+exporter writes each RMSNorm as seven nodes, each rotary embedding as a dozen (two Slices, Neg, Concat, two Muls,
+Add, with a Reshape and a Transpose on either side), and each head split it undoes as two Reshapes: SmolLM2-135M's
+exported decode step had 1739 nodes where GPT-2 small's has 474.
 
-Not applied: the attention rules (the attention already is GroupQueryAttention, nndf.export.fused_attention) and
-the rotary embedding rules, which do not reach ONNX Runtime's RotaryEmbedding on our exports (the full rule matches,
-but the cos/sin cache rule that makes the real kernel of its result does not, with or without onnxscript's shape
-pre-optimization, and its intermediate function is then inlined back into the same small ops).
-Only the shared layout gets them: its graph is ONNX Runtime's alone (contrib ops), where the growing graph is also
-what TensorRT builds engines from. A rule that does not match leaves the graph as it is.
+- Normalizations: onnxscript's own `ort_fusions` rules (those `onnxscript.rewriter.ort_fusions.optimize_for_ort`
+  applies) turn each norm, with the residual Add before it, into ONNX Runtime's SkipSimplifiedLayerNormalization
+  (RMSNorm) or SkipLayerNormalization.
+- Rotary embeddings: the rules below, as ONNX Runtime's RotaryEmbedding (com.microsoft). onnxscript's rotary rule
+  matches our graphs, but its cos/sin cache rule, which makes the kernel's inputs, needs the tables to be computed
+  from constant frequencies and does not match; its intermediate op is inlined back into the same small ops. Here
+  the kernel is fed the model's own cos and sin instead, whatever scaling the family applies (Llama 3's, longrope,
+  an attention factor): the (rows, length, size) tables of this step are flattened to a cache of rows * length
+  entries and each position reads its own entry (position ids 0 .. rows * length - 1). This holds for the
+  rotate-half convention, whose tables repeat their first half (`cat(freqs, freqs)`), the one whose pattern
+  (`x * cos + rotate_half(x) * sin`) the rules match; interleaved rotaries (GPT-J's) do not match and stay as they
+  are. Where the rotated heads come straight from a projection and go straight back, the kernel takes the
+  projection's (batch, sequence, heads * size) output and the split, the two Transposes and the merge go.
+- A Reshape that only undoes the Reshape before it (symbolic shapes equal) goes.
+
+Only the shared layout gets these: its graph is ONNX Runtime's alone (contrib ops), where the growing graph is also
+what TensorRT builds engines from. A rule that does not match leaves the graph as it is; every family's parity
+test checks the result.
 """
 
 from __future__ import annotations
 
+from onnxscript.rewriter import _ir_utils, pattern
+from onnxscript.rewriter.ort_fusions.rotary_embedding import _rotate_half_pattern
+
+SWAP_HEADS = [0, 2, 1, 3]  # (batch, sequence, heads, size) <-> (batch, heads, sequence, size)
+
+
+def _known(dim) -> bool:
+    return isinstance(dim, int) or getattr(dim, "value", None) is not None
+
+
+def _same_shape(a, b) -> bool:
+    """Shapes known to be equal: same rank, every dimension a number or a named symbol, equal one by one."""
+    return (a is not None and b is not None and len(a) == len(b) and all(_known(d) for d in a)
+            and all(p == q for p, q in zip(a, b)))
+
+
+def _rotate_half_refusal(x, start1, end1, start2, end2) -> str | None:
+    """Why `x` (the rotated input) and its two Slices are not a rotate-half of (batch, heads, sequence, size)."""
+    if x is None or x.shape is None or len(x.shape) != 4:
+        return "not a 4D (batch, heads, sequence, size) input"
+    heads, size = x.shape[1], x.shape[3]
+    if not (isinstance(heads, int) and isinstance(size, int) and size % 2 == 0):
+        return "number of heads or head size unknown"
+    half = size // 2
+    if not (_ir_utils.is_singleton_value(start1, 0) and _ir_utils.is_singleton_value(end1, half)
+            and _ir_utils.is_singleton_value(start2, half)
+            and _ir_utils.is_singleton_value(end2, lambda end: end >= size)):
+        return "not split into two halves"
+    return None
+
+
+def _rotary_embedding(op, x, cos, sin, heads: int, size: int):
+    """RotaryEmbedding of `x` (3D (batch, sequence, heads * size) or 4D (batch, heads, sequence, size)) with the
+    model's own tables (rows, [1,] length, size) as a cache of rows * length entries."""
+    half = size // 2
+    first_half = lambda table: op.Reshape(  # noqa: E731
+        op.Slice(table, op.Constant(value_ints=[0]), op.Constant(value_ints=[half]), op.Constant(value_ints=[-1])),
+        op.Constant(value_ints=[-1, half]))
+    rows, length = op.Shape(cos, start=0, end=1), op.Shape(cos, start=-2, end=-1)
+    entries = op.Squeeze(op.Mul(rows, length), op.Constant(value_ints=[0]))
+    positions = op.Range(op.Constant(value_int=0), entries, op.Constant(value_int=1))
+    positions = op.Reshape(positions, op.Concat(rows, length, axis=0))
+    if not (_known(cos.shape[0]) and cos.shape[0] == x.shape[0]):  # tables shared by the batch's rows
+        positions = op.Expand(positions, op.Concat(op.Shape(x, start=0, end=1), length, axis=0))
+    return op.RotaryEmbedding(x, positions, first_half(cos), first_half(sin), interleaved=0, num_heads=heads,
+                              _domain="com.microsoft")
+
+
+class _Rotary(pattern.RewriteRuleClassBase):
+    """`x * cos + rotate_half(x) * sin` on (batch, heads, sequence, size) as one RotaryEmbedding."""
+
+    def pattern(self, op, x, cos, sin, start1, end1, start2, end2):
+        return x * cos + _rotate_half_pattern(op, x, start1, end1, start2, end2) * sin
+
+    def check(self, context, x, start1, end1, start2, end2, **_):
+        result = pattern.MatchResult()
+        if (why := _rotate_half_refusal(x, start1, end1, start2, end2)) is not None:
+            return result.fail(why)
+        return result
+
+    def rewrite(self, op, x, cos, sin, **_):
+        return _rotary_embedding(op, x, cos, sin, x.shape[1], x.shape[3])
+
+
+class _ProjectionRotary(pattern.RewriteRuleClassBase):
+    """A projection's (batch, sequence, heads * size) split into heads, rotated and merged back: one RotaryEmbedding
+    of the projection itself."""
+
+    def pattern(self, op, y, split_shape, merge_shape, cos, sin, start1, end1, start2, end2):
+        x = op.Transpose(op.Reshape(y, split_shape, _outputs=["split"]), perm=SWAP_HEADS, _outputs=["x"])
+        rotated = x * cos + _rotate_half_pattern(op, x, start1, end1, start2, end2) * sin
+        return op.Reshape(op.Transpose(rotated, perm=SWAP_HEADS), merge_shape, _outputs=["merged"])
+
+    def check(self, context, y, split, x, merged, start1, end1, start2, end2, **_):
+        result = pattern.MatchResult()
+        if (why := _rotate_half_refusal(x, start1, end1, start2, end2)) is not None:
+            return result.fail(why)
+        heads, size = x.shape[1], x.shape[3]
+        if not (_same_shape(y.shape, merged.shape) and len(y.shape) == 3 and y.shape[2] == heads * size
+                and split.shape is not None and len(split.shape) == 4
+                and _same_shape(split.shape, [y.shape[0], y.shape[1], heads, size])):
+            return result.fail("not a split of the last dimension into heads and back")
+        return result
+
+    def rewrite(self, op, y, x, cos, sin, **_):
+        return _rotary_embedding(op, y, cos, sin, x.shape[1], x.shape[3])
+
+
+class _ReshapeUndone(pattern.RewriteRuleClassBase):
+    """Reshape(Reshape(y, a), b) with the shape of y: y itself."""
+
+    def pattern(self, op, y, first, second):
+        return op.Reshape(op.Reshape(y, first), second, _outputs=["out"])
+
+    def check(self, context, y, out, **_):
+        result = pattern.MatchResult()
+        if not _same_shape(y.shape, out.shape):
+            return result.fail("not back to the input's shape")
+        return result
+
+    def rewrite(self, op, y, **_):
+        return op.Identity(y)
+
 
 def fuse_for_onnxruntime(model) -> dict[str, int]:
-    """Apply the rules to an onnx_ir model in place, in `fuse_xformers`' order; how many times each applied."""
+    """Apply the rules to an onnx_ir model in place, one after another (a rule set tries its rules node by node,
+    and the plain rotary would match inside a projection's before the larger pattern is seen); how many times each
+    applied."""
     from onnxscript.optimizer import optimize
     from onnxscript.rewriter.ort_fusions.rms_normalization import fuse_rms_normalization
     from onnxscript.rewriter.ort_fusions.skip_normalization import (fuse_skip_layer_normalization,
                                                                     fuse_skip_rms_normalization)
 
-    rules = (("rms_normalization", fuse_rms_normalization), ("skip_layer_normalization", fuse_skip_layer_normalization),
-             ("skip_rms_normalization", fuse_skip_rms_normalization))  # named as `fuse_xformers` reports them
+    own = lambda rule: pattern.RewriteRuleSet([rule.rule()]).apply_to_model  # noqa: E731
+    rules = (("rms_normalization", fuse_rms_normalization),  # onnxscript's, named as `fuse_xformers` reports them
+             ("skip_layer_normalization", fuse_skip_layer_normalization),
+             ("skip_rms_normalization", fuse_skip_rms_normalization),
+             ("projection_rotary_embedding", own(_ProjectionRotary)), ("rotary_embedding", own(_Rotary)),
+             ("reshape_undone", own(_ReshapeUndone)))
     counts = {name: rule(model) for name, rule in rules}
-    optimize(model)  # inlines what a rule left as an intermediate function, drops unused nodes
+    optimize(model)  # inlines what a rule left as an intermediate function, drops unused nodes, merges equal ones
     return counts
