@@ -210,8 +210,8 @@ def test_a_built_export_loads_without_the_models_code(family_dirs, onnx_work_dir
                                            ("GPT2", {"SkipLayerNormalization"})])
 def test_the_shared_graph_has_onnxruntimes_fused_kernels(family, fused, family_dirs, onnx_work_dir):
     """The shared layout's graph (ONNX Runtime's alone) carries its fused normalizations and rotary embeddings
-    (nndf.export.ort_fusions; its tokens are checked against generate() above): no rotate-half (Neg) is left, and
-    Llama's heads go into the kernel unsplit (Qwen3 normalizes its split heads first, so its kernel takes them
+    (nndf.export.ort_fusions; its tokens are checked against generate() above): no rotate-half (Neg) is left,
+    sibling projections are one MatMul, and Llama's heads go into the kernel unsplit (Qwen3 normalizes its split heads first, so its kernel takes them
     split); the growing graph, which TensorRT builds from, keeps the plain ops."""
     import onnx
 
@@ -227,5 +227,7 @@ def test_the_shared_graph_has_onnxruntimes_fused_kernels(family, fused, family_d
     assert not set(ops(growing)) & (fused | {"SimplifiedLayerNormalization"})
     if "RotaryEmbedding" in fused:
         assert "Neg" not in ops(shared) and "Neg" in ops(growing)
-    if family == "Llama":  # 2 layers: only the mask's and the head's Transposes are left, none per layer
+    if family == "Llama":  # 2 layers: only the mask's and the head's Transposes are left, none per layer; each
+        # layer's query, key and value projections are one MatMul, and its gate and up projections another
         assert ops(shared).count("Transpose") < ops(growing).count("Transpose") - 8
+        assert ops(shared).count("MatMul") == 2 * 4 + 1  # (qkv, o, gate-up, down) per layer, the LM head
