@@ -28,7 +28,7 @@ from nndf.workspace import artifact_name, build_dir_artifact, read_metadata, sta
 from nndf.progress import say, ticking
 
 # Bump when a change here changes the graphs produced, so that old exports are rebuilt rather than reused.
-EXPORTER_REVISION = 5  # 4: the shared layout's graph gets fused normalizations (ort_fusions); 5: rotary embeddings
+EXPORTER_REVISION = 6  # shared layout (ort_fusions): 4 fused normalizations, 5 rotary embeddings, 6 sibling MatMuls
 GRAPH_FILE = "decoder.onnx"
 
 
