@@ -29,8 +29,11 @@ class PlainProcessors(list):
 
 
 class _EosBan:
-    """Sets the EOS ids that index the scores' vocabulary to -inf in a copy of the scores (one `index_fill`), as
-    `torch.where(isin(...))` does; the ids that fit are worked out once per vocabulary size and device, not at every step."""
+    """Sets the EOS ids that index the scores' vocabulary to -inf (one `index_fill_`), as `torch.where(isin(...))`
+    does; the ids that fit are worked out once per vocabulary size and device, not at every step.
+
+    In place: the loop hands the processors scores of its own (a step's logits, read once), and a copy of the
+    vocabulary's scores per step, allocated and written right after the step, cost ~90 us of a 18 ms GPT-2 step."""
 
     eos_token_id: torch.Tensor
 
@@ -40,7 +43,7 @@ class _EosBan:
         if cached is None or cached[0] != key:
             eos = self.eos_token_id.to(scores.device)
             cached = self._fitting_eos = (key, eos[(eos >= 0) & (eos < scores.shape[-1])])
-        return scores.index_fill(-1, cached[1], -math.inf)
+        return scores.index_fill_(-1, cached[1], -math.inf)
 
 
 class FastMinLength(_EosBan, MinLengthLogitsProcessor):
