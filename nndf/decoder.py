@@ -29,7 +29,10 @@ class TokenState:
 
     def append(self, next_tokens: torch.Tensor) -> None:
         self.tokens = torch.cat([self.tokens, next_tokens[:, None]], dim=1)
-        self.mask = torch.cat([self.mask, self.mask.new_ones((self.mask.shape[0], 1))], dim=1)
+        ones = self.__dict__.get("_ones_column")  # made once per state: one op less per step
+        if ones is None or ones.shape[0] != self.mask.shape[0] or ones.device != self.mask.device:
+            ones = self._ones_column = self.mask.new_ones((self.mask.shape[0], 1))
+        self.mask = torch.cat([self.mask, ones], dim=1)
 
     def replace_tokens(self, tokens: torch.Tensor) -> None:
         """Beam search rewrites whole rows; the mask keeps its padding (all beams of a prompt share it)."""

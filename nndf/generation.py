@@ -112,6 +112,8 @@ class GenerationOptions:
 def is_eos(tokens: torch.Tensor, eos: torch.Tensor) -> torch.Tensor:
     """Which tokens are one of the few `eos` ids: `torch.isin` sorts its inputs and costs several times more per
     step than comparing against each id (and one id is one comparison)."""
+    if eos.dim() == 0:
+        return tokens == eos
     if eos.numel() == 1:
         return tokens == eos.reshape(())
     return (tokens.unsqueeze(-1) == eos).any(dim=-1)
@@ -182,7 +184,8 @@ def greedy_search(decoder, state: TokenState, options, on_token=None, stopping=N
     processors = options.processors(prompt_len, state.mask)
     choose = options.sampling.chooser()
     cache = decoder.new_cache(rows, prompt_len + options.max_new_tokens)
-    eos = torch.tensor(options.eos_ids, device=state.tokens.device) if options.eos_ids else None
+    eos = None if not options.eos_ids else torch.tensor(
+        options.eos_ids[0] if len(options.eos_ids) == 1 else options.eos_ids, device=state.tokens.device)
     ends = eos is not None or stopping is not None  # rows can end before max_new_tokens
     device = state.tokens.device
     # A streamer reads every token on the host anyway, and must not see steps past the end (generate() stops there)

@@ -127,6 +127,7 @@ class SharedStep:
             self.binding.bind_ortvalue_output(present, pasts[past])
         self.pasts = frozenset(shared_presents.values())
         self.logits: tuple | None = None  # (OrtValue, torch view) over the one-position logits buffer
+        self.logits_bound = False  # whether that buffer is the bound output now (a binding keeps its outputs)
 
     def run(self, session, feeds: Mapping[str, object]) -> torch.Tensor:
         binding = self.binding
@@ -136,9 +137,12 @@ class SharedStep:
         keep = feeds.get("logits_to_keep")
         one_position = keep is not None and len(keep) == 1
         if one_position and self.logits is not None:
-            binding.bind_ortvalue_output("logits", self.logits[0])
+            if not self.logits_bound:
+                binding.bind_ortvalue_output("logits", self.logits[0])
+                self.logits_bound = True
             session.run_with_iobinding(binding)
             return self.logits[1]
+        self.logits_bound = False
         binding.bind_output("logits", "cpu")
         session.run_with_iobinding(binding)
         logits = binding.get_outputs()[0].numpy()
