@@ -26,10 +26,12 @@ class TokenState:
     # Inputs that stay the same at every step (an encoder's mask and cross-attention keys and values), one row per
     # sequence in flight. All beams of a prompt share them, so beam reordering never touches them.
     fixed: dict = field(default_factory=dict)
+    # The mask's new column at each step, made once (one op less per step): (rows, 1) ones.
+    _ones_column: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
 
     def append(self, next_tokens: torch.Tensor) -> None:
         self.tokens = torch.cat([self.tokens, next_tokens[:, None]], dim=1)
-        ones = self.__dict__.get("_ones_column")  # made once per state: one op less per step
+        ones = self._ones_column
         if ones is None or ones.shape[0] != self.mask.shape[0] or ones.device != self.mask.device:
             ones = self._ones_column = self.mask.new_ones((self.mask.shape[0], 1))
         self.mask = torch.cat([self.mask, ones], dim=1)
