@@ -50,7 +50,10 @@ def test_evaluate_prints_lm_eval_tables_and_each_metric_against_the_first_backen
         assert lm["acc,none"] == value["acc ↑"] and lm["perplexity,none"] == value["perplexity ↓"]
         assert table["lm_eval"]["n-samples"]["lambada_openai"]["effective"] == 20
     assert 0.4 < values[0]["acc ↑"] < 1  # 10 of the 20 passages were memorised: a real accuracy
-    assert values[1] == pytest.approx(values[0], rel=1e-6)  # ONNX Runtime fp32: the same figures
+    # ONNX Runtime fp32: the same accuracy, and the perplexity to fp32 rounding (an exp of summed log-likelihoods,
+    # 1.3e-6 apart on an AVX2-only CPU whose kernels round otherwise than AVX-512's)
+    assert values[1]["acc ↑"] == values[0]["acc ↑"]
+    assert values[1]["perplexity ↓"] == pytest.approx(values[0]["perplexity ↓"], rel=1e-5)
     for row in difference["rows"]:
         metric = row["metric"]
         assert row["v0"] == values[0][metric] and row["v2"] == values[2][metric]
