@@ -63,6 +63,13 @@ class GenerationOptions:
         eos = self.eos_token_id
         return () if eos is None else tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
 
+    def eos_tensor(self, device) -> torch.Tensor | None:
+        """The EOS ids as `is_eos` takes them: a 0-d tensor for one id (one comparison per step), a vector for
+        several."""
+        if not self.eos_ids:
+            return None
+        return torch.tensor(self.eos_ids[0] if len(self.eos_ids) == 1 else self.eos_ids, device=device)
+
     @property
     def first_eos(self) -> int | None:
         """The EOS `generate()` pads with when there is no pad token: the first one listed."""
@@ -114,8 +121,6 @@ def is_eos(tokens: torch.Tensor, eos: torch.Tensor) -> torch.Tensor:
     step than comparing against each id (and one id is one comparison)."""
     if eos.dim() == 0:
         return tokens == eos
-    if eos.numel() == 1:
-        return tokens == eos.reshape(())
     return (tokens.unsqueeze(-1) == eos).any(dim=-1)
 
 
@@ -184,8 +189,7 @@ def greedy_search(decoder, state: TokenState, options, on_token=None, stopping=N
     processors = options.processors(prompt_len, state.mask)
     choose = options.sampling.chooser()
     cache = decoder.new_cache(rows, prompt_len + options.max_new_tokens)
-    eos = None if not options.eos_ids else torch.tensor(
-        options.eos_ids[0] if len(options.eos_ids) == 1 else options.eos_ids, device=state.tokens.device)
+    eos = options.eos_tensor(state.tokens.device)
     ends = eos is not None or stopping is not None  # rows can end before max_new_tokens
     device = state.tokens.device
     # A streamer reads every token on the host anyway, and must not see steps past the end (generate() stops there)
@@ -248,7 +252,7 @@ def beam_search(decoder, state: TokenState, batch: int, options, on_token=None) 
     device = state.tokens.device
     processors = options.processors(prompt_len, state.mask)
     max_length = prompt_len + options.max_new_tokens
-    eos = torch.tensor(options.eos_ids, device=device) if options.eos_ids else None
+    eos = options.eos_tensor(device)
     penalty = options.length_penalty
     early_stopping = options.early_stopping
 

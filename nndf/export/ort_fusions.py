@@ -58,6 +58,11 @@ def _rotate_half_refusal(x, start1, end1, start2, end2) -> str | None:
     return None
 
 
+def _rotate_half_rotary(op, x, cos, sin, start1, end1, start2, end2):
+    """The model's rotary embedding as the exporter writes it: `x * cos + rotate_half(x) * sin`."""
+    return x * cos + _rotate_half_pattern(op, x, start1, end1, start2, end2) * sin
+
+
 def _rotary_embedding(op, x, cos, sin, heads: int, size: int):
     """RotaryEmbedding of `x` (3D (batch, sequence, heads * size) or 4D (batch, heads, sequence, size)) with the
     model's own tables (rows, [1,] length, size) as a cache of rows * length entries."""
@@ -79,7 +84,7 @@ class _Rotary(pattern.RewriteRuleClassBase):
     """`x * cos + rotate_half(x) * sin` on (batch, heads, sequence, size) as one RotaryEmbedding."""
 
     def pattern(self, op, x, cos, sin, start1, end1, start2, end2):
-        return x * cos + _rotate_half_pattern(op, x, start1, end1, start2, end2) * sin
+        return _rotate_half_rotary(op, x, cos, sin, start1, end1, start2, end2)
 
     def check(self, context, x, start1, end1, start2, end2, **_):
         result = pattern.MatchResult()
@@ -97,7 +102,7 @@ class _ProjectionRotary(pattern.RewriteRuleClassBase):
 
     def pattern(self, op, y, split_shape, merge_shape, cos, sin, start1, end1, start2, end2):
         x = op.Transpose(op.Reshape(y, split_shape, _outputs=["split"]), perm=SWAP_HEADS, _outputs=["x"])
-        rotated = x * cos + _rotate_half_pattern(op, x, start1, end1, start2, end2) * sin
+        rotated = _rotate_half_rotary(op, x, cos, sin, start1, end1, start2, end2)
         return op.Reshape(op.Transpose(rotated, perm=SWAP_HEADS), merge_shape, _outputs=["merged"])
 
     def check(self, context, y, split, x, merged, start1, end1, start2, end2, **_):
