@@ -26,6 +26,10 @@ class TokenState:
     # Inputs that stay the same at every step (an encoder's mask and cross-attention keys and values), one row per
     # sequence in flight. All beams of a prompt share them, so beam reordering never touches them.
     fixed: dict = field(default_factory=dict)
+    # Whether every mask entry is 1 (no row padded): the position ids are then the column indices, read from a
+    # range made once instead of counted from the mask (four ops less per step). `append` and `replace_tokens` add
+    # only ones, so it stays true; False (not known) takes the count.
+    unpadded: bool = field(default=False, compare=False)
     # The mask's new column at each step, made once (one op less per step): (rows, 1) ones.
     _ones_column: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -66,7 +70,8 @@ class Decoder:
 
     def start(self, input_ids: torch.Tensor, mask: torch.Tensor, beams: int) -> TokenState:
         """The loop's first state: each prompt (and its mask) repeated once per beam, as `generate()` expands it."""
-        return TokenState(input_ids.repeat_interleave(beams, dim=0), mask.repeat_interleave(beams, dim=0))
+        mask = mask.repeat_interleave(beams, dim=0)
+        return TokenState(input_ids.repeat_interleave(beams, dim=0), mask, unpadded=bool(mask.all()))
 
     @contextlib.contextmanager
     def host_threads(self):
@@ -110,16 +115,20 @@ class Decoder:
         if cache is not None and self.cache_restart is not None and \
                 0 < cache.length <= self.cache_restart < state.tokens.shape[1]:
             cache.restart()  # as the model's generate() does (FamilyHooks.cache_restart_length)
+        rows, total = state.tokens.shape
         seen = cache.length if cache is not None else 0
-        new = state.tokens.shape[1] - seen
-        positions = self._positions(new, state.tokens.device)
+        new = total - seen
+        positions = self._positions(total, state.tokens.device)
         feeds = {
             "input_ids": state.tokens[:, seen:],
             "attention_mask": state.mask,
-            "logits_to_keep": positions[:new] if all_logits else positions[new - 1 : new],
+            # a decode step's is the same tensor every step, so a binding can keep it (SharedStep)
+            "logits_to_keep": positions[:new] if all_logits else self._last_of_one if new == 1 else
+            positions[new - 1 : new],
         }
         if "position_ids" in self.session.input_names:  # ALiBi models and encoder-decoders take none
-            feeds["position_ids"] = self.hooks.position_ids(state.mask, seen)
+            feeds["position_ids"] = positions[seen:total].expand(rows, new) if state.unpadded else \
+                self.hooks.position_ids(state.mask, seen)
         feeds.update(state.fixed)
         if cache is not None:
             feeds.update(cache.past_feeds())
@@ -136,6 +145,7 @@ class Decoder:
             with torch.inference_mode(False):
                 cached = torch.arange(max(count, self.shapes.total.max), device=device)
             self._arange = cached
+            self._last_of_one = cached[:1]  # logits_to_keep of a step over one new token
         return cached
 
     def logits(self, input_ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -190,6 +190,7 @@ def greedy_search(decoder, state: TokenState, options, on_token=None, stopping=N
     choose = options.sampling.chooser()
     cache = decoder.new_cache(rows, prompt_len + options.max_new_tokens)
     eos = options.eos_tensor(state.tokens.device)
+    eos_ids = frozenset(options.eos_ids)
     ends = eos is not None or stopping is not None  # rows can end before max_new_tokens
     device = state.tokens.device
     # A streamer reads every token on the host anyway, and must not see steps past the end (generate() stops there)
@@ -201,14 +202,15 @@ def greedy_search(decoder, state: TokenState, options, on_token=None, stopping=N
     all_running = True
     logits = decoder.step(state, cache)
     for generated in range(options.max_new_tokens):
-        scores = processors(state.tokens, logits[:, -1, :].float())
+        last = logits.select(1, -1)
+        scores = processors(state.tokens, last if last.dtype == torch.float32 else last.float())
         next_tokens = choose(scores)
         if ends and options.pad is not None and not all_running:
             next_tokens = torch.where(unfinished, next_tokens, torch.full_like(next_tokens, options.pad))
         if eos is not None:
-            ended = is_eos(next_tokens, eos)
-            if check_every > 1 or not all_running or bool(ended.any()):
-                unfinished &= ~ended
+            # (where the host reads every step and no row has ended yet, it asks of the tokens as Python ints)
+            if check_every > 1 or not all_running or not eos_ids.isdisjoint(next_tokens.tolist()):
+                unfinished &= ~is_eos(next_tokens, eos)
                 all_running = False
         state.append(next_tokens)
         if stopping is not None:

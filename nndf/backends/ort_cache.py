@@ -126,14 +126,20 @@ class SharedStep:
             self.binding.bind_ortvalue_input(past, pasts[past])
             self.binding.bind_ortvalue_output(present, pasts[past])
         self.pasts = frozenset(shared_presents.values())
+        # The value each small input was last bound to, kept alive with its memory: a step that feeds the very same
+        # tensor again (a decode step's logits_to_keep, an encoder's fixed inputs) keeps the binding, one bind less.
+        # Fed values are never written in place (the loop makes new tensors), so the same object means same data.
+        self.bound: dict[str, object] = {}
         self.logits: tuple | None = None  # (OrtValue, torch view) over the one-position logits buffer
         self.logits_bound = False  # whether that buffer is the bound output now (a binding keeps its outputs)
 
     def run(self, session, feeds: Mapping[str, object]) -> torch.Tensor:
         binding = self.binding
+        bound = self.bound
         for name, value in feeds.items():
-            if name not in self.pasts:
+            if name not in self.pasts and bound.get(name) is not value:
                 binding.bind_cpu_input(name, np.ascontiguousarray(as_numpy(value)))
+                bound[name] = value
         keep = feeds.get("logits_to_keep")
         one_position = keep is not None and len(keep) == 1
         if one_position and self.logits is not None:
