@@ -34,7 +34,7 @@ class TokenState:
     _ones_column: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
 
     def append(self, next_tokens: torch.Tensor) -> None:
-        self.tokens = torch.cat([self.tokens, next_tokens[:, None]], dim=1)
+        self.tokens = torch.cat([self.tokens, next_tokens.unsqueeze(1)], dim=1)
         ones = self._ones_column
         if ones is None or ones.shape[0] != self.mask.shape[0] or ones.device != self.mask.device:
             ones = self._ones_column = self.mask.new_ones((self.mask.shape[0], 1))
@@ -127,7 +127,7 @@ class Decoder:
             positions[new - 1 : new],
         }
         if "position_ids" in self.session.input_names:  # ALiBi models and encoder-decoders take none
-            feeds["position_ids"] = positions[seen:total].expand(rows, new) if state.unpadded else \
+            feeds["position_ids"] = self._unpadded_positions(rows, seen, total) if state.unpadded else \
                 self.hooks.position_ids(state.mask, seen)
         feeds.update(state.fixed)
         if cache is not None:
@@ -146,7 +146,13 @@ class Decoder:
                 cached = torch.arange(max(count, self.shapes.total.max), device=device)
             self._arange = cached
             self._last_of_one = cached[:1]  # logits_to_keep of a step over one new token
+            self._arange_row = cached.unsqueeze(0)
         return cached
+
+    def _unpadded_positions(self, rows: int, seen: int, total: int) -> torch.Tensor:
+        """The position ids of columns seen .. total - 1 of rows without padding: those columns' indices."""
+        columns = self._arange_row[:, seen:total]
+        return columns if rows == 1 else columns.expand(rows, total - seen)
 
     def logits(self, input_ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Logits for every position of sequences padded on the right (none: unpadded) in one pass (used to score

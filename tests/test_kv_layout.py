@@ -180,6 +180,29 @@ def test_a_generation_binds_once_and_reuses_its_logits_buffer(family_dirs, onnx_
     assert list(session.shared_caches.values()) == [generic]
 
 
+def test_a_decode_step_binds_only_what_changed(family_dirs, onnx_work_dir, monkeypatch):
+    """A decode step rebinds the inputs that change (tokens, mask, position ids) and keeps `logits_to_keep` bound
+    (the same tensor every step); the position ids of rows without padding are read from the decoder's range and
+    equal the family's count over the mask, which padded rows still take."""
+    m = _shared("GPT2", family_dirs, onnx_work_dir)
+    ids, _ = _batches()["equal lengths"]
+    state, cache = m.decoder.start(ids, torch.ones_like(ids), 1), m.decoder.new_cache(2, 16)
+    assert state.unpadded
+    for _ in range(2):  # the prompt, then the first decode step (its logits_to_keep differs from the prompt's)
+        state.append(m.decoder.step(state, cache)[:, -1].argmax(-1))
+    bound = []
+    monkeypatch.setattr(cache.step.binding, "bind_cpu_input", lambda name, value: bound.append((name, value.copy())))
+    m.decoder.step(state, cache)
+    names = [name for name, _ in bound]
+    assert sorted(names) == ["attention_mask", "input_ids", "position_ids"]
+    positions = dict(bound)["position_ids"]
+    assert positions.tolist() == m.spec.hooks.position_ids(state.mask, ids.shape[1] + 1).tolist() == [[11], [11]]
+
+    padded_ids, padded_mask = _batches()["left-padded"]
+    padded = m.decoder.start(padded_ids, padded_mask, 1)
+    assert not padded.unpadded and m.decoder.start(padded_ids[:, -2:], padded_mask[:, -2:], 1).unpadded
+
+
 def test_a_built_export_loads_without_the_models_code(family_dirs, onnx_work_dir):
     """Once a graph is exported, loading it again finds it from its settings and metadata alone: transformers'
     modeling code (1.5 s and 110 MB to import) and the exporter stay unimported, and the graph's layout and names
