@@ -13,8 +13,8 @@ caller's global random state. A `torch.Generator` as `seed` is drawn from and le
 stream across its replies, as one `torch.manual_seed` before several `generate()` calls does); None draws from the
 global generator, as `generate()` does.
 
-On the CPU the draw is `CpuDraw`: torch.multinomial's own computation with its logarithm vectorised, 2.5x cheaper,
-the same tokens and the same random numbers consumed (checked against torch.multinomial once per process);
+On the CPU the draw is `CpuDraw`: torch.multinomial's own computation, its logarithm and ratio taken only where the
+probability is not 0, the same tokens and the same random numbers consumed (checked against torch.multinomial once per process);
 elsewhere it is torch.multinomial itself. Temperature 0 means greedy search, as in llama.cpp and ONNX Runtime
 GenAI (`generate()` refuses it).
 """
@@ -113,8 +113,10 @@ class Sampling:
         """`generate()`'s warpers for these settings, in its order (nothing when not sampling)."""
         from transformers import (
             EpsilonLogitsWarper, EtaLogitsWarper, MinPLogitsWarper, TemperatureLogitsWarper, TopHLogitsWarper,
-            TopKLogitsWarper, TopPLogitsWarper, TypicalLogitsWarper,
+            TopPLogitsWarper, TypicalLogitsWarper,
         )
+
+        from nndf.processors import FastTopK
 
         if not self.samples:
             return []
@@ -124,7 +126,7 @@ class Sampling:
         if self.top_h is not None:
             warpers.append(TopHLogitsWarper(top_h=self.top_h))
         if self.top_k != 0:
-            warpers.append(TopKLogitsWarper(top_k=int(self.top_k)))
+            warpers.append(FastTopK(top_k=int(self.top_k)))
         if self.top_p < 1.0:
             warpers.append(TopPLogitsWarper(top_p=self.top_p))
         if self.min_p is not None:
@@ -196,41 +198,67 @@ class TokenChooser:
 
 
 class CpuDraw:
-    """`torch.multinomial(probs, 1).squeeze(1)` for float32 probabilities of one shape on the CPU: the same tokens
-    and the same random numbers drawn, in a third of the time.
+    """`torch.multinomial(probs, 1).squeeze(1)` for float32 softmax probabilities of one shape on the CPU: the same
+    tokens and the same random numbers drawn, at a fraction of the cost.
 
     For one sample torch draws q ~ Exp(1) per element (`exponential_`) and takes argmax(probs / q). Its CPU
     exponential_ takes one 53-bit uniform u per element from the generator, serially, and computes
-    float(-log1p(-u)) one element at a time (ATen's `exponential_distribution<double>`); here the same uniforms come
-    from `uniform_` on a float64 tensor (the same draws) and the logarithm is taken vectorised, in buffers kept from
-    step to step (a fresh tensor of a batch's vocabulary costs more in page faults than the arithmetic).
-    `is_exact` checks once per process that this build of torch gives identical tokens and generator states, else
-    the loop calls torch.multinomial itself. Probabilities that torch.multinomial refuses (NaN, inf, negative) go to
-    it, so that it raises its own error."""
+    float(-log1p(-u)) one element at a time (ATen's `exponential_distribution<double>`, glibc's log1p). Here the same
+    uniforms come from `uniform_` on a float64 tensor (the same draws, in a buffer kept from step to step), and the
+    rest is computed only where the probability is not 0: an element of probability 0 has the ratio 0 and cannot be
+    the argmax, and after top-k (`generate()`'s default keeps 50) that leaves a few dozen elements of the 50257, so
+    the logarithm, the ratio and the argmax cost next to nothing (numpy's log1p is glibc's too). A row where most
+    elements are live (no top-k) takes every element with the logarithm vectorised by torch (glibc's, one element at
+    a time, would cost more than it saves), and so does a row where some u is exactly 0 (a probability-0 element is
+    0/0 = NaN there, which argmax takes, as in torch). `is_exact` checks once per process, on full and on masked distributions, that this build gives
+    identical tokens and generator states, else the loop calls torch.multinomial itself.
+
+    The probabilities are a softmax's, so a row is either a distribution or all NaN (a NaN or +inf score, or every
+    score -inf, spreads through the sum): a NaN at the chosen element is how an invalid row shows, and then
+    torch.multinomial is called to raise its own error."""
 
     _exact: bool | None = None
 
     def __init__(self, shape: torch.Size) -> None:
         self.shape = shape
         self.uniform = torch.empty(shape, dtype=torch.float64)
-        self.ratio = torch.empty(shape, dtype=torch.float32)
 
     def __call__(self, probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        if not bool((probs.min() >= 0) & (probs.max() < float("inf"))):
-            return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
+        import numpy as np
+
         self.uniform.uniform_(generator=generator)
-        self.ratio.copy_(self.uniform.neg_().log1p_().neg_())  # q ~ Exp(1), rounded to float32 as torch rounds it
-        return last_dim_argmax(torch.div(probs, self.ratio, out=self.ratio))
+        uniform, table = self.uniform.numpy(), probs.numpy()
+        tokens = np.empty(len(table), dtype=np.int64)
+        for row, (p, u) in enumerate(zip(table, uniform)):
+            live = np.flatnonzero(p != 0)  # (np.flatnonzero(p) itself is 7x slower on float32)
+            if not live.size:  # no probability left: torch.multinomial says why
+                return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
+            if live.size * 8 > len(p) or (u == 0.0).any():
+                # most of the row (no top-k), or a zero uniform: every element, the logarithm vectorised by torch
+                q = torch.from_numpy(u).neg().log1p_().neg_().float().numpy()
+                with np.errstate(divide="ignore", invalid="ignore"):  # q = 0: inf or NaN, as torch's division
+                    chosen = int(np.argmax(p / q))
+            else:
+                q = (-np.log1p(-u[live])).astype(np.float32)
+                chosen = live[np.argmax(p[live] / q)]
+            if np.isnan(p[chosen]):
+                return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
+            tokens[row] = chosen
+        return torch.from_numpy(tokens)
 
     @classmethod
     def is_exact(cls) -> bool:
         """Whether the draw equals torch.multinomial on this build of torch (asked once per process, on 64 rows of
-        random probabilities: the same tokens and the same generator state after)."""
+        random probabilities, then the same with all but 20 of each row's 1000 scores at -inf, as top-k leaves
+        them: the same tokens and the same generator state after)."""
         if cls._exact is None:
             with torch.inference_mode():
-                probs = torch.rand(64, 1000, generator=torch.Generator().manual_seed(0)).softmax(dim=-1)
+                scores = torch.randn(64, 1000, generator=torch.Generator().manual_seed(0)) * 3
+                masked = scores.masked_fill(scores < scores.topk(20).values[:, -1:], float("-inf"))
                 theirs, ours = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
-                expected = torch.multinomial(probs, num_samples=1, generator=theirs).squeeze(1)
-                drawn = cls(probs.shape)(probs, ours)
-                cls._exact = torch.equal(drawn, expected) and torch.equal(ours.get_state(), theirs.get_state())
+                cls._exact = True
+                for probs in (scores.softmax(dim=-1), masked.softmax(dim=-1)):
+                    expected = torch.multinomial(probs, num_samples=1, generator=theirs).squeeze(1)
+                    cls._exact &= torch.equal(cls(probs.shape)(probs, ours), expected)
+                cls._exact &= torch.equal(ours.get_state(), theirs.get_state())
         return cls._exact

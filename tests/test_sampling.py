@@ -182,6 +182,23 @@ def test_the_cpu_draw_is_torch_multinomial():
         CpuDraw(probs.shape)(probs)
 
 
+def test_the_cpu_draw_takes_every_element_where_a_uniform_is_zero(monkeypatch):
+    """Where a row's uniform is exactly 0 (one draw in 2**53), torch's q is 0 there and a probability-0 element's
+    ratio is 0/0 = NaN, which argmax takes: CpuDraw then computes the whole row as torch does, not only the
+    nonzero probabilities."""
+    from nndf.sampling import CpuDraw
+
+    scores = torch.randn(2, 300, generator=torch.Generator().manual_seed(0))
+    scores[:, 20:] = float("-inf")  # 20 live elements per row
+    probs = scores.softmax(dim=-1)
+    uniforms = torch.rand(2, 300, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    uniforms[0, 100] = 0.0  # at a probability-0 element of row 0
+    monkeypatch.setattr(torch.Tensor, "uniform_", lambda self, generator=None: self.copy_(uniforms))
+    expected = torch.argmax(probs / (-torch.log1p(-uniforms)).float(), dim=-1)
+    assert expected.tolist()[0] == 100  # NaN at 100: torch's own draw picks the probability-0 element
+    assert torch.equal(CpuDraw(probs.shape)(probs), expected)
+
+
 def test_the_fast_argmax_is_torch_argmax():
     """Greedy's argmax (numpy's on the CPU) picks torch's index: the first of equal maxima, NaN above all, -0.0 equal
     to 0.0, strided rows (the last position of (rows, positions, vocab) logits) and float64 too."""
@@ -195,6 +212,27 @@ def test_the_fast_argmax_is_torch_argmax():
     for scores in (edge, edge.double(), logits[:, -1, :], logits[:, 2:4, :]):
         got = last_dim_argmax(scores)
         assert got.dtype == torch.int64 and torch.equal(got, scores.argmax(dim=-1))
+
+
+@pytest.mark.parametrize("k", [1, 3, 50, 6000])  # 6000: more than the vocabulary
+def test_fast_top_k_equals_transformers(k):
+    """FastTopK sets what TopKLogitsWarper sets, in place: ties at the k-th score kept, -inf and NaN ranked as torch
+    ranks them, strided rows (the last position of (rows, positions, vocab) logits) and float64 too."""
+    from transformers import TopKLogitsWarper
+
+    from nndf.processors import FastTopK
+
+    nan, inf = float("nan"), float("inf")
+    logits = torch.randn(3, 2, 5000, generator=torch.Generator().manual_seed(0))
+    logits[0, -1, 10:14] = logits[0, -1].max() + 1  # a tie across the top 3
+    logits[1, -1, :4000] = -inf
+    edge = torch.tensor([[1.0, nan, 3.0, nan, 2.0], [2.0, 2.0, 1.0, 0.0, -inf], [-inf] * 5])
+    for fresh in (lambda: logits.clone()[:, -1, :], lambda: logits.double()[:, -1, :], edge.clone):
+        expected = TopKLogitsWarper(top_k=k)(None, fresh())
+        given = fresh()
+        got = FastTopK(top_k=k)(None, given)
+        assert got is given and torch.equal(got.isnan(), expected.isnan())
+        assert torch.equal(got.nan_to_num(0.0), expected.nan_to_num(0.0))
 
 
 @pytest.mark.parametrize("eos", [[7], [3, 99, 7], [-1, 5, 5000]])  # several, one outside the vocabulary
