@@ -25,7 +25,7 @@ def _describe(processors) -> list[tuple]:
 
 
 def _transformers_class(processor) -> str:
-    """The transformers class a processor is or derives from (nndf.processors computes two of them faster)."""
+    """The transformers class a processor is or derives from (nndf.processors computes some of them faster)."""
     return next(c.__name__ for c in type(processor).__mro__ if c.__module__.startswith("transformers."))
 
 
