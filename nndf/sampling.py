@@ -207,10 +207,10 @@ class CpuDraw:
     uniforms come from `uniform_` on a float64 tensor (the same draws, in a buffer kept from step to step), and the
     rest is computed only where the probability is not 0: an element of probability 0 has the ratio 0 and cannot be
     the argmax, and after top-k (`generate()`'s default keeps 50) that leaves a few dozen elements of the 50257, so
-    the logarithm, the ratio and the argmax cost next to nothing (numpy's log1p is glibc's too). A row where most
-    elements are live (no top-k) takes every element with the logarithm vectorised by torch (glibc's, one element at
-    a time, would cost more than it saves), and so does a row where some u is exactly 0 (a probability-0 element is
-    0/0 = NaN there, which argmax takes, as in torch). `is_exact` checks once per process, on full and on masked distributions, that this build gives
+    the logarithm and the ratio cost next to nothing (numpy's log1p is glibc's too), for all rows at once. Where most
+    elements are live (no top-k) every element is computed with the logarithm vectorised by torch (glibc's, one
+    element at a time, would cost more than it saves), and so it is where some u is exactly 0 (a probability-0
+    element is 0/0 = NaN there, which argmax takes, as in torch). `is_exact` checks once per process, on full and on masked distributions, that this build gives
     identical tokens and generator states, else the loop calls torch.multinomial itself.
 
     The probabilities are a softmax's, so a row is either a distribution or all NaN (a NaN or +inf score, or every
@@ -222,28 +222,26 @@ class CpuDraw:
     def __init__(self, shape: torch.Size) -> None:
         self.shape = shape
         self.uniform = torch.empty(shape, dtype=torch.float64)
+        self.ratio = torch.empty(shape, dtype=torch.float32).numpy()  # kept: a fresh one would page-fault each step
 
     def __call__(self, probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         import numpy as np
 
         self.uniform.uniform_(generator=generator)
         uniform, table = self.uniform.numpy(), probs.numpy()
-        tokens = np.empty(len(table), dtype=np.int64)
-        for row, (p, u) in enumerate(zip(table, uniform)):
-            live = np.flatnonzero(p != 0)  # (np.flatnonzero(p) itself is 7x slower on float32)
-            if not live.size:  # no probability left: torch.multinomial says why
-                return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
-            if live.size * 8 > len(p) or (u == 0.0).any():
-                # most of the row (no top-k), or a zero uniform: every element, the logarithm vectorised by torch
-                q = torch.from_numpy(u).neg().log1p_().neg_().float().numpy()
-                with np.errstate(divide="ignore", invalid="ignore"):  # q = 0: inf or NaN, as torch's division
-                    chosen = int(np.argmax(p / q))
-            else:
-                q = (-np.log1p(-u[live])).astype(np.float32)
-                chosen = live[np.argmax(p[live] / q)]
-            if np.isnan(p[chosen]):
-                return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
-            tokens[row] = chosen
+        live = table != 0
+        if np.count_nonzero(live) * 8 > live.size or (uniform == 0.0).any():
+            # mostly live (no top-k), or a zero uniform: every element, the logarithm vectorised by torch
+            q = self.uniform.neg().log1p_().neg_().float().numpy()
+            with np.errstate(divide="ignore", invalid="ignore"):  # q = 0: inf or NaN, as torch's division
+                ratio = table / q
+        else:  # a probability-0 element's ratio is 0, as in torch's own division
+            ratio = self.ratio
+            ratio.fill(0.0)
+            ratio[live] = table[live] / (-np.log1p(-uniform[live])).astype(np.float32)
+        tokens = ratio.argmax(axis=-1)
+        if np.isnan(table[np.arange(len(table)), tokens]).any() or not live.any(axis=-1).all():
+            return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)  # it says what is wrong
         return torch.from_numpy(tokens)
 
     @classmethod
