@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from transformers import MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor, TopKLogitsWarper
 
@@ -73,8 +74,6 @@ class FastTopK(TopKLogitsWarper):
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if scores.device.type != "cpu" or scores.requires_grad or scores.dtype not in (torch.float32, torch.float64):
             return super().__call__(input_ids, scores)
-        import numpy as np
-
         k = min(self.top_k, scores.shape[-1])
         values = scores.numpy()
         kth = np.partition(values, -k, axis=-1)[..., -k:-k + 1 or None]

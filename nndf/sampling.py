@@ -14,7 +14,8 @@ stream across its replies, as one `torch.manual_seed` before several `generate()
 global generator, as `generate()` does.
 
 On the CPU the draw is `CpuDraw`: torch.multinomial's own computation, its logarithm and ratio taken only where the
-probability is not 0, the same tokens and the same random numbers consumed (checked against torch.multinomial once per process);
+probability is not 0, the same tokens and the same random numbers consumed (checked against torch.multinomial once
+per process);
 elsewhere it is torch.multinomial itself. Temperature 0 means greedy search, as in llama.cpp and ONNX Runtime
 GenAI (`generate()` refuses it).
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+import numpy as np
 import torch
 
 from nndf.errors import UsageError
@@ -210,8 +212,9 @@ class CpuDraw:
     the logarithm and the ratio cost next to nothing (numpy's log1p is glibc's too), for all rows at once. Where most
     elements are live (no top-k) every element is computed with the logarithm vectorised by torch (glibc's, one
     element at a time, would cost more than it saves), and so it is where some u is exactly 0 (a probability-0
-    element is 0/0 = NaN there, which argmax takes, as in torch). `is_exact` checks once per process, on full and on masked distributions, that this build gives
-    identical tokens and generator states, else the loop calls torch.multinomial itself.
+    element is 0/0 = NaN there, which argmax takes, as in torch). `is_exact` checks once per process, on full and
+    on masked distributions, that this build gives identical tokens and generator states, else the loop calls
+    torch.multinomial itself.
 
     The probabilities are a softmax's, so a row is either a distribution or all NaN (a NaN or +inf score, or every
     score -inf, spreads through the sum): a NaN at the chosen element is how an invalid row shows, and then
@@ -222,19 +225,20 @@ class CpuDraw:
     def __init__(self, shape: torch.Size) -> None:
         self.shape = shape
         self.uniform = torch.empty(shape, dtype=torch.float64)
-        self.ratio = torch.empty(shape, dtype=torch.float32).numpy()  # kept: a fresh one would page-fault each step
+        # kept from step to step (a fresh tensor of a batch's vocabulary costs more in page faults than the arithmetic)
+        self.exponential = torch.empty(shape, dtype=torch.float32)
+        self.ratio = self.exponential.numpy()  # the same memory: q, then the ratio written over it
 
     def __call__(self, probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        import numpy as np
-
         self.uniform.uniform_(generator=generator)
         uniform, table = self.uniform.numpy(), probs.numpy()
         live = table != 0
         if np.count_nonzero(live) * 8 > live.size or (uniform == 0.0).any():
             # mostly live (no top-k), or a zero uniform: every element, the logarithm vectorised by torch
-            q = self.uniform.neg().log1p_().neg_().float().numpy()
+            self.exponential.copy_(self.uniform.neg_().log1p_().neg_())  # q ~ Exp(1), rounded to float32 as torch does
+            ratio = self.ratio
             with np.errstate(divide="ignore", invalid="ignore"):  # q = 0: inf or NaN, as torch's division
-                ratio = table / q
+                np.divide(table, ratio, out=ratio)
         else:  # a probability-0 element's ratio is 0, as in torch's own division
             ratio = self.ratio
             ratio.fill(0.0)
