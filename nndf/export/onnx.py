@@ -28,7 +28,8 @@ from nndf.workspace import artifact_name, build_dir_artifact, read_metadata, sta
 from nndf.progress import say, ticking
 
 # Bump when a change here changes the graphs produced, so that old exports are rebuilt rather than reused.
-EXPORTER_REVISION = 6  # shared layout (ort_fusions): 4 fused normalizations, 5 rotary embeddings, 6 sibling MatMuls
+EXPORTER_REVISION = 7  # shared layout (ort_fusions): 4 fused normalizations, 5 rotary embeddings, 6 sibling MatMuls,
+# 7 the LM head in chunks
 GRAPH_FILE = "decoder.onnx"
 
 

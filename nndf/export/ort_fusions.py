@@ -1,4 +1,5 @@
-"""ONNX Runtime's fused kernels in the shared-layout decoder graph: fewer, larger nodes for a decode step.
+"""ONNX Runtime's fused kernels in the shared-layout decoder graph: fewer, larger nodes for a decode step, and a
+lighter load.
 
 Why: at batch 1 every node costs its dispatch whatever its size, so a small or quantized model pays most. The
 exporter writes each RMSNorm as seven nodes, each rotary embedding as a dozen (two Slices, Neg, Concat, two Muls,
@@ -19,6 +20,8 @@ exported decode step had 1739 nodes where GPT-2 small's has 474.
   are. Where the rotated heads come straight from a projection and go straight back, the kernel takes the
   projection's (batch, sequence, heads * size) output and the split, the two Transposes and the merge go.
 - A Reshape that only undoes the Reshape before it (symbolic shapes equal) goes.
+- A MatMul over a weight larger than 32 MiB (the LM head) becomes MatMuls over column chunks of it and a Concat:
+  not fewer nodes, but a load that no longer peaks at that weight's size (`split_large_weights`).
 
 Only the shared layout gets these: its graph is ONNX Runtime's alone (contrib ops), where the growing graph is also
 what TensorRT builds engines from. A rule that does not match leaves the graph as it is; every family's parity
@@ -180,6 +183,62 @@ def merge_sibling_matmuls(model) -> int:
     return merged
 
 
+WEIGHT_CHUNK_BYTES = 32 << 20  # the most one weight of a MatMul may hold in the shared graph (split_large_weights)
+
+
+def _constant_weight(value):
+    """The 2-D array a MatMul's weight input holds: an initializer, or the Transpose of one (a tied LM head, whose
+    table the embedding's Gather reads in its own orientation); None for anything else."""
+    if value.const_value is not None:
+        array = value.const_value.numpy()
+        return array if array.ndim == 2 else None
+    producer = value.producer()
+    if producer is None or producer.op_type != "Transpose" or producer.domain != "" or \
+            producer.inputs[0].const_value is None:
+        return None
+    array = producer.inputs[0].const_value.numpy()
+    perm = producer.attributes.get("perm")
+    return array.T if array.ndim == 2 and (perm is None or list(perm.as_ints()) == [1, 0]) else None
+
+
+def split_large_weights(model, chunk_bytes: int | None = None) -> int:
+    """MatMuls over a constant weight larger than `chunk_bytes` as several MatMuls over column chunks of it and a
+    Concat of their outputs: ONNX Runtime prepacks each constant weight into a copy of its own and frees the original
+    afterwards, so a session's load peaks at its largest weight above the steady memory. That weight is the LM head
+    (SmolLM2-135M: 113 MB; GPT-2 small: 154 MB), and a tied head is worse: it is the embedding table transposed by
+    constant folding, a third copy for the while. Chunks written to the file pre-transposed load, pack and go one by
+    one (SmolLM2's session: 681 -> 600 MiB peak in four chunks, steady 573 either way); the table stays for the
+    embedding's Gather, which reads one row per token. Exact: each output column is the same dot product over K.
+    Returns how many MatMuls were split."""
+    import numpy as np
+    import onnx_ir as ir
+
+    limit = WEIGHT_CHUNK_BYTES if chunk_bytes is None else chunk_bytes
+    graph = model.graph
+    split = 0
+    for node in list(graph):
+        if node.op_type != "MatMul" or node.domain != "" or len(node.inputs) != 2:
+            continue
+        weight = _constant_weight(node.inputs[1])
+        if weight is None or weight.nbytes <= limit:
+            continue
+        columns = np.array_split(np.arange(weight.shape[1]), -(-weight.nbytes // limit))
+        parts, products, base = [], [], node.name or node.outputs[0].name
+        for index, chosen in enumerate(columns):
+            name = f"{base}_chunk{index}"
+            chunk = ir.Value(name=f"{name}.weight", const_value=ir.tensor(
+                np.ascontiguousarray(weight[:, chosen[0]:chosen[-1] + 1]), name=f"{name}.weight"))
+            graph.register_initializer(chunk)
+            parts.append(ir.Node("", "MatMul", [node.inputs[0], chunk], name=name))
+            products.append(parts[-1].outputs[0])
+        joined = ir.Node("", "Concat", products, [ir.AttrInt64("axis", -1)], name=f"{base}_chunks")
+        old = node.outputs[0]
+        joined.outputs[0].shape, joined.outputs[0].dtype = old.shape, old.dtype
+        ir.convenience.replace_nodes_and_values(graph, node, [node], [*parts, joined], [old], joined.outputs)
+        split += 1
+    return split
+
+
 def fuse_for_onnxruntime(model) -> dict[str, int]:
     """Apply the rules to an onnx_ir model in place, one after another (a rule set tries its rules node by node,
     and the plain rotary would match inside a projection's before the larger pattern is seen); how many times each
@@ -194,7 +253,8 @@ def fuse_for_onnxruntime(model) -> dict[str, int]:
              ("skip_layer_normalization", fuse_skip_layer_normalization),
              ("skip_rms_normalization", fuse_skip_rms_normalization),
              ("projection_rotary_embedding", own(_ProjectionRotary)), ("rotary_embedding", own(_Rotary)),
-             ("reshape_undone", own(_ReshapeUndone)), ("sibling_matmuls", merge_sibling_matmuls))
+             ("reshape_undone", own(_ReshapeUndone)), ("sibling_matmuls", merge_sibling_matmuls),
+             ("large_weights", split_large_weights))
     counts = {name: rule(model) for name, rule in rules}
     optimize(model)  # inlines what a rule left as an intermediate function, drops unused nodes, merges equal ones
     return counts

@@ -1,0 +1,77 @@
+"""Graph rewrites of the shared layout that change how ONNX Runtime loads a graph rather than what it computes
+(nndf.export.ort_fusions): the LM head's weight in chunks, so that loading a session no longer peaks at the largest
+weight. The results must be the same numbers: on a hand-made graph (a tied head behind a Transpose, an untied one)
+and in a tiny GPT-2's real export against Hugging Face `generate()`."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+import nndf
+from nndf.export import ort_fusions
+
+
+def _heads_graph(vocab: int, hidden: int):
+    """ids -> Gather(table) -> h; logits = h @ table^T (tied, through a Transpose) and other = h @ untied."""
+    rng = np.random.default_rng(0)
+    table = rng.standard_normal((vocab, hidden), dtype=np.float32)
+    untied = rng.standard_normal((hidden, vocab + 3), dtype=np.float32)
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["h"]),
+             helper.make_node("Transpose", ["table"], ["table_t"], perm=[1, 0]),
+             helper.make_node("MatMul", ["h", "table_t"], ["logits"]),
+             helper.make_node("MatMul", ["h", "untied"], ["other"])]
+    graph = helper.make_graph(
+        nodes, "heads", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "seq"])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "seq", vocab]),
+         helper.make_tensor_value_info("other", TensorProto.FLOAT, ["batch", "seq", vocab + 3])],
+        [numpy_helper.from_array(table, "table"), numpy_helper.from_array(untied, "untied")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _run(model, ids):
+    proto = model if not isinstance(model, ir.Model) else ir.serde.serialize_model(model)
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(["logits", "other"], {"ids": ids})
+
+
+def test_large_weights_are_split_into_chunks_with_the_same_results():
+    vocab, hidden = 1000, 16  # weights of 64000 and 64192 bytes
+    proto = _heads_graph(vocab, hidden)
+    ids = np.array([[1, 999, 500], [3, 4, 5]], dtype=np.int64)
+    expected = _run(proto, ids)
+    model = ir.serde.deserialize_model(proto)
+    assert ort_fusions.split_large_weights(model, chunk_bytes=20_000) == 2
+    ops = [node.op_type for node in model.graph]
+    assert ops.count("MatMul") == 4 + 4 and ops.count("Concat") == 2  # ceil(64000 / 20000) chunks each
+    assert [value.name for value in model.graph.outputs] == ["logits", "other"]
+    for got, want in zip(_run(model, ids), expected):
+        assert got.shape == want.shape and np.array_equal(got, want)  # the same dot products, bit for bit
+    untouched = ir.serde.deserialize_model(proto)
+    assert ort_fusions.split_large_weights(untouched, chunk_bytes=64_192) == 0  # at the limit: kept whole
+
+
+def test_a_tiny_gpt2_with_its_tied_head_in_chunks_equals_generate(family_dirs, tmp_path, monkeypatch):
+    """GPT-2's head is its embedding table transposed: exported with a limit below the table's size, the head is
+    chunk MatMuls over copies written pre-transposed, the table stays for the embedding, and the tokens are
+    generate()'s."""
+    import onnx
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setattr(ort_fusions, "WEIGHT_CHUNK_BYTES", 40_000)
+    m = nndf.load("GPT2", backend="onnxrt", torch_dir=str(family_dirs["GPT2"]), working_dir=str(tmp_path),
+                  device="cpu", kv_layout="shared")
+    graph = onnx.load(str(m.decoder.session.artifacts[0]), load_external_data=False).graph
+    chunks = [node for node in graph.node if node.op_type == "MatMul" and "_chunk" in node.name]
+    table = max(graph.initializer, key=lambda init: int(np.prod(init.dims)))  # the token embedding table
+    assert len(chunks) >= 2 and int(np.prod(table.dims)) * 4 > 40_000
+    assert [node.op_type for node in graph.node if table.name in node.input] == ["Gather"]
+    hf = AutoModelForCausalLM.from_pretrained(family_dirs["GPT2"]).eval()
+    prompt = torch.tensor([[5, 6, 7, 8, 9]])
+    expected = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8, do_sample=False,
+                           pad_token_id=0)
+    assert m.generate(prompt, max_new_tokens=8).tolist() == expected.tolist()
