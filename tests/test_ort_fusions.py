@@ -8,7 +8,6 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 import onnxruntime as ort
-import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
