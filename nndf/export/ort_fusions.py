@@ -222,12 +222,11 @@ def split_large_weights(model, chunk_bytes: int | None = None) -> int:
         weight = _constant_weight(node.inputs[1])
         if weight is None or weight.nbytes <= limit:
             continue
-        columns = np.array_split(np.arange(weight.shape[1]), -(-weight.nbytes // limit))
         parts, products, base = [], [], node.name or node.outputs[0].name
-        for index, chosen in enumerate(columns):
+        for index, columns in enumerate(np.array_split(weight, -(-weight.nbytes // limit), axis=1)):
             name = f"{base}_chunk{index}"
-            chunk = ir.Value(name=f"{name}.weight", const_value=ir.tensor(
-                np.ascontiguousarray(weight[:, chosen[0]:chosen[-1] + 1]), name=f"{name}.weight"))
+            chunk = ir.Value(name=f"{name}.weight", const_value=ir.tensor(np.ascontiguousarray(columns),
+                                                                          name=f"{name}.weight"))
             graph.register_initializer(chunk)
             parts.append(ir.Node("", "MatMul", [node.inputs[0], chunk], name=name))
             products.append(parts[-1].outputs[0])
