@@ -20,6 +20,19 @@ from nndf.processors import FastMinLength, FastMinNewTokensLength, PlainProcesso
 from nndf.sampling import Sampling, check_repetition_penalty
 
 
+def penalty_skips_padding() -> bool:
+    """Whether this transformers' `generate()` spares each row's left padding from the repetition penalty: from
+    5.23 on, `RepetitionPenaltyLogitsProcessor` takes per-row lengths (`prompt_ignore_length` as a tensor) and
+    `generate()` passes them; before, it penalises every token of the prompt, padding included, and the processor
+    refuses a tensor. The loop does what the installed `generate()` does."""
+    import inspect
+
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    parameter = inspect.signature(RepetitionPenaltyLogitsProcessor).parameters.get("prompt_ignore_length")
+    return parameter is not None and "Tensor" in str(parameter.annotation)
+
+
 @dataclass(frozen=True)
 class GenerationOptions:
     """What to generate; the defaults are those of Hugging Face `generate()`.
@@ -97,7 +110,8 @@ class GenerationOptions:
         min_length = self.min_length if self.min_new_tokens is None else prompt_len + self.min_new_tokens
         processors = []
         if self.repetition_penalty != 1.0:
-            padding = None if prompt_mask is None else (prompt_mask != 0).int().argmax(dim=1)
+            skips = prompt_mask is not None and penalty_skips_padding()
+            padding = (prompt_mask != 0).int().argmax(dim=1) if skips else None
             processors.append(RepetitionPenaltyLogitsProcessor(float(self.repetition_penalty),
                                                                prompt_ignore_length=padding))
         if self.no_repeat_ngram_size > 0:

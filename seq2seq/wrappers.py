@@ -115,8 +115,16 @@ class DecoderWrapper(StepWrapper):
         placeholder = rest[0].new_zeros(()).expand(rows, length, 1)  # sizes the encoder mask only
         out = self.model(encoder_outputs=(placeholder,), attention_mask=encoder_attention_mask,
                          decoder_input_ids=input_ids, use_cache=True, **with_cache(self.model, cache),
-                         **self.keep_kwargs(logits_to_keep))
+                         **self.keep_kwargs(logits_to_keep), **self.static_decoder_mask(input_ids, rest[count:]))
         return self.step_outputs(out, logits_to_keep, self_attention_part)
+
+    def static_decoder_mask(self, input_ids, past) -> dict:
+        """A static step's decoder mask: ones over the whole buffer (a zero-strided `expand`), where the causal
+        mask at the step's positions hides the unfilled tail. Without one, BART's decoder sizes a mask of ones from
+        the cache's length, a tensor here: a host read that a CUDA graph cannot capture."""
+        if not self.static:
+            return {}
+        return {"decoder_attention_mask": input_ids.new_ones(()).expand(input_ids.shape[0], past[0].shape[2])}
 
 
 class TextGraphs:

@@ -11,6 +11,7 @@ from conftest import build_tiny
 from family_examples import SEQ2SEQ_EXAMPLES
 from sampling_checks import assert_samples_like_generate
 from nndf.errors import UsageError
+from nndf.backends import onnxrt
 
 EXAMPLES = list(SEQ2SEQ_EXAMPLES)
 
@@ -246,8 +247,8 @@ def test_fp16_graphs_keep_t5_feed_forward_output_in_fp32(seq2seq_dirs, onnx_work
 
 
 def test_fp16_on_onnxrt_without_a_gpu_is_one_clear_error(seq2seq_dirs, onnx_work_dir):
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU: the fp16 path runs (tests marked gpu)")
+    if onnxrt._cuda_provider():
+        pytest.skip("ONNX Runtime here runs on a GPU: the fp16 path runs (tests marked gpu)")
     with pytest.raises(UsageError, match="--fp16 on the onnxrt backend needs ONNX Runtime's CUDA provider"):
         _load("t5", "onnxrt", seq2seq_dirs, onnx_work_dir, fp16=True)
 
@@ -255,6 +256,8 @@ def test_fp16_on_onnxrt_without_a_gpu_is_one_clear_error(seq2seq_dirs, onnx_work
 @pytest.mark.gpu
 def test_gpu_fp16_onnxrt_t5_logits_within_one_percent(seq2seq_dirs, tmp_path):
     """On a GPU with onnxruntime-gpu: the fp16 T5 graphs on the CUDA provider, against fp32 PyTorch."""
+    if not onnxrt._cuda_provider():
+        pytest.skip("ONNX Runtime here has no CUDA provider (the onnxruntime-gpu extra)")
     m = nndf.load("T5", backend="onnxrt", torch_dir=str(seq2seq_dirs["t5"]), fp16=True, working_dir=str(tmp_path))
     reference = nndf.load("T5", torch_dir=str(seq2seq_dirs["t5"]), device="cpu")
     ids = torch.randint(4, 999, (2, 9), generator=torch.Generator().manual_seed(2))

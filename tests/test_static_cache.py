@@ -12,6 +12,9 @@ import json
 
 import pytest
 import torch
+import transformers
+from packaging.version import Version
+from torch.utils._python_dispatch import TorchDispatchMode
 from conftest import SHARED_DATA, TRAINED_TINY_GPT2, needs_shared
 from family_examples import FAMILY_EXAMPLES
 from test_cli import run_cli
@@ -102,6 +105,63 @@ def test_blip_captions_over_a_static_cache(static_steps, blip_dir):
         assert torch.equal(ours, model.hf_generate(pixel_values=pixels, max_new_tokens=10, num_beams=beams))
 
 
+# Ops that read a device tensor on the host (`.item()`, truth tests, data-dependent shapes) or copy host data in
+# (`torch.tensor(...)`): on CUDA, a graph capture fails on each of them and the step falls back to eager.
+HOST_ROUND_TRIPS = {"item", "_local_scalar_dense", "is_nonzero", "equal", "nonzero", "lift_fresh", "lift_fresh_copy"}
+
+
+class _HostRoundTrips(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._schema.name.split("::")[-1]
+        if name in HOST_ROUND_TRIPS:
+            self.seen.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def _skip_if_eager_masks_copy_in(model) -> None:
+    """transformers before 5.21 builds eager attention masks with `torch.tensor(0.0, device=...)`, a host copy no
+    capture allows (BLOOM, BLIP): there the graphs fall back to eager, as the warning says."""
+    if Version(transformers.__version__) < Version("5.21") and model.loaded.model.config._attn_implementation == "eager":
+        pytest.skip(f"transformers {transformers.__version__} copies a host scalar into eager attention masks (fixed in "
+                    "5.21): no CUDA graph can capture such a step")
+
+
+def _decode_steps_watched(model, monkeypatch) -> _HostRoundTrips:
+    """Runs the model's decode steps under the watch, as during a CUDA graph capture (transformers skips its
+    data-dependent shortcuts while a stream captures)."""
+    session, watch = model.decoder.session, _HostRoundTrips()
+
+    def step(*args):
+        with monkeypatch.context() as capturing, watch:
+            capturing.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+            return session.wrapper(*args)
+
+    session.graphs = frameworks.StepGraphs(step, torch.device("cpu"), [])  # disabled on the CPU: it calls `step`
+    return watch
+
+
+@pytest.mark.parametrize("family", [*STATIC_FAMILIES, "BLIP"])
+def test_static_decode_step_makes_no_host_round_trip(static_steps, family_dirs, blip_dir, family, monkeypatch):
+    """What a CUDA graph can capture, checked on the CPU: BART's decoder once sized a mask of ones from the cache's
+    length (a tensor) and BLOOM's eager mask copied a host scalar in (transformers < 5.21): both fell back to eager."""
+    if family == "BLIP":
+        model = nndf.load("BLIP", torch_dir=str(blip_dir), device="cpu")
+        _skip_if_eager_masks_copy_in(model)
+        watch = _decode_steps_watched(model, monkeypatch)
+        model.generate(pixel_values=torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0)),
+                       max_new_tokens=4, min_new_tokens=4)
+    else:
+        model = nndf.load(family, torch_dir=str(family_dirs[family]), device="cpu")
+        _skip_if_eager_masks_copy_in(model)
+        watch = _decode_steps_watched(model, monkeypatch)
+        model.generate(*_prompts(model), max_new_tokens=4, min_new_tokens=4)
+    assert watch.seen == []
+
+
 @needs_shared(TRAINED_TINY_GPT2)
 def test_lazy_stop_check_cuts_what_ran_past_the_end(monkeypatch):
     """On a GPU greedy search reads "all ended?" every few tokens only; the steps run after the end are cut off, so
@@ -171,6 +231,7 @@ def _gpu_model(family_dirs, family, **kwargs):
 @pytest.mark.parametrize("family", ["GPT2", "OPT", "BLOOM", "GPTNeoX", "T5", "BART"])
 def test_gpu_cuda_graphs_give_hf_tokens(family_dirs, family, num_beams):
     model = _gpu_model(family_dirs, family, cuda_graph=True)
+    _skip_if_eager_masks_copy_in(model)
     session = model.decoder.session
     assert isinstance(session, frameworks.StaticTorchSession) and session.graphs.enabled
     ids, mask = _prompts(model)
@@ -195,6 +256,7 @@ def test_gpu_cuda_graphs_stop_at_eos_like_hf(tiny_gpt2_dir):
 @pytest.mark.gpu
 def test_gpu_blip_captions_with_cuda_graphs(blip_dir):
     model = nndf.load("BLIP", torch_dir=str(blip_dir), device="cuda", cuda_graph=True)
+    _skip_if_eager_masks_copy_in(model)
     pixels = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     for beams in (1, 2):
         ours = model.generate(pixel_values=pixels, max_new_tokens=10, num_beams=beams)

@@ -28,6 +28,17 @@ import torch
 from nndf.progress import say
 
 
+def known_cause(exc: Exception) -> str:
+    """What the user can do about a capture failure whose cause is known (else nothing)."""
+    import transformers
+    from packaging.version import Version
+
+    if "between CPU and CUDA tensors" in str(exc) and Version(transformers.__version__) < Version("5.21"):
+        return (f" (transformers {transformers.__version__} builds eager attention masks with a host copy, which "
+                "5.21 and later do not: upgrade transformers)")
+    return ""
+
+
 @dataclass
 class _Graph:
     graph: object
@@ -66,7 +77,8 @@ class StepGraphs:
         try:
             self._graphs[key] = self._capture(args)
         except Exception as exc:  # a step that syncs with the host or allocates where a graph cannot
-            say(f"warning: CUDA graph capture failed ({type(exc).__name__}: {exc}); running without CUDA graphs")
+            say(f"warning: CUDA graph capture failed ({type(exc).__name__}: {exc}){known_cause(exc)}; running "
+                "without CUDA graphs")
             self.enabled = False
             self._graphs.clear()
         return outputs
