@@ -9,6 +9,7 @@ greedy search with `generate()`'s warpers and draw (nndf.sampling), and beam sea
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -20,6 +21,7 @@ from nndf.processors import FastMinLength, FastMinNewTokensLength, PlainProcesso
 from nndf.sampling import Sampling, check_repetition_penalty
 
 
+@functools.cache
 def penalty_skips_padding() -> bool:
     """Whether this transformers' `generate()` spares each row's left padding from the repetition penalty: from
     5.23 on, `RepetitionPenaltyLogitsProcessor` takes per-row lengths (`prompt_ignore_length` as a tensor) and
