@@ -13,7 +13,6 @@ import json
 import pytest
 import torch
 import transformers
-from packaging.version import Version
 from torch.utils._python_dispatch import TorchDispatchMode
 from conftest import SHARED_DATA, TRAINED_TINY_GPT2, needs_shared
 from family_examples import FAMILY_EXAMPLES
@@ -23,6 +22,7 @@ from test_generation_parity import _model_with_likely_eos
 import nndf
 import nndf.generation
 from nndf.backends import frameworks
+from nndf.backends.cuda_graphs import EAGER_MASKS_CAPTURABLE_SINCE, eager_masks_copy_from_host
 from nndf.errors import UsageError
 
 STATIC_FAMILIES = [family for family in FAMILY_EXAMPLES if family not in ("GPTNeo", "BLIP")]  # BLIP: its own test
@@ -126,9 +126,9 @@ class _HostRoundTrips(TorchDispatchMode):
 def _skip_if_eager_masks_copy_in(model) -> None:
     """transformers before 5.21 builds eager attention masks with `torch.tensor(0.0, device=...)`, a host copy no
     capture allows (BLOOM, BLIP): there the graphs fall back to eager, as the warning says."""
-    if Version(transformers.__version__) < Version("5.21") and model.loaded.model.config._attn_implementation == "eager":
+    if eager_masks_copy_from_host() and model.loaded.model.config._attn_implementation == "eager":
         pytest.skip(f"transformers {transformers.__version__} copies a host scalar into eager attention masks (fixed in "
-                    "5.21): no CUDA graph can capture such a step")
+                    f"{EAGER_MASKS_CAPTURABLE_SINCE}): no CUDA graph can capture such a step")
 
 
 def _decode_steps_watched(model, monkeypatch) -> _HostRoundTrips:

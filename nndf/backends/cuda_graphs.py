@@ -28,14 +28,26 @@ import torch
 from nndf.progress import say
 
 
-def known_cause(exc: Exception) -> str:
-    """What the user can do about a capture failure whose cause is known (else nothing)."""
+# transformers before this version builds eager attention masks with `torch.tensor(0.0, device=...)`, a host copy no
+# CUDA graph capture allows (BLOOM, BLIP): their steps fall back to eager there.
+EAGER_MASKS_CAPTURABLE_SINCE = "5.21"
+
+
+def eager_masks_copy_from_host() -> bool:
+    """Whether the installed transformers builds eager attention masks with a host copy (see above)."""
     import transformers
     from packaging.version import Version
 
-    if "between CPU and CUDA tensors" in str(exc) and Version(transformers.__version__) < Version("5.21"):
+    return Version(transformers.__version__) < Version(EAGER_MASKS_CAPTURABLE_SINCE)
+
+
+def known_cause(exc: Exception) -> str:
+    """What the user can do about a capture failure whose cause is known (else nothing)."""
+    import transformers
+
+    if "between CPU and CUDA tensors" in str(exc) and eager_masks_copy_from_host():
         return (f" (transformers {transformers.__version__} builds eager attention masks with a host copy, which "
-                "5.21 and later do not: upgrade transformers)")
+                f"{EAGER_MASKS_CAPTURABLE_SINCE} and later do not: upgrade transformers)")
     return ""
 
 
