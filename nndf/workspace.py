@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
@@ -109,6 +110,63 @@ def atomic_dir(final_dir: str | os.PathLike) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
+
+
+LOCK_QUIET_WAIT_S = 1.0  # how long `artifact_lock` waits before it says that it waits
+
+
+@contextlib.contextmanager
+def artifact_lock(artifact: str | os.PathLike, waiting: Callable[[str], None] | None = None) -> Iterator[None]:
+    """Hold an exclusive lock on `artifact` (a file or folder, built or not) while checking and building it.
+
+    Why: processes that share a working dir (two runs, a benchmark's engine workers, the test suite's workers) can
+    want the same artifact at once. Without a lock both build it, and the second replaces the folder the first is
+    already reading; with it the second waits, then finds the artifact built and reuses it. The lock is an advisory
+    `flock` on a hidden `.NAME.lock` file beside the artifact, which the holder removes before it lets go (a
+    process that locked the removed file sees that and locks the new one), so nothing is left in the working dir
+    unless a process is killed outright. Where `flock` does not exist (Windows) no lock is taken. `waiting(message)`
+    is told once when another process has held the lock for a second (a process that only checks an artifact holds
+    it for milliseconds: no message for that).
+    """
+    try:
+        import fcntl
+    except ImportError:  # not a POSIX system
+        yield
+        return
+    path = Path(artifact)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock_file = path.parent / f".{path.name}.lock"
+    deadline, told = time.monotonic() + LOCK_QUIET_WAIT_S, False
+    while True:
+        handle = open(lock_file, "a")
+        try:
+            while True:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() < deadline or told:
+                        time.sleep(0.05)
+                        continue
+                if waiting is not None:
+                    waiting(f"waiting for another process that is building {path} ...")
+                told = True
+            try:
+                current = os.stat(lock_file).st_ino
+            except FileNotFoundError:
+                current = None
+            if current == os.fstat(handle.fileno()).st_ino:
+                break  # locked the file that is in place
+        except BaseException:
+            handle.close()
+            raise
+        handle.close()  # the previous holder removed it after we opened it: lock the new one
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            lock_file.unlink()
+        handle.close()  # closing releases the lock
 
 
 def folder_sizes(folder: Path) -> dict[str, int]:

@@ -20,7 +20,7 @@ import torch
 from nndf.export.onnx import DecoderExport, export_settings, fp32_cpu_model, trace_to_onnx
 from nndf.progress import say
 from nndf.loading import LoadedModel
-from nndf.workspace import artifact_name, build_dir_artifact, stale_reason
+from nndf.workspace import artifact_lock, artifact_name, build_dir_artifact, stale_reason
 
 GRAPHS = ("encoder", "cross", "decoder")
 ROLES = {"encoder": "encoder", "cross": "cross-attention cache generator", "decoder": "decoder"}  # in messages
@@ -71,27 +71,28 @@ def export_seq2seq(loaded: LoadedModel, use_cache: bool, working_dir: str | Path
     io = seq2seq_io(loaded, use_cache)
     names = {graph: {"input_names": list(i), "output_names": list(o)} for graph, (i, o) in io.items()}
     metadata = dict(settings, graphs=names)
-    reason = stale_reason(folder, metadata)
-    if reason is None:
+    with artifact_lock(folder, say):  # another process may be building it: wait, then reuse it
+        reason = stale_reason(folder, metadata)
+        if reason is None:
+            return result
+        if folder.exists():
+            say(f"rebuilding {folder}: {reason}")
+        hooks, graphs = loaded.spec.hooks, graph_set(loaded)
+        model = fp32_cpu_model(loaded.model)
+        wrappers = graphs.wrappers(model, hooks, use_cache)
+        say(f"exporting {loaded.variant.name} to ONNX: {graphs.encoder_role}, cross-attention cache generator and "
+            f"decoder ({'with' if use_cache else 'without'} KV cache) ...")
+        started = time.perf_counter()
+
+        def build(tmp: Path) -> None:
+            with torch.no_grad():
+                examples = graphs.examples(model, hooks, use_cache)
+            for graph in GRAPHS:
+                args, dynamic = examples[graph]
+                trace_to_onnx(wrappers[graph], args, dynamic, names[graph], tmp / f"{graph}.onnx", model,
+                              f"{loaded.variant.name} ({graph})")
+                say(f"  {graph}.onnx exported ({time.perf_counter() - started:.1f} s)")
+
+        build_dir_artifact(folder, build, metadata)
+        say(f"exported in {time.perf_counter() - started:.1f} s to {folder}")
         return result
-    if folder.exists():
-        say(f"rebuilding {folder}: {reason}")
-    hooks, graphs = loaded.spec.hooks, graph_set(loaded)
-    model = fp32_cpu_model(loaded.model)
-    wrappers = graphs.wrappers(model, hooks, use_cache)
-    say(f"exporting {loaded.variant.name} to ONNX: {graphs.encoder_role}, cross-attention cache generator and decoder "
-        f"({'with' if use_cache else 'without'} KV cache) ...")
-    started = time.perf_counter()
-
-    def build(tmp: Path) -> None:
-        with torch.no_grad():
-            examples = graphs.examples(model, hooks, use_cache)
-        for graph in GRAPHS:
-            args, dynamic = examples[graph]
-            trace_to_onnx(wrappers[graph], args, dynamic, names[graph], tmp / f"{graph}.onnx", model,
-                          f"{loaded.variant.name} ({graph})")
-            say(f"  {graph}.onnx exported ({time.perf_counter() - started:.1f} s)")
-
-    build_dir_artifact(folder, build, metadata)
-    say(f"exported in {time.perf_counter() - started:.1f} s to {folder}")
-    return result

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import textwrap
+import time
 
 import pytest
 import torch
@@ -12,7 +16,7 @@ from nndf.kvcache import KVCache, past_names, present_names
 from nndf.loading import known_config
 from nndf.registry import FAMILIES, get_spec
 from nndf.spec import BuildSettings, ShapeSpec
-from nndf.workspace import artifact_name, atomic_write_json, read_metadata, write_artifact
+from nndf.workspace import artifact_lock, artifact_name, atomic_write_json, read_metadata, write_artifact
 
 
 def test_kv_cache_stores_only_new_positions_in_place():
@@ -128,6 +132,40 @@ def test_artifacts_are_atomic_and_carry_metadata(tmp_path):
     atomic_write_json(tmp_path / "x.json", {"a": 1})
     assert json.loads((tmp_path / "x.json").read_text()) == {"a": 1}
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([name, name + ".meta.json", "x.json"])
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="flock is POSIX")
+def test_a_second_process_waits_for_the_artifact_being_built_then_finds_it(tmp_path):
+    """Two processes that want one artifact of a shared working dir: the one that comes second waits (and says so)
+    until the first has built it, instead of building it too and replacing the folder the first reads."""
+    folder = tmp_path / "GPT2-gpt2-decoder-0123456789ab"
+    builder = textwrap.dedent(f"""
+        import time, pathlib
+        from nndf.workspace import artifact_lock
+        folder = pathlib.Path({str(folder)!r})
+        with artifact_lock(folder):
+            (folder.parent / "locked").touch()
+            time.sleep(2)
+            folder.mkdir()
+            (folder / "decoder.onnx").write_text("graph")
+    """)
+    first = subprocess.Popen([sys.executable, "-c", builder])
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "locked").exists():
+            assert first.poll() is None and time.monotonic() < deadline, "the first process never took the lock"
+            time.sleep(0.02)
+        said = []
+        with artifact_lock(folder, said.append):
+            assert (folder / "decoder.onnx").read_text() == "graph"  # built by the first, found by the second
+        assert said == [f"waiting for another process that is building {folder} ..."]
+        with artifact_lock(folder, said.append):  # free now: taken at once, nothing said
+            pass
+        assert len(said) == 1
+    finally:
+        first.wait(timeout=60)
+    assert first.returncode == 0
+    assert not list(tmp_path.glob(".*.lock")), "the lock file is removed by its last holder"
 
 
 def test_random_weights_are_built_on_their_device_and_named_by_it():

@@ -24,7 +24,7 @@ from nndf.errors import HarnessError
 from nndf.export.fused_attention import GROWING, LAYOUTS, SHARED, layout_refusal
 from nndf.export.wrapper import DecoderWrapper, decoder_io
 from nndf.loading import LoadedModel
-from nndf.workspace import artifact_name, build_dir_artifact, read_metadata, stale_reason
+from nndf.workspace import artifact_lock, artifact_name, build_dir_artifact, read_metadata, stale_reason
 from nndf.progress import say, ticking
 
 # Bump when a change here changes the graphs produced, so that old exports are rebuilt rather than reused.
@@ -281,25 +281,26 @@ def export_decoder(loaded: LoadedModel, use_cache: bool, working_dir: str | Path
     folder = location.folder
     input_names, output_names = location.input_names, location.output_names
     io = {"input_names": list(input_names), "output_names": list(output_names)}
-    reason = stale_reason(folder, dict(settings, **io))
-    if reason is None:
+    with artifact_lock(folder, say):  # another process may be building it: wait, then reuse it
+        reason = stale_reason(folder, dict(settings, **io))
+        if reason is None:
+            return location
+        if folder.exists():
+            say(f"rebuilding {folder}: {reason}")
+        hooks = loaded.spec.hooks
+        model = fp32_cpu_model(loaded.model)  # the graph is exported in fp32 from the CPU
+        wrapper = DecoderWrapper(model, hooks.num_layers(model.config), use_cache, layout=layout)
+        args, dynamic = _example_inputs(wrapper, model.config, hooks)
+        cache = f"with {'a shared-buffer' if layout == SHARED else 'a'} KV cache" if use_cache else "without KV cache"
+        say(f"exporting {loaded.variant.name} to ONNX ({cache}) ...")
+        started = time.perf_counter()
+
+        def build(tmp: Path) -> None:
+            trace_to_onnx(wrapper, args, dynamic, io, tmp / GRAPH_FILE, model, loaded.variant.name)
+
+        build_dir_artifact(folder, build, dict(settings, **io))
+        say(f"exported in {time.perf_counter() - started:.1f} s to {folder}")
         return location
-    if folder.exists():
-        say(f"rebuilding {folder}: {reason}")
-    hooks = loaded.spec.hooks
-    model = fp32_cpu_model(loaded.model)  # the graph is exported in fp32 from the CPU
-    wrapper = DecoderWrapper(model, hooks.num_layers(model.config), use_cache, layout=layout)
-    args, dynamic = _example_inputs(wrapper, model.config, hooks)
-    cache = f"with {'a shared-buffer' if layout == SHARED else 'a'} KV cache" if use_cache else "without KV cache"
-    say(f"exporting {loaded.variant.name} to ONNX ({cache}) ...")
-    started = time.perf_counter()
-
-    def build(tmp: Path) -> None:
-        trace_to_onnx(wrapper, args, dynamic, io, tmp / GRAPH_FILE, model, loaded.variant.name)
-
-    build_dir_artifact(folder, build, dict(settings, **io))
-    say(f"exported in {time.perf_counter() - started:.1f} s to {folder}")
-    return location
 
 
 def derived_graph(export: DecoderExport, label: str, settings: dict, working_dir: str | Path,
@@ -312,15 +313,16 @@ def derived_graph(export: DecoderExport, label: str, settings: dict, working_dir
     stem = export.folder.name if graph_file == GRAPH_FILE else f"{export.folder.name}-{export.graph.stem}"
     folder = Path(working_dir) / artifact_name(f"{stem}-{label}", settings, "")
     metadata = dict(settings, input_names=list(export.input_names), output_names=list(export.output_names))
-    reason = stale_reason(folder, metadata)
-    if reason is None:
+    with artifact_lock(folder, say):
+        reason = stale_reason(folder, metadata)
+        if reason is None:
+            return folder / graph_file
+        if folder.exists():
+            say(f"rebuilding {folder}: {reason}")
+        say(doing)
+        started = time.perf_counter()
+        with ticking(f"building the {label} graph"):
+            build_dir_artifact(folder, lambda tmp: build(tmp / graph_file), metadata)
+        size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file()) / 2**20
+        say(f"done in {time.perf_counter() - started:.1f} s: {folder} ({size:.0f} MiB)")
         return folder / graph_file
-    if folder.exists():
-        say(f"rebuilding {folder}: {reason}")
-    say(doing)
-    started = time.perf_counter()
-    with ticking(f"building the {label} graph"):
-        build_dir_artifact(folder, lambda tmp: build(tmp / graph_file), metadata)
-    size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file()) / 2**20
-    say(f"done in {time.perf_counter() - started:.1f} s: {folder} ({size:.0f} MiB)")
-    return folder / graph_file
