@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
@@ -93,19 +94,50 @@ def build_tiny(tmp_root: Path, name: str, config_kwargs: dict, seed: int = 0, to
     return folder
 
 
+def run_root(tmp_path_factory) -> Path:
+    """The folder every worker of this test run shares: pytest-xdist gives each worker a base temp dir inside the
+    run's own, whose parent it is; without xdist, the session's base temp dir."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], object]) -> Path:
+    """The folder `name` of the run's shared root, filled by `build(folder)` by the first worker that asks; the others
+    wait for it (under the harness's own artifact lock) and reuse it.
+
+    Why: an export's name holds the path of the model folder it came from (`LoadedModel.weights_id`), so tiny models
+    built once per worker were exported once per worker too; built once per run, in one place, every worker reuses
+    the exports of the others (`onnx_work_dir`). Everything built here is seeded and deterministic."""
+    from nndf.workspace import artifact_lock
+
+    root = run_root(tmp_path_factory)
+    folder, done = root / name, root / f".{name}.done"
+    with artifact_lock(folder):
+        if not done.exists():
+            if folder.exists():
+                shutil.rmtree(folder)  # a worker that died while building it
+            folder.mkdir()
+            build(folder)
+            done.touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def tiny_gpt2_dir(tmp_path_factory) -> Path:
-    return build_tiny(tmp_path_factory.mktemp("models"), "tiny-gpt2", TINY_GPT2)
+    return built_once(tmp_path_factory, "models", lambda root: build_tiny(root, "tiny-gpt2", TINY_GPT2)) / "tiny-gpt2"
 
 
 @pytest.fixture(scope="session")
 def family_dirs(tmp_path_factory) -> dict[str, Path]:
-    """One tiny random model per registered family (tests/family_examples.py), built once per session."""
+    """One tiny random model per registered family (tests/family_examples.py), built once per run."""
     from family_examples import CONSTANTS_DRAWN, FAMILY_EXAMPLES
 
-    root = tmp_path_factory.mktemp("families")
-    return {name: build_tiny(root, name, config, constants_drawn=name in CONSTANTS_DRAWN)
-            for name, config in FAMILY_EXAMPLES.items()}
+    def build(root: Path) -> None:
+        for name, config in FAMILY_EXAMPLES.items():
+            build_tiny(root, name, config, constants_drawn=name in CONSTANTS_DRAWN)
+
+    root = built_once(tmp_path_factory, "families", build)
+    return {name: root / name for name in FAMILY_EXAMPLES}
 
 
 @pytest.fixture(scope="session")
@@ -113,8 +145,12 @@ def seq2seq_dirs(tmp_path_factory) -> dict[str, Path]:
     """One tiny random model per encoder-decoder architecture (tests/family_examples.py SEQ2SEQ_EXAMPLES)."""
     from family_examples import SEQ2SEQ_EXAMPLES
 
-    root = tmp_path_factory.mktemp("seq2seq")
-    return {name: build_tiny(root, name, config) for name, (_family, config) in SEQ2SEQ_EXAMPLES.items()}
+    def build(root: Path) -> None:
+        for name, (_family, config) in SEQ2SEQ_EXAMPLES.items():
+            build_tiny(root, name, config)
+
+    root = built_once(tmp_path_factory, "seq2seq", build)
+    return {name: root / name for name in SEQ2SEQ_EXAMPLES}
 
 
 @pytest.fixture(scope="session")
@@ -126,16 +162,19 @@ def text_models(tmp_path_factory) -> dict[str, Path]:
     from family_examples import SEQ2SEQ_EXAMPLES
     from tokenizers_offline import bart_tokenizer_dir, mbart50_tokenizer_dir, t5_tokenizer_dir, vocab_size
 
-    root = tmp_path_factory.mktemp("seq2seq-text")
-    made = {}
-    for key, example, tokenizer in (("T5", "t5", t5_tokenizer_dir(root / "t5-tok")),
-                                    ("BART", "bart", bart_tokenizer_dir(root / "bart-tok")),
-                                    ("mBART", "mbart", mbart50_tokenizer_dir(root / "mbart-tok"))):
-        config = dict(SEQ2SEQ_EXAMPLES[example][1], vocab_size=vocab_size(tokenizer))
-        if "max_position_embeddings" in config:
-            config["max_position_embeddings"] = 256  # BART's checkpoint prompt is 131 tokens
-        made[key] = build_tiny(root, example, config, tokenizer_dir=tokenizer)
-    return made
+    examples = {"T5": ("t5", t5_tokenizer_dir), "BART": ("bart", bart_tokenizer_dir),
+                "mBART": ("mbart", mbart50_tokenizer_dir)}
+
+    def build(root: Path) -> None:
+        for example, make_tokenizer in examples.values():
+            tokenizer = make_tokenizer(root / f"{example}-tok")
+            config = dict(SEQ2SEQ_EXAMPLES[example][1], vocab_size=vocab_size(tokenizer))
+            if "max_position_embeddings" in config:
+                config["max_position_embeddings"] = 256  # BART's checkpoint prompt is 131 tokens
+            build_tiny(root, example, config, tokenizer_dir=tokenizer)
+
+    root = built_once(tmp_path_factory, "seq2seq-text", build)
+    return {key: root / example for key, (example, _) in examples.items()}
 
 
 @pytest.fixture(scope="session")
@@ -143,7 +182,7 @@ def blip_dir(tmp_path_factory) -> Path:
     """A tiny random BLIP captioner (tests/family_examples.py BLIP_EXAMPLE), built once per session."""
     from family_examples import BLIP_EXAMPLE
 
-    return build_tiny(tmp_path_factory.mktemp("blip"), "tiny-blip", BLIP_EXAMPLE)
+    return built_once(tmp_path_factory, "blip", lambda root: build_tiny(root, "tiny-blip", BLIP_EXAMPLE)) / "tiny-blip"
 
 
 @pytest.fixture(scope="session")
@@ -176,5 +215,9 @@ def decoder_only_families() -> list[str]:
 
 @pytest.fixture(scope="session")
 def onnx_work_dir(tmp_path_factory) -> Path:
-    """One working dir for the session, so that each tiny export is made once and reused by later tests."""
-    return tmp_path_factory.mktemp("work")
+    """One working dir for the test run, shared by its workers, so that each tiny export is made once and reused by
+    later tests (the harness locks an artifact while it builds it). A test that damages an artifact on purpose works
+    in its own dir."""
+    folder = run_root(tmp_path_factory) / "work"
+    folder.mkdir(exist_ok=True)
+    return folder

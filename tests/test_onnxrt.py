@@ -11,7 +11,7 @@ import torch
 
 import nndf
 from nndf.errors import UsageError
-from nndf.workspace import metadata_path
+from nndf.workspace import metadata_path, read_metadata
 from test_generation_parity import PROMPT_LENGTHS, _batch
 
 
@@ -53,12 +53,14 @@ def test_plain_run_and_io_binding_agree(tiny_gpt2_dir, onnx_work_dir):
     assert torch.equal(outputs[0], outputs[1])
 
 
-def _export_folder(work_dir, use_cache=True):
+def _export_folder(work_dir, model_dir, use_cache=True):
+    """The folder of `model_dir`'s GPT-2 decoder export in `work_dir`, which may also hold other models' exports and
+    graphs derived from an export (int8, int4), and (shared by the test run's workers) folders still being built."""
     folders = [p for p in work_dir.iterdir() if p.is_dir() and "decoder" in p.name and not p.name.startswith(".")]
-    meta = {p: json.loads(metadata_path(p).read_text()) for p in folders}
-    # the work dir may also hold graphs derived from an export (int8, int4), whose metadata differs
+    meta = {p: read_metadata(p) or {} for p in folders}
     return next(p for p, m in meta.items()
-                if m.get("kind") == "onnx-decoder" and m.get("use_cache") == use_cache and m.get("family") == "GPT2")
+                if m.get("kind") == "onnx-decoder" and m.get("use_cache") == use_cache and m.get("family") == "GPT2"
+                and str(model_dir.resolve()) in str(m.get("weights")))
 
 
 def test_export_is_reused_then_rebuilt_when_stale_or_truncated(tiny_gpt2_dir, tmp_path, capsys):
@@ -66,7 +68,7 @@ def test_export_is_reused_then_rebuilt_when_stale_or_truncated(tiny_gpt2_dir, tm
                              device="cpu")
     load()
     assert "exporting" in capsys.readouterr().err
-    folder = _export_folder(tmp_path)
+    folder = _export_folder(tmp_path, tiny_gpt2_dir)
     graph = folder / "decoder.onnx"
     stamp = graph.stat().st_mtime_ns
 
@@ -103,7 +105,7 @@ def test_changed_weights_get_their_own_export(tiny_gpt2_dir, tmp_path):
 
 
 def test_decoder_onnx_runs_a_given_file_after_checking_names(tiny_gpt2_dir, onnx_work_dir, tmp_path):
-    given = _export_folder(onnx_work_dir, use_cache=True) / "decoder.onnx"
+    given = _export_folder(onnx_work_dir, tiny_gpt2_dir, use_cache=True) / "decoder.onnx"
     m = nndf.load("GPT2", backend="onnxrt", torch_dir=str(tiny_gpt2_dir), decoder_onnx=str(given), device="cpu",
                   working_dir=str(tmp_path))
     assert m.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=3).shape == (1, 6)

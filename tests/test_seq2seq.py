@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 
@@ -124,15 +126,23 @@ def test_tgt_lang_forces_the_target_language(tmp_path_factory, onnx_work_dir):
         nndf.load("GPT2", variant="gpt2", random_weights=True, tgt_lang="de_DE", device="cpu")
 
 
-def test_export_holds_three_graphs_reused_and_rebuilt_when_truncated(seq2seq_dirs, onnx_work_dir, capsys):
+def test_export_holds_three_graphs_reused_and_rebuilt_when_truncated(seq2seq_dirs, onnx_work_dir, tmp_path, capsys):
     import onnx
 
     from nndf.seq2seq.export import export_seq2seq
+    from nndf.workspace import metadata_path
 
     m = _load("bart", "frameworks", seq2seq_dirs, onnx_work_dir)
-    export = export_seq2seq(m.loaded, True, onnx_work_dir)
+    shared = export_seq2seq(m.loaded, True, onnx_work_dir)
+    # damaged in a working dir of its own (other tests, in other workers too, read the shared one): a copy
+    work = tmp_path / "work"
+    shutil.copytree(shared.folder, work / shared.folder.name)
+    shutil.copy(metadata_path(shared.folder), metadata_path(work / shared.folder.name))
     capsys.readouterr()
-    assert export_seq2seq(m.loaded, True, onnx_work_dir) == export
+    export = export_seq2seq(m.loaded, True, work)
+    assert export.folder == work / shared.folder.name
+    assert capsys.readouterr().err == ""  # the copy is reused: nothing exported
+    assert export_seq2seq(m.loaded, True, work) == export
     assert capsys.readouterr().err == ""  # reused: nothing exported
     ops = {name: [n.op_type for n in onnx.load(str(g.graph), load_external_data=False).graph.node]
            for name, g in export.graphs.items()}
@@ -143,7 +153,7 @@ def test_export_holds_three_graphs_reused_and_rebuilt_when_truncated(seq2seq_dir
     assert ops["decoder"].count("MatMul") == 12 * layers + 1
     data = export.folder / "decoder.onnx.data"
     data.write_bytes(data.read_bytes()[:-8])
-    export_seq2seq(m.loaded, True, onnx_work_dir)
+    export_seq2seq(m.loaded, True, work)
     assert f"rebuilding {export.folder}: decoder.onnx.data is missing or truncated" in capsys.readouterr().err
 
 
