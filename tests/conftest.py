@@ -122,6 +122,17 @@ def built_once(tmp_path_factory, name: str, build: Callable[[Path], object]) -> 
     return folder
 
 
+def copy_artifact(folder: Path, work: Path) -> Path:
+    """A copy of the folder artifact `folder` (an export) and its metadata in the working dir `work`, where the
+    harness reuses it: for a test that damages artifacts or counts what it builds in a dir of its own, without
+    exporting again what the shared working dir (`onnx_work_dir`) already holds."""
+    from nndf.workspace import metadata_path
+
+    shutil.copytree(folder, work / folder.name)
+    shutil.copy(metadata_path(folder), metadata_path(work / folder.name))
+    return work / folder.name
+
+
 @pytest.fixture(scope="session")
 def tiny_gpt2_dir(tmp_path_factory) -> Path:
     return built_once(tmp_path_factory, "models", lambda root: build_tiny(root, "tiny-gpt2", TINY_GPT2)) / "tiny-gpt2"

@@ -3,13 +3,11 @@
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
 
 import nndf
-from conftest import build_tiny
+from conftest import build_tiny, copy_artifact
 from family_examples import SEQ2SEQ_EXAMPLES
 from sampling_checks import assert_samples_like_generate
 from nndf.errors import UsageError
@@ -130,14 +128,12 @@ def test_export_holds_three_graphs_reused_and_rebuilt_when_truncated(seq2seq_dir
     import onnx
 
     from nndf.seq2seq.export import export_seq2seq
-    from nndf.workspace import metadata_path
 
     m = _load("bart", "frameworks", seq2seq_dirs, onnx_work_dir)
     shared = export_seq2seq(m.loaded, True, onnx_work_dir)
     # damaged in a working dir of its own (other tests, in other workers too, read the shared one): a copy
     work = tmp_path / "work"
-    shutil.copytree(shared.folder, work / shared.folder.name)
-    shutil.copy(metadata_path(shared.folder), metadata_path(work / shared.folder.name))
+    copy_artifact(shared.folder, work)
     capsys.readouterr()
     export = export_seq2seq(m.loaded, True, work)
     assert export.folder == work / shared.folder.name

@@ -13,10 +13,10 @@ from conftest import LAMBADA_FILE
 
 
 @pytest.mark.parametrize("family", ["T5", "BART"])
-def test_every_action_runs_for_encoder_decoder_families(family, text_models, tmp_path, capsys, monkeypatch):
+def test_every_action_runs_for_encoder_decoder_families(family, text_models, onnx_work_dir, capsys, monkeypatch):
     from nndf.cli import main
 
-    model = ["--torch-dir", str(text_models[family]), "--working-dir", str(tmp_path)]
+    model = ["--torch-dir", str(text_models[family]), "--working-dir", str(onnx_work_dir)]
     fast = ["--iterations", "1", "--warmup", "0"]
     backends = ["frameworks", "onnxrt"] if family == "T5" else ["frameworks"]  # one export (~20 s) is enough
     runs = [

@@ -27,7 +27,7 @@ import pytest
 import torch
 
 import nndf
-from conftest import REPO, decoder_only_families
+from conftest import REPO, copy_artifact, decoder_only_families
 from fake_tensorrt import DEVICE, fake_gpu, spec_with_trt  # noqa: F401  (fake_gpu: a fixture)
 from nndf.backends import BackendOptions
 from nndf.backends import trt as trt_backend
@@ -115,6 +115,16 @@ def reference_model(tiny_gpt2_dir):
     return nndf.load("GPT2", backend="frameworks", torch_dir=str(tiny_gpt2_dir), device="cpu")
 
 
+@pytest.fixture
+def work(tmp_path, reference_model, onnx_work_dir) -> Path:
+    """The test's own working dir (its engines are built fresh, some damaged on purpose), holding a copy of the tiny
+    model's decoder export, which the shared working dir holds once per run."""
+    from nndf.export.onnx import export_decoder
+
+    copy_artifact(export_decoder(reference_model.loaded, True, onnx_work_dir).folder, tmp_path)
+    return tmp_path
+
+
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("num_beams", [1, 2])
 def test_fake_engine_tokens_equal_hf_generate(fake_gpu, tiny_gpt2_dir, onnx_work_dir, reference_model, batch,
@@ -131,9 +141,9 @@ def test_fake_engine_tokens_equal_hf_generate(fake_gpu, tiny_gpt2_dir, onnx_work
     assert calls.count(("profile", 1)) == 1 and all(c == ("execute", 1) for c in calls[3:])
 
 
-def test_fake_engine_dynamic_batch_and_int32_inputs(fake_gpu, tiny_gpt2_dir, tmp_path, reference_model):
+def test_fake_engine_dynamic_batch_and_int32_inputs(fake_gpu, tiny_gpt2_dir, work, reference_model):
     fake_gpu.state["int32"] = True
-    model = _load(tiny_gpt2_dir, tmp_path, batch_size=2, dynamic_batch=True, min_dynamic_batch=1,
+    model = _load(tiny_gpt2_dir, work, batch_size=2, dynamic_batch=True, min_dynamic_batch=1,
                   max_dynamic_batch=3, input_seq_len=9, output_seq_len=6)
     session = model.decoder.session
     assert session.io.inputs["input_ids"] is torch.int32 and session.io.inputs["attention_mask"] is torch.int32
@@ -155,18 +165,18 @@ def test_fake_engine_without_cache_and_logits(fake_gpu, tiny_gpt2_dir, tmp_path,
     assert float((model.logits(ids) - expected).abs().max()) < 1e-4
 
 
-def test_fake_engine_reused_rebuilt_and_given(fake_gpu, tiny_gpt2_dir, tmp_path, capsys):
-    model = _load(tiny_gpt2_dir, tmp_path, input_seq_len=8, output_seq_len=4)
+def test_fake_engine_reused_rebuilt_and_given(fake_gpu, tiny_gpt2_dir, work, capsys):
+    model = _load(tiny_gpt2_dir, work, input_seq_len=8, output_seq_len=4)
     path = Path(model.artifacts[0])
     assert len(fake_gpu) == 1 and "building a TensorRT engine" in capsys.readouterr().err
-    again = _load(tiny_gpt2_dir, tmp_path, input_seq_len=8, output_seq_len=4)
+    again = _load(tiny_gpt2_dir, work, input_seq_len=8, output_seq_len=4)
     assert again.generate(torch.tensor([[10, 20, 30]]), max_new_tokens=4).shape == (1, 7)
     assert again.loaded._model is None, "the PyTorch weights were loaded although the engine was reusable"
     err = capsys.readouterr().err
     assert len(fake_gpu) == 1 and "building" not in err and "loading" not in err
     meta = read_metadata(path)
     metadata_path(path).write_text(json.dumps(dict(meta, preview_dynamic_shapes=False)))
-    _load(tiny_gpt2_dir, tmp_path, input_seq_len=8, output_seq_len=4)
+    _load(tiny_gpt2_dir, work, input_seq_len=8, output_seq_len=4)
     assert len(fake_gpu) == 2
     assert f"rebuilding {path}: it was built with a different preview-dynamic-shapes setting" in capsys.readouterr().err
     notes = model.decoder.session.info_notes
@@ -174,7 +184,7 @@ def test_fake_engine_reused_rebuilt_and_given(fake_gpu, tiny_gpt2_dir, tmp_path,
 
     loaded = model.loaded
     given = lambda settings: nndf.model.Model(loaded, "trt", settings, BackendOptions(
-        working_dir=str(tmp_path), decoder_engine=str(path)))
+        working_dir=str(work), decoder_engine=str(path)))
     ok = given(BuildSettings(input_seq_len=6, output_seq_len=4, use_mask=True))
     ids, mask = _batch([6])
     assert ok.artifacts == [str(path)] and ok.generate(ids, mask, max_new_tokens=4).shape == (1, 10)
@@ -182,15 +192,15 @@ def test_fake_engine_reused_rebuilt_and_given(fake_gpu, tiny_gpt2_dir, tmp_path,
         given(BuildSettings(input_seq_len=8, output_seq_len=8))
     with pytest.raises(UsageError, match="does not have the decoder's inputs and outputs"):
         given(BuildSettings(use_cache=False))
-    broken = tmp_path / "broken.engine"
+    broken = work / "broken.engine"
     broken.write_bytes(b"\x00\x01")
     with pytest.raises(HarnessError, match="TensorRT could not load --decoder-engine .*broken.engine: it was built "
                                            "by another TensorRT version"):
         nndf.model.Model(loaded, "trt", BuildSettings(), BackendOptions(decoder_engine=str(broken)))
 
 
-def test_fake_fp16_engine_is_checked_against_fp32(fake_gpu, tiny_gpt2_dir, tmp_path, capsys):
-    model = _load(tiny_gpt2_dir, tmp_path, fp16=True, input_seq_len=16, output_seq_len=4)
+def test_fake_fp16_engine_is_checked_against_fp32(fake_gpu, tiny_gpt2_dir, work, capsys):
+    model = _load(tiny_gpt2_dir, work, fp16=True, input_seq_len=16, output_seq_len=4)
     path = Path(model.artifacts[0])
     assert "-fp16-" in path.name and fake_gpu[0].fp16
     err = capsys.readouterr().err
@@ -201,7 +211,7 @@ def test_fake_fp16_engine_is_checked_against_fp32(fake_gpu, tiny_gpt2_dir, tmp_p
     meta = read_metadata(path)
     meta["fp16_check"]["max_abs_diff"] = meta["fp16_check"]["scale"]  # as if the engine had gone wrong
     metadata_path(path).write_text(json.dumps(meta))
-    _load(tiny_gpt2_dir, tmp_path, fp16=True, input_seq_len=16, output_seq_len=4)
+    _load(tiny_gpt2_dir, work, fp16=True, input_seq_len=16, output_seq_len=4)
     err = capsys.readouterr().err
     assert "checking" not in err and "warning: the fp16 engine's logits differ from fp32 PyTorch by up to" in err
 
@@ -232,8 +242,8 @@ def _fake_graphs(monkeypatch, session, fail=False):
     return captured, replays
 
 
-def test_fake_cuda_graphs_replay_the_decode_steps(fake_gpu, tiny_gpt2_dir, tmp_path, reference_model, monkeypatch):
-    model = _load(tiny_gpt2_dir, tmp_path, batch_size=3, num_beams=2, dynamic_batch=True, min_dynamic_batch=1,
+def test_fake_cuda_graphs_replay_the_decode_steps(fake_gpu, tiny_gpt2_dir, work, reference_model, monkeypatch):
+    model = _load(tiny_gpt2_dir, work, batch_size=3, num_beams=2, dynamic_batch=True, min_dynamic_batch=1,
                   max_dynamic_batch=3, input_seq_len=9, output_seq_len=6)
     captured, replays = _fake_graphs(monkeypatch, model.decoder.session)
     ids, mask = _batch([5, 9, 3])
@@ -247,9 +257,9 @@ def test_fake_cuda_graphs_replay_the_decode_steps(fake_gpu, tiny_gpt2_dir, tmp_p
     assert len(captured) == 10
 
 
-def test_fake_cuda_graph_capture_failure_falls_back(fake_gpu, tiny_gpt2_dir, tmp_path, reference_model, monkeypatch,
+def test_fake_cuda_graph_capture_failure_falls_back(fake_gpu, tiny_gpt2_dir, work, reference_model, monkeypatch,
                                                    capsys):
-    model = _load(tiny_gpt2_dir, tmp_path, input_seq_len=9, output_seq_len=6)
+    model = _load(tiny_gpt2_dir, work, input_seq_len=9, output_seq_len=6)
     _fake_graphs(monkeypatch, model.decoder.session, fail=True)
     ids, mask = _batch([7])
     assert torch.equal(model.generate(ids, mask, max_new_tokens=6),
