@@ -22,7 +22,7 @@ from nndf.errors import HarnessError, UsageError
 from nndf.export.engine_build import build_engine, describe_profiles
 from nndf.export.engine_request import EngineRequest
 from nndf.progress import say
-from nndf.workspace import artifact_name, as_json, first_mismatch, read_metadata
+from nndf.workspace import artifact_lock, artifact_name, as_json, first_mismatch, read_metadata
 
 # Bump when a change to the build (`engine_build`) changes the engines produced, so that old engines are rebuilt
 # rather than reused.
@@ -224,23 +224,25 @@ def obtain_engine(request: EngineRequest, device: DeviceInfo, working_dir: str |
                   free_gpu: int | None, free_host: int | None, report: Callable[[str], None] = say,
                   build: Callable | None = None) -> tuple[Path, bool]:
     """The engine for `request` on this device: reused when its metadata matches, else built (after the memory
-    check) with a message that says why. Returns (path, whether it was built now)."""
+    check) with a message that says why; a process that finds another one building it waits and reuses it.
+    Returns (path, whether it was built now)."""
     settings = engine_settings(request, device)
     path = engine_path(working_dir, request, device)
-    reason = engine_stale_reason(path, settings)
-    if reason is None:
-        return path, False
-    if path.exists():
-        report(f"rebuilding {path}: {reason}")
-    else:
-        note = other_device_note(path, settings, f"{request.stem}-{request.precision}")
-        if note:
-            report(note)
-    check_build_memory(estimate_build_memory(num_params, request.fp16), free_gpu, free_host, device.gpu_name,
-                       request.fp16)
-    report(f"building a TensorRT engine ({request.precision}; {describe_profiles(request.profiles)}) from "
-           f"{request.onnx_path}; this takes a few minutes ...")
-    started = time.perf_counter()
-    (build or build_engine)(request, path, timing_cache_path(working_dir, device), settings, report)
-    report(f"engine built in {time.perf_counter() - started:.1f} s: {path}")
-    return path, True
+    with artifact_lock(path, report):  # another process may be building it: wait, then reuse it
+        reason = engine_stale_reason(path, settings)
+        if reason is None:
+            return path, False
+        if path.exists():
+            report(f"rebuilding {path}: {reason}")
+        else:
+            note = other_device_note(path, settings, f"{request.stem}-{request.precision}")
+            if note:
+                report(note)
+        check_build_memory(estimate_build_memory(num_params, request.fp16), free_gpu, free_host, device.gpu_name,
+                           request.fp16)
+        report(f"building a TensorRT engine ({request.precision}; {describe_profiles(request.profiles)}) from "
+               f"{request.onnx_path}; this takes a few minutes ...")
+        started = time.perf_counter()
+        (build or build_engine)(request, path, timing_cache_path(working_dir, device), settings, report)
+        report(f"engine built in {time.perf_counter() - started:.1f} s: {path}")
+        return path, True
