@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +22,7 @@ from nndf.export.engine_cache import DeviceInfo
 from nndf.export.engine_request import EngineRequest
 from nndf.kvcache import past_names
 from nndf.spec import BuildSettings, ShapeSpec
-from nndf.workspace import metadata_path, read_metadata, write_artifact
+from nndf.workspace import artifact_lock, metadata_path, read_metadata, write_artifact
 
 
 # --- shapes, names, metadata ----------------------------------------------------------------------------------------
@@ -168,6 +170,29 @@ def test_obtain_engine_builds_then_reuses_then_rebuilds_with_a_message(tmp_path)
     assert messages[0] == (f"building a new engine: {path.name} has these settings but was built with TensorRT 10.0.1 "
                            "on Fake GPU 24GB (compute capability 8.6), and this machine has TensorRT 10.3.0 on "
                            "Fake GPU 24GB (compute capability 8.6)")
+
+
+def test_obtain_engine_waits_for_another_build_of_the_same_engine(tmp_path):
+    """While another process (here a thread with its own lock file handle: flock tells them apart the same way)
+    builds the engine, obtain_engine waits, says so, and then reuses that engine instead of building it again."""
+    request, calls, messages = _request(tmp_path), [], []
+    path = engine_cache.engine_path(tmp_path, request, DEVICE)
+    holding = threading.Event()
+
+    def other_builder():
+        with artifact_lock(path):
+            holding.set()
+            time.sleep(1.5)
+            _fake_engine_file(path, request, DEVICE, "built by the other")
+
+    other = threading.Thread(target=other_builder)
+    other.start()
+    assert holding.wait(30)
+    got = engine_cache.obtain_engine(request, DEVICE, tmp_path, num_params=1000, free_gpu=10**9, free_host=10**9,
+                                     report=messages.append, build=_recording_build(calls))
+    other.join()
+    assert got == (path, False) and calls == [] and path.read_text() == "built by the other"
+    assert messages == [f"waiting for another process that is building {path} ..."]
 
 
 def test_memory_estimate_and_check():
