@@ -1,7 +1,8 @@
 """Shared fixtures: tiny GPT-2 models with random weights built from configs, and the shared test data.
 
-Models are built once per session (seeded), saved as Hugging Face folders so the CLI can load them with
---torch-dir, and given the real GPT-2 tokenizer from ../shared/data when it is present.
+Models are built once per test run (seeded) in a folder its xdist workers share (`built_once`), saved as Hugging
+Face folders so the CLI can load them with --torch-dir, and given the real GPT-2 tokenizer from ../shared/data when
+it is present; their exports go to one shared working dir (`onnx_work_dir`), so each is made once per run.
 """
 
 from __future__ import annotations
