@@ -124,8 +124,8 @@ class _HostRoundTrips(TorchDispatchMode):
 
 
 def _skip_if_eager_masks_copy_in(model) -> None:
-    """transformers before 5.21 builds eager attention masks with `torch.tensor(0.0, device=...)`, a host copy no
-    capture allows (BLOOM, BLIP): there the graphs fall back to eager, as the warning says."""
+    """transformers before `EAGER_MASKS_CAPTURABLE_SINCE` builds eager attention masks with a host copy no capture
+    allows (BLOOM, BLIP): there the graphs fall back to eager, as the warning says."""
     if eager_masks_copy_from_host() and model.loaded.model.config._attn_implementation == "eager":
         pytest.skip(f"transformers {transformers.__version__} copies a host scalar into eager attention masks (fixed in "
                     f"{EAGER_MASKS_CAPTURABLE_SINCE}): no CUDA graph can capture such a step")

@@ -199,8 +199,8 @@ def test_fake_engine_reused_rebuilt_and_given(fake_gpu, tiny_gpt2_dir, work, cap
         nndf.model.Model(loaded, "trt", BuildSettings(), BackendOptions(decoder_engine=str(broken)))
 
 
-def test_fake_fp16_engine_is_checked_against_fp32(fake_gpu, tiny_gpt2_dir, work, capsys):
-    model = _load(tiny_gpt2_dir, work, fp16=True, input_seq_len=16, output_seq_len=4)
+def test_fake_fp16_engine_is_checked_against_fp32(fake_gpu, tiny_gpt2_dir, tmp_path, capsys):
+    model = _load(tiny_gpt2_dir, tmp_path, fp16=True, input_seq_len=16, output_seq_len=4)
     path = Path(model.artifacts[0])
     assert "-fp16-" in path.name and fake_gpu[0].fp16
     err = capsys.readouterr().err
@@ -211,7 +211,7 @@ def test_fake_fp16_engine_is_checked_against_fp32(fake_gpu, tiny_gpt2_dir, work,
     meta = read_metadata(path)
     meta["fp16_check"]["max_abs_diff"] = meta["fp16_check"]["scale"]  # as if the engine had gone wrong
     metadata_path(path).write_text(json.dumps(meta))
-    _load(tiny_gpt2_dir, work, fp16=True, input_seq_len=16, output_seq_len=4)
+    _load(tiny_gpt2_dir, tmp_path, fp16=True, input_seq_len=16, output_seq_len=4)
     err = capsys.readouterr().err
     assert "checking" not in err and "warning: the fp16 engine's logits differ from fp32 PyTorch by up to" in err
 
