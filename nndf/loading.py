@@ -248,6 +248,22 @@ def _hub_failure(variant: Variant, exc: OSError):
     ) from None
 
 
+def without_ignored_cleanup(tokenizer):
+    """The tokenizer with `clean_up_tokenization_spaces` off where transformers ignores it anyway, so that decoding
+    no longer warns about it.
+
+    GPT-2's (and other BPE) tokenizer files ask for the clean-up; transformers 5.24 and later skip it for a BPE
+    tokenizer unless told otherwise (`clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output`)
+    and say so at the first decode: a paragraph about a setting the user never chose, in the middle of a chat. The
+    text decoded is the same either way. Older transformers, which apply the clean-up, are left to apply it."""
+    forced = getattr(tokenizer, "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output", None)
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if forced is False and getattr(tokenizer, "clean_up_tokenization_spaces", False) and backend is not None \
+            and type(backend.model).__name__ == "BPE":
+        tokenizer.clean_up_tokenization_spaces = False
+    return tokenizer
+
+
 def load_tokenizer(source: str | None, spec: ModelSpec):
     """A tokenizer from a folder or hub id; offline without a cached copy, a HarnessError naming --tokenizer-dir."""
     from transformers import AutoTokenizer
@@ -255,12 +271,12 @@ def load_tokenizer(source: str | None, spec: ModelSpec):
     candidates = [s for s in (source, spec.default_tokenizer) if s]
     for candidate in candidates:
         try:
-            return AutoTokenizer.from_pretrained(candidate)
+            return without_ignored_cleanup(AutoTokenizer.from_pretrained(candidate))
         except (OSError, ValueError):
             continue
     fallback = spec.hooks.offline_tokenizer()
     if fallback is not None:
-        return fallback
+        return without_ignored_cleanup(fallback)
     tried = ", ".join(candidates) or "nothing"
     raise HarnessError(
         f"no tokenizer could be loaded (tried {tried}); pass --tokenizer-dir DIR with a Hugging Face tokenizer folder"

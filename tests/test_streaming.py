@@ -13,6 +13,7 @@ import nndf
 from conftest import PHOTOS, SHARED_DATA, TOKENIZER_DIR, needs_shared
 from fake_tensorrt import fake_gpu  # noqa: F401
 from nndf.images import caption_inputs
+from nndf.loading import load_tokenizer
 from nndf.registry import get_spec
 from nndf.spec import BuildSettings
 from nndf.streaming import ReplyStreamer, cleans_up_spaces
@@ -45,6 +46,24 @@ def _tokenizers(text_models) -> dict:
             "bart": AutoTokenizer.from_pretrained(text_models["BART"]),
             "mbart": AutoTokenizer.from_pretrained(text_models["mBART"]),
             "bert": get_spec("BLIP").hooks.offline_tokenizer()}
+
+
+@needs_shared(TOKENIZER_DIR)
+def test_gpt2_tokenizer_decodes_as_transformers_does_without_its_clean_up_warning():
+    """GPT-2's tokenizer files ask for the clean-up of spaces that transformers (5.24 on) ignores for BPE tokenizers
+    with a paragraph of warning at the first decode, in the middle of a chat's reply. The loaded tokenizer decodes
+    exactly as transformers' own does and logs nothing."""
+    from transformers.testing_utils import CaptureLogger
+    from transformers.utils import logging as hf_logging
+
+    reference = AutoTokenizer.from_pretrained(TOKENIZER_DIR)
+    ours = load_tokenizer(str(TOKENIZER_DIR), get_spec("GPT2"))
+    ids = reference(TRICKY_TEXT, add_special_tokens=False)["input_ids"]
+    hf_logging.warning_once.cache_clear()  # said once per process: say it again if anything still would
+    with CaptureLogger(hf_logging.get_logger("transformers")) as logged:
+        text = ours.decode(ids)
+    assert text == reference.decode(ids)
+    assert "clean_up_tokenization_spaces" not in logged.out
 
 
 @needs_shared(SHARED_DATA)
