@@ -268,7 +268,7 @@ def load_tokenizer(source: str | None, spec: ModelSpec):
     """A tokenizer from a folder or hub id; offline without a cached copy, a HarnessError naming --tokenizer-dir."""
     from transformers import AutoTokenizer
 
-    candidates = [s for s in (source, spec.default_tokenizer) if s]
+    candidates = list(dict.fromkeys(s for s in (source, spec.default_tokenizer) if s))
     for candidate in candidates:
         try:
             return without_ignored_cleanup(AutoTokenizer.from_pretrained(candidate))

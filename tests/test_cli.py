@@ -120,6 +120,20 @@ def test_hub_load_offline_is_one_sentence(capsys, monkeypatch):
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("action", ["run", "chat"])
+def test_a_missing_tokenizer_is_said_before_any_export(capsys, monkeypatch, tmp_path, action):
+    """Offline random weights without --tokenizer-dir: the actions that need text say so at once, not after
+    exporting the model (half a minute for GPT-2 small), and name what they tried once."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(sys, "stdin", io.StringIO("hello\n"))
+    code, _, err = run_cli(capsys, action, "GPT2", "onnxrt", "--variant", "gpt2", "--random-weights",
+                           "--working-dir", tmp_path)
+    assert code == 1
+    assert err.strip() == ("error: no tokenizer could be loaded (tried openai-community/gpt2); pass --tokenizer-dir "
+                           "DIR with a Hugging Face tokenizer folder")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_run_py_exit_code_without_traceback():
     proc = subprocess.run([sys.executable, str(REPO / "run.py"), "benchmark", "GPT2", "onnx"],
                           capture_output=True, text=True, cwd=REPO)

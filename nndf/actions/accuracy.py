@@ -46,7 +46,7 @@ def run(args) -> list[Result]:
         raise UsageError(f"--num-samples must be 0 (all) or more, got {args.num_samples}")
     texts = load_lambada(args.dataset_file)
     chosen = [text for _, text in sample_texts(texts, args.num_samples, seed=data_seed(args))]
-    models = open_models(args)
+    models = open_models(args, needs_text=True)
     rows = []
     for model in models:
         say(f"scoring {len(chosen)} LAMBADA passages on {label(model)}")

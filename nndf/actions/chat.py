@@ -249,7 +249,7 @@ def run(args, stream=None) -> list[Result]:
     if args.system and (takes_images or not args.history):
         raise UsageError("--system is part of a conversation; this chat has none (--no-history, or an image-to-text "
                          "family)")
-    models = open_models(args)
+    models = open_models(args, needs_text=True)
     chat = _Chat(args, models)
     first = models[0]
     stream = sys.stdin if stream is None else stream

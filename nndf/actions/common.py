@@ -122,10 +122,12 @@ def given_images(args, spec) -> list[Path] | None:
     return image_files(paths)
 
 
-def open_models(args) -> list[Model]:
+def open_models(args, needs_text: bool = False) -> list[Model]:
     """One Model per backend named on the command line, sharing one loaded PyTorch model.
 
-    Names, flags, image files and the family are all checked before the (possibly slow) load.
+    Names, flags, image files and the family are all checked before the (possibly slow) load; with `needs_text`
+    (actions that tokenize or decode), the tokenizer is loaded right after the weights, so that a missing one is
+    said before any export or engine build.
     """
     spec, variant = resolve(args.model, args.variant)
     given_images(args, spec)
@@ -159,6 +161,8 @@ def open_models(args) -> list[Model]:
         tokenizer_dir=args.tokenizer_dir, dtype=torch.float16 if settings.fp16 else torch.float32,
         device=default_device(), seed=data_seed(args),
     )
+    if needs_text:
+        loaded.tokenizer  # noqa: B018 (loads it, or says which --tokenizer-dir is missing)
     forced_bos = target_language_token(loaded, args.tgt_lang) if getattr(args, "tgt_lang", None) else None
     models = [Model(loaded, name, settings, dataclasses.replace(options, quantize=quantize) if quantize else options)
               for name, quantize in named]

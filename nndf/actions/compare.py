@@ -22,7 +22,7 @@ def add_arguments(parser) -> None:
 def run(args) -> list[Result]:
     check_plotting(args.plot)
     samples = checkpoint_samples(args)
-    models = open_models(args)
+    models = open_models(args, needs_text=True)
     first = models[0]
     picked = decoding_note(first, decoding_flags(args), args.num_beams)  # refuses beams with sampling up front
     rows, outputs = checkpoint_rows(args, models, samples)

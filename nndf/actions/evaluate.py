@@ -105,7 +105,7 @@ def run(args) -> list[Result]:
     runs = []
     with tempfile.TemporaryDirectory(prefix="nndf-tasks-") as folder:
         tasks = prepare_tasks(args.tasks, args.task_files, args.include_path, folder)
-        models = open_models(args)
+        models = open_models(args, needs_text=True)
         for number, model in enumerate(models, start=1):
             say(f"evaluating {', '.join(tasks.names)} on {label(model)} ({number} of {len(models)})")
             lm = NndfLM(model, batch_size=args.batch_size, max_gen_toks=args.max_gen_toks)

@@ -110,7 +110,7 @@ def outputs_result(title: str, outputs: list[dict], context: dict) -> Result:
 
 def run(args) -> list[Result]:
     samples = checkpoint_samples(args)
-    models = open_models(args)
+    models = open_models(args, needs_text=True)
     first = models[0]
     picked = decoding_note(first, decoding_flags(args), args.num_beams)  # refuses beams with sampling up front
     rows, outputs = checkpoint_rows(args, models, samples)

@@ -41,7 +41,7 @@ def run(args) -> list[Result]:
     if list(dict.fromkeys(args.backends)) != ["onnxrt"]:
         raise UsageError("triton serves one backend, onnxrt (its exported graph, on the CPU or on CUDA with "
                          "onnxruntime-gpu): name only onnxrt")
-    model = open_models(args)[0]
+    model = open_models(args, needs_text=True)[0]
     if model.architecture.takes_images:
         raise UsageError(f"triton serves text generation; {model.spec.family} captions images")
     name = args.name or model.variant.name.lower()
