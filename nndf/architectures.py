@@ -67,6 +67,18 @@ class TextInputs:
         """The PyTorch model's float logits for what `decoder.logits(*inputs)` scores (the fp16 check)."""
         return pytorch_logits(model, *inputs)
 
+    def check_token_ids(self, input_ids: torch.Tensor, shapes) -> None:
+        """Every prompt id indexes this model's vocabulary. An id beyond it (a tokenizer of another model, given
+        with --tokenizer-dir) would otherwise stop the embedding lookup deep inside a backend, with that backend's
+        own message and a traceback."""
+        if input_ids.numel() == 0:
+            return
+        low, high = int(input_ids.min()), int(input_ids.max())
+        if low < 0 or high >= shapes.vocab_size:
+            raise UsageError(f"token id {high if high >= shapes.vocab_size else low} is outside this model's "
+                             f"vocabulary (ids 0 to {shapes.vocab_size - 1}); is the tokenizer (--tokenizer-dir) "
+                             "this model's?")
+
 
 class DecoderOnly(TextInputs):
     """One graph: the prompt goes through the decoder first, then one token per step."""

@@ -138,6 +138,7 @@ class ContinuousBatcher:
         if request.prompt.dim() != 2 or request.prompt.shape[0] != 1 or request.prompt.shape[1] < 1:
             raise UsageError(f"a request is one non-empty prompt of shape (1, length), got {tuple(request.prompt.shape)}")
         self.model.architecture.check_length(request.prompt.shape[1], request.options.max_new_tokens, self.shapes)
+        self.model.architecture.check_token_ids(request.prompt, self.shapes)
         if request.options.num_beams > 1 and request.streamer is not None:
             raise UsageError("beam search (num_beams > 1) cannot stream: ask for one beam, or for the whole answer")
 

@@ -149,6 +149,7 @@ class Model:
         `generate(stop_strings=..., tokenizer=...)` does (with this model's tokenizer)."""
         ids, mask, encoder_inputs = self.architecture.prompt(self.loaded, input_ids, attention_mask, pixel_values)
         self.architecture.check_length(ids.shape[1], max_new_tokens, self.shapes)
+        self.architecture.check_token_ids(ids, self.shapes)
         options = self.generation_options(max_new_tokens, min_new_tokens, num_beams, forced_bos_token_id, **decoding)
         stopping = self._with_stop_strings(stopping, stop_strings)
         return generate(self.decoder, ids, mask, options, on_token, on_encoded, encoder_inputs, stopping,
@@ -198,6 +199,7 @@ class Model:
 
         ids, _, encoder_inputs = self.architecture.prompt(self.loaded, input_ids, attention_mask, pixel_values)
         self.architecture.check_length(ids.shape[1], max_new_tokens, self.shapes)
+        self.architecture.check_token_ids(ids, self.shapes)
         options = self.generation_options(max_new_tokens, min_new_tokens, num_beams, forced_bos_token_id, **decoding)
         seed = decoding.pop("seed", None)
         if isinstance(seed, torch.Generator):

@@ -152,6 +152,7 @@ class _Chat:
                           flush=True)
                     self.told_truncation = True
         ids = torch.tensor([ids])
+        model.architecture.check_token_ids(ids, model.shapes)  # before the reply's label is printed
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, line
 
     def answer(self, index: int, line: str, inputs: dict, asked: str, began: float, interrupt) -> bool:

@@ -268,4 +268,5 @@ def generation_inputs(model: Model, prompt: str, image: Path | None = None, use_
     if model.architecture.takes_images:
         return caption_inputs(model.processor, [image], prompt or None)
     ids, mask = encode_prompts(model.tokenizer, [prompt], use_mask, model.architecture.pad_side)
+    model.architecture.check_token_ids(ids, model.shapes)  # before a reply's first words are printed
     return {"input_ids": ids, "attention_mask": mask}
