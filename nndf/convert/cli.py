@@ -35,8 +35,11 @@ def _load(opts: ConvertOptions):
     try:
         tokenizer = AutoTokenizer.from_pretrained(opts.tokenizer)
     except (OSError, ValueError) as exc:
-        raise UsageError(f"-t/--tokenizer {opts.tokenizer}: cannot load a tokenizer ({str(exc).splitlines()[0]})") \
-            from None
+        why = str(exc).splitlines()[0]
+        if opts.tokenizer != opts.model:
+            raise UsageError(f"-t/--tokenizer {opts.tokenizer}: cannot load a tokenizer ({why})") from None
+        raise UsageError(f"-m/--model {opts.model}: cannot load its tokenizer ({why}); -t/--tokenizer names one "
+                         "elsewhere") from None
     task = TASKS[opts.task]
     model = load_task_model(task, opts.model, opts.device)
     names = model_inputs(model, tokenizer)
