@@ -57,7 +57,9 @@ def _model_arguments(p: argparse.ArgumentParser, batch_size: int = 1, batch_help
     b = p.add_argument_group("build and generation")
     b.add_argument("--batch-size", type=int, default=batch_size, help=f"{batch_help} (default {batch_size})")
     b.add_argument("--num-beams", type=int, default=1, help="beam search width; 1 is greedy (default 1)")
-    b.add_argument("--fp16", action="store_true", help="run in half precision")
+    b.add_argument("--fp16", action="store_true",
+                   help="run in half precision (for GPUs: on the CPU PyTorch computes it far slower than fp32 and "
+                        "onnxrt refuses it)")
     b.add_argument("--use-cache", action=argparse.BooleanOptionalAction, default=True,
                    help="reuse past keys and values between steps (default on)")
     b.add_argument("--use-mask", action=argparse.BooleanOptionalAction, default=False,

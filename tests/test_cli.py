@@ -245,6 +245,14 @@ def test_quantization_flags_need_an_onnx_backend(capsys):
     assert code == 2 and "not allowed with argument" in err
 
 
+def test_fp16_on_the_cpu_says_it_is_slow_there(capsys, tiny_gpt2_dir):
+    """PyTorch runs half precision on the CPU, at a fraction of fp32's speed: the run goes on, with a note first."""
+    code, _, err = run_cli(capsys, "benchmark", "GPT2", "frameworks", "--torch-dir", tiny_gpt2_dir, "--fp16",
+                           "--input-seq-len", 4, "--output-seq-len", 2, "--iterations", 1, "--warmup", 0)
+    assert code == 0, err
+    assert "note: --fp16 on the CPU: PyTorch computes half precision far slower than fp32 here" in err
+
+
 def test_sigterm_during_an_export_leaves_no_temporary_folder(tiny_gpt2_dir, tmp_path):
     """`timeout` or `kill` in the middle of an export: the half-built folder is removed and the exit code is 143."""
     import os
