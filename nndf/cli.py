@@ -126,6 +126,10 @@ def _sampling_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--typical-p", type=float, help="locally typical sampling with mass P (1: off)")
     s.add_argument("--repetition-penalty", type=float, help="scale down the logits of tokens already in the "
                    "sequence (CTRL's penalty, as generate(); 1: off); applies to greedy and beam search too")
+    s.add_argument("--sampling-stream", metavar="{generate,fast}", help="where the draws come from: generate "
+                   "(default: generate()'s own random stream, so --seed S gives the tokens of torch.manual_seed(S) "
+                   "before generate()) or fast (the same distribution from a stream of our own: on the CPU a "
+                   "fraction of the cost per token, reproducible with --seed, but not generate()'s tokens)")
 
 
 def _timing_arguments(p: argparse.ArgumentParser) -> None:

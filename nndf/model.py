@@ -32,7 +32,7 @@ from nndf.spec import BuildSettings
 
 
 # generate()'s keywords (and the seed) that choose how tokens are picked: Model.generate's `**decoding`.
-DECODING_KEYWORDS = (*SAMPLING_KEYWORDS, "repetition_penalty", "seed")
+DECODING_KEYWORDS = (*SAMPLING_KEYWORDS, "repetition_penalty", "seed", "sampling_stream")
 
 
 def check_decoding(decoding: dict) -> None:
@@ -94,6 +94,7 @@ class Model:
         check_decoding(decoding)
         gen = self.loaded.generation_config
         seed = decoding.pop("seed", None)
+        stream = decoding.pop("sampling_stream", None)
         penalty = decoding.pop("repetition_penalty", None)
         defaults = self.spec.hooks.generation_defaults(self.loaded.config)  # what the model's generate() passes
         eos = defaults.get("eos_token_id", gen.eos_token_id)
@@ -113,7 +114,7 @@ class Model:
                                                   gen.forced_bos_token_id) if t is not None), None),
             forced_eos_token_id=gen.forced_eos_token_id,
             repetition_penalty=next(p for p in (penalty, gen.repetition_penalty, 1.0) if p is not None),
-            sampling=Sampling.resolve(gen, seed=seed, **decoding),
+            sampling=Sampling.resolve(gen, seed=seed, stream=stream, **decoding),
         )
 
     def generate(
@@ -144,7 +145,9 @@ class Model:
         `top_k`, `top_p`, `min_p`, `typical_p`, `repetition_penalty` (None: the generation config's, then
         transformers' defaults), and `seed`: an int S draws what `torch.manual_seed(S)` before `generate()` draws,
         without changing the global random state; a `torch.Generator` is drawn from (and left advanced); None
-        draws from the global generator, as `generate()` does. `streamer` is `generate(streamer=...)`'s (put/end:
+        draws from the global generator, as `generate()` does. `sampling_stream="fast"` draws from the same
+        distribution with a random stream of this harness's own (`nndf.fast_draw`: far cheaper on the CPU, and a
+        seed repeats its tokens, but they are not `generate()`'s). `streamer` is `generate(streamer=...)`'s (put/end:
         `TextStreamer`, `TextIteratorStreamer`); `stop_strings` ends a row once its text ends with one of them, as
         `generate(stop_strings=..., tokenizer=...)` does (with this model's tokenizer)."""
         ids, mask, encoder_inputs = self.architecture.prompt(self.loaded, input_ids, attention_mask, pixel_values)
@@ -188,7 +191,8 @@ class Model:
         `on_encoded` from a hook after an encoder-decoder model's encoder has run.
         Arguments left None are not passed, so `generate()` takes them from the model's generation config.
         `decoding` as `generate` takes it; an int `seed` is `torch.manual_seed(seed)` right before `generate()`,
-        and temperature 0 is `do_sample=False` (which is what it means here; `generate()` refuses it).
+        and temperature 0 is `do_sample=False` (which is what it means here; `generate()` refuses it);
+        `sampling_stream` is the loop's alone (generate() always draws from PyTorch's generator, as it does).
         """
         from transformers import LogitsProcessor, LogitsProcessorList
 
@@ -202,6 +206,7 @@ class Model:
         self.architecture.check_token_ids(ids, self.shapes)
         options = self.generation_options(max_new_tokens, min_new_tokens, num_beams, forced_bos_token_id, **decoding)
         seed = decoding.pop("seed", None)
+        decoding.pop("sampling_stream", None)  # generate() draws from its own stream, whichever the loop's is
         if isinstance(seed, torch.Generator):
             raise UsageError("hf_generate draws from the global generator, as generate() does: give seed as an int")
         model = self.loaded.model

@@ -16,11 +16,13 @@ def test_overhead_is_the_median_of_per_round_ratios_and_goals_pass_or_fail():
     steps = {("onnxrt", 1, "greedy"): [10.0, 10.0, 12.0], ("onnxrt", 1, "sample"): [10.2, 10.1, 12.6],
              ("onnxrt", 1, "sample top-p 0.9"): [11.0, 11.0, 13.2],
              ("onnxrt", 4, "greedy"): [20.0, 20.0, 20.0], ("onnxrt", 4, "sample"): [21.0, 21.0, 21.0],
-             ("onnxrt", 4, "sample top-p 0.9"): [22.0, 22.0, 22.0]}
+             ("onnxrt", 4, "sample top-p 0.9"): [22.0, 22.0, 22.0],
+             ("onnxrt", 4, "sample, fast stream"): [20.2, 20.0, 19.8]}
     firsts = {"onnxrt": [(11.0, 10.0, 10.0), (13.0, 10.0, 10.0), (12.0, 10.0, 10.0)]}
     text, raw = bench.report(bench.parse_args([]), {"steps": steps, "firsts": firsts, "foreign_cores": 0.5})
     assert "GOAL PASS: onnxrt b1: default sampling overhead +2.0% per decode step (goal <= 3%)" in text
     assert "GOAL FAIL: onnxrt b4: default sampling overhead +5.0% per decode step (goal <= 3%)" in text
+    assert "GOAL PASS: onnxrt b4: default sampling, fast stream, overhead +0.0% per decode step (goal <= 3%)" in text
     assert "GOAL PASS: onnxrt b1: streamed first text 1.200x the first-token time (goal <= 1.2x)" in text
     assert "other processes used 0.50 of" in text and raw["steps"]["onnxrt b4 sample"] == [21.0, 21.0, 21.0]
 
@@ -31,6 +33,8 @@ def test_tiny_run(tiny_gpt2_dir, onnx_work_dir, capsys):
                 "--input-len", "4", "--output-len", "3", "--rounds", "1", "--working-dir", str(onnx_work_dir)])
     out = capsys.readouterr().out
     for engine in ("frameworks", "onnxrt", "hf"):
-        for mode in ("greedy", "sample", "sample top-p 0.9"):
-            assert any(line.split()[:3] == [engine, "1", mode.split()[0]] for line in out.splitlines()), (engine, mode)
-    assert out.count("GOAL ") == 4 and "streamed first text" in out
+        for mode in ("greedy", "sample", "sample top-p 0.9", "sample, fast stream"):
+            words = [engine, "1", *mode.split()[:2]]
+            shown = any(line.split()[:len(words)] == words for line in out.splitlines())
+            assert shown == (engine != "hf" or "fast" not in mode), (engine, mode)  # generate() has no fast stream
+    assert out.count("GOAL ") == 6 and "streamed first text" in out

@@ -57,16 +57,18 @@ def test_rows_that_join_and_leave_get_their_answers_alone(backend, kwargs, tiny_
 
 
 def test_each_row_keeps_its_own_settings(tiny_gpt2_dir, onnx_work_dir):
-    """Seeded sampling, repetition penalty, minimum length, its own EOS, beams: each as it would be alone."""
+    """Seeded sampling (on either stream), repetition penalty, minimum length, its own EOS, beams: each as it
+    would be alone."""
     model = nndf.load("GPT2", torch_dir=str(tiny_gpt2_dir), backend="onnxrt", working_dir=str(onnx_work_dir))
-    p = prompts(1000, (6, 11, 4, 9, 7, 3), seed=1)
+    p = prompts(1000, (6, 11, 4, 9, 7, 3, 8), seed=1)
     greedy = alone(model, p[3], model.generation_options(10))
     asks = [(p[0], model.generation_options(12, do_sample=True, temperature=0.7, top_k=30, seed=5)),
             (p[1], model.generation_options(8, repetition_penalty=1.3)),
             (p[2], model.generation_options(9, min_new_tokens=4, do_sample=True, seed=2)),
             (p[3], GenerationOptions(max_new_tokens=10, eos_token_id=greedy[4])),  # ends early, at that token
             (p[4], model.generation_options(5, num_beams=2)),
-            (p[5], model.generation_options(6))]
+            (p[5], model.generation_options(6)),
+            (p[6], model.generation_options(11, do_sample=True, seed=3, sampling_stream="fast"))]
     requests, most, _ = batched(model, asks, max_rows=4)
     assert [r.new_tokens for r in requests] == [alone(model, q, o) for q, o in asks]
     assert requests[3].new_tokens == greedy[: greedy.index(greedy[4]) + 1] and most > 1
@@ -165,10 +167,22 @@ def test_models_a_batch_cannot_serve_are_refused(seq2seq_dirs):
         ContinuousBatcher(model, max_rows=2)
 
 
+def test_the_served_model_keeps_the_sampling_stream_it_was_written_with(tiny_gpt2_dir, onnx_work_dir, tmp_path):
+    import json
+
+    from nndf.cli import main as run_py
+
+    assert run_py(["triton", "GPT2", "onnxrt", "--torch-dir", str(tiny_gpt2_dir), "--working-dir",
+                   str(onnx_work_dir), "-o", str(tmp_path / "models"), "--sampling-stream", "fast"]) == 0
+    (settings,) = (tmp_path / "models").rglob("nndf.json")
+    assert json.loads(settings.read_text())["defaults"]["sampling_stream"] == "fast"
+
+
 @pytest.mark.parametrize("flags,message", [
     (["--scheduler", "sequential", "--streaming"], "--streaming needs --scheduler continuous"),
     (["--max-rows", "0"], "--max-rows must be at least 1, got 0"),
     (["--max-queue-delay-us", "-5"], "--max-queue-delay-us must be 0 or more, got -5"),
+    (["--sampling-stream", "quick"], "argument --sampling-stream: invalid choice: 'quick' (choose from"),
 ])
 def test_bad_serving_flags_are_one_sentence(flags, message, tiny_gpt2_dir, onnx_work_dir, tmp_path, capsys):
     from nndf.cli import main as run_py

@@ -146,7 +146,8 @@ def test_stop_strings_end_rows_like_generate(model):
     (dict(do_sample=True, num_beams=2), "sampling with beam search is not built: sample with num_beams=1 "
                                         "(--num-beams 1), or search beams with do_sample=False (--no-do-sample)"),
     (dict(top_kk=3), "generate() got unknown keyword(s) top_kk; the decoding keywords are do_sample, temperature, "
-                     "top_k, top_p, min_p, typical_p, repetition_penalty, seed"),
+                     "top_k, top_p, min_p, typical_p, repetition_penalty, seed, sampling_stream"),
+    (dict(sampling_stream="quick"), "sampling_stream (--sampling-stream) must be one of generate, fast, got 'quick'"),
 ])
 def test_bad_settings_are_one_sentence(model, settings, message):
     ids = torch.tensor([[1, 2, 3]])

@@ -48,7 +48,7 @@ def decoding_flags(args) -> dict:
     """`Model.generate`'s decoding keywords from the sampling flags (None: the model's generation config), with the
     seed sampling draws from: --seed, else one drawn here once per command (`decoding_note` shows it, so that a
     sampled run can be repeated). Every backend gets the same seed, so backends whose logits agree draw alike."""
-    flags = {key: getattr(args, key, None) for key in (*SAMPLING_KEYWORDS, "repetition_penalty")}
+    flags = {key: getattr(args, key, None) for key in (*SAMPLING_KEYWORDS, "repetition_penalty", "sampling_stream")}
     if getattr(args, "sampling_seed", None) is None:
         args.sampling_seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
     return dict(flags, seed=args.sampling_seed)
@@ -57,7 +57,8 @@ def decoding_flags(args) -> dict:
 def check_decoding_flags(args) -> None:
     """The sampling flags' values, checked before any model loads (one sentence naming the flag)."""
     given = {key: getattr(args, key, None) for key in SAMPLING_KEYWORDS}
-    Sampling(seed=args.seed, **{key: value for key, value in given.items() if value is not None})
+    Sampling(seed=args.seed, stream=getattr(args, "sampling_stream", None) or "generate",
+             **{key: value for key, value in given.items() if value is not None})
     if getattr(args, "repetition_penalty", None) is not None:
         check_repetition_penalty(args.repetition_penalty)
 

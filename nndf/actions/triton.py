@@ -10,6 +10,7 @@ from __future__ import annotations
 from nndf.actions.common import describe, open_models
 from nndf.errors import UsageError
 from nndf.results import Column, Result
+from nndf.sampling import SAMPLING_STREAMS
 from nndf.triton.generative import SCHEDULERS
 
 
@@ -29,6 +30,11 @@ def add_arguments(parser) -> None:
     g.add_argument("--max-queue-delay-us", type=int, default=0,
                    help="how long Triton's dynamic batcher holds a request for others to arrive with it "
                         "(microseconds, default 0; continuous scheduler)")
+    g.add_argument("--sampling-stream", choices=SAMPLING_STREAMS, default="generate",
+                   help="where sampled requests' draws come from: generate (default: generate()'s own random stream, "
+                        "so SEED S gives the tokens of torch.manual_seed(S) before generate()) or fast (the same "
+                        "distribution from a stream of our own, a fraction of the CPU cost per token; "
+                        "nndf/fast_draw.py)")
     g.add_argument("--streaming", action="store_true",
                    help="also write <name>_stream, a decoupled model that sends each new piece of text as it is "
                         "generated (gRPC streaming)")
@@ -48,7 +54,8 @@ def run(args) -> list[Result]:
     folders = write_generative_repository(args.output, name, model, args.max_batch_size, args.nb_instances,
                                           max_new_tokens=args.max_new_tokens, num_beams=args.num_beams,
                                           scheduler=args.scheduler, streaming=args.streaming,
-                                          max_rows=args.max_rows, queue_delay_us=args.max_queue_delay_us)
+                                          max_rows=args.max_rows, queue_delay_us=args.max_queue_delay_us,
+                                          sampling_stream=args.sampling_stream)
     for folder in folders:
         validate_config(folder / "config.pbtxt")
     rows = [{"model": folder.name, "folder": str(folder), "graph": model.artifacts[-1]} for folder in folders]

@@ -124,7 +124,8 @@ class TritonPythonModel:
         for name, value in (("MAX_NEW_TOKENS", max_new), ("NUM_BEAMS", beams)):
             if value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}")
-        return dict(decoding, max_new_tokens=max_new, num_beams=beams)
+        return dict(decoding, max_new_tokens=max_new, num_beams=beams,
+                    sampling_stream=self.defaults.get("sampling_stream", "generate"))
 
     def prompts(self, texts):
         from nndf.actions.common import encode_prompts

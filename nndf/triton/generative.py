@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from nndf.errors import UsageError
+from nndf.sampling import Sampling
 from nndf.triton.repository import DEVICES, add_tensor, config_schema, external_data_files, write_model_folder
 
 MODEL_SOURCE = Path(__file__).with_name("generation_model.py")
@@ -57,10 +58,11 @@ def generative_config(name: str, max_batch_size: int, nb_instances: int, kind: s
 def write_generative_repository(output_dir: str | Path, name: str, model, max_batch_size: int,
                                 nb_instances: int = 1, max_new_tokens: int = 32, num_beams: int = 1,
                                 scheduler: str = "continuous", streaming: bool = False, max_rows: int | None = None,
-                                queue_delay_us: int = 0) -> list[Path]:
+                                queue_delay_us: int = 0, sampling_stream: str = "generate") -> list[Path]:
     """The Triton model `name` in `output_dir` for `model` (an `nndf.Model` on the onnxrt backend, its graph built),
     and with `streaming` its decoupled twin `<name>_stream`, replacing model folders of those names; returns the
-    folders. `max_rows`: rows in the continuous batch (default `max_batch_size`)."""
+    folders. `max_rows`: rows in the continuous batch (default `max_batch_size`); `sampling_stream`: where sampled
+    requests' draws come from (`nndf.sampling.SAMPLING_STREAMS`)."""
     if model.backend != "onnxrt":
         raise UsageError(f"Triton serves the onnxrt backend's graphs (CPU, or CUDA with onnxruntime-gpu); "
                          f"{model.backend} is not served yet")
@@ -75,6 +77,7 @@ def write_generative_repository(output_dir: str | Path, name: str, model, max_ba
                         ("--max-rows", max_rows)):
         if value < 1:
             raise UsageError(f"{flag} must be at least 1, got {value}")
+    Sampling(stream=sampling_stream)  # one sentence for a stream that does not exist
     if queue_delay_us < 0:
         raise UsageError(f"--max-queue-delay-us must be 0 or more, got {queue_delay_us}")
     if scheduler == "continuous":
@@ -87,7 +90,8 @@ def write_generative_repository(output_dir: str | Path, name: str, model, max_ba
     settings = {"family": model.spec.family, "variant": model.variant.name, "backend": model.backend,
                 "graph": f"decoder/{graph.name}", "use_cache": model.settings.use_cache,
                 "threads": model.options.threads, "scheduler": scheduler, "max_rows": max_rows,
-                "defaults": {"max_new_tokens": max_new_tokens, "num_beams": num_beams}}
+                "defaults": {"max_new_tokens": max_new_tokens, "num_beams": num_beams,
+                             "sampling_stream": sampling_stream}}
     with tempfile.TemporaryDirectory() as tmp:
         hf = Path(tmp) / "hf"
         model.loaded.config.save_pretrained(hf)
