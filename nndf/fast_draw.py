@@ -65,9 +65,9 @@ class FastDraw:
             return torch.from_numpy(keys.argmax(axis=-1))
         row, column = _top_k(table, self.top_k)
         keys = table[row, column].astype(np.float64) - np.log(self.rng.standard_exponential(len(row)))
-        order = np.lexsort((keys, row))  # by row, then key: each row's largest key is its last entry
-        last = np.searchsorted(row[order], np.arange(rows), side="right") - 1
-        return torch.from_numpy(column[order][last])
+        ends = np.cumsum(np.bincount(row, minlength=rows))  # rows are contiguous runs of the kept entries
+        starts = ends - np.bincount(row, minlength=rows)
+        return torch.from_numpy(column[[start + keys[start:end].argmax() for start, end in zip(starts, ends)]])
 
     def _on_device(self, scores: torch.Tensor) -> torch.Tensor:
         """generate()'s own draw (top-k as its warper, softmax, torch.multinomial), from a device generator."""
@@ -95,9 +95,8 @@ def _top_k(table: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         kth = np.partition(table, vocab - k, axis=-1)[:, vocab - k: vocab - k + 1]
         return _where(table >= kth)
     values = table[row, column]
-    order = np.lexsort((-values, row))  # by row, then from the largest score down
-    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
-    kth = values[order][starts + k - 1]
+    ends = np.cumsum(counts)
+    kth = np.array([np.partition(values[end - count: end], count - k)[count - k] for count, end in zip(counts, ends)])
     keep = values >= kth[row]
     return row[keep], column[keep]
 
