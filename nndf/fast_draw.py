@@ -65,9 +65,10 @@ class FastDraw:
             return torch.from_numpy(keys.argmax(axis=-1))
         row, column = _top_k(table, self.top_k)
         keys = table[row, column].astype(np.float64) - np.log(self.rng.standard_exponential(len(row)))
-        ends = np.cumsum(np.bincount(row, minlength=rows))  # rows are contiguous runs of the kept entries
-        starts = ends - np.bincount(row, minlength=rows)
-        return torch.from_numpy(column[[start + keys[start:end].argmax() for start, end in zip(starts, ends)]])
+        counts = np.bincount(row, minlength=rows)  # each row's kept entries are one run, rows in order
+        ends = np.cumsum(counts)
+        return torch.from_numpy(column[[end - count + keys[end - count: end].argmax()
+                                        for count, end in zip(counts, ends)]])
 
     def _on_device(self, scores: torch.Tensor) -> torch.Tensor:
         """generate()'s own draw (top-k as its warper, softmax, torch.multinomial), from a device generator."""
