@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from nndf.errors import HarnessError
+from nndf.processors import FastTopK
 
 # The threshold's sample: about this many scores per token kept, and a threshold expected to pass 4 x top-k scores.
 SAMPLE_PER_KEPT = 16
@@ -37,17 +38,20 @@ class FastDraw:
     """Picks each row's next token from processed scores by the Gumbel-max trick over the tokens that can be picked;
     with `top_k` > 0 it applies top-k itself (a warper `Sampling.warpers` then leaves out)."""
 
-    def __init__(self, seed: int | torch.Generator | None, top_k: int = 0) -> None:
+    def __init__(self, seed: int | torch.Generator | None, generate_draw, top_k: int = 0) -> None:
+        """`generate_draw`: the default stream's chooser for the same seed (`nndf.sampling.TokenChooser`), which
+        draws scores this one does not take (on CUDA, or in half precision)."""
         self.seed = seed
         self.top_k = top_k
+        self.generate_draw = generate_draw
+        self.device_top_k = FastTopK(top_k=top_k) if top_k else None
         self.rng: np.random.Generator | None = None
-        self.device_generator: torch.Generator | None = None
 
-    def _stream_seed(self, device: torch.device | str = "cpu") -> int:
+    def _stream_seed(self) -> int:
         if isinstance(self.seed, int):
             return self.seed
-        generator = self.seed if isinstance(self.seed, torch.Generator) else None
-        return int(torch.randint(0, 2**62, (1,), generator=generator, device=getattr(generator, "device", device)))
+        generator = self.seed if isinstance(self.seed, torch.Generator) else None  # None: the global generator
+        return int(torch.randint(0, 2**62, (1,), generator=generator))
 
     def __call__(self, scores: torch.Tensor) -> torch.Tensor:
         if scores.device.type != "cpu" or scores.requires_grad or scores.dtype not in (torch.float32, torch.float64):
@@ -71,15 +75,10 @@ class FastDraw:
                                         for count, end in zip(counts, ends)]])
 
     def _on_device(self, scores: torch.Tensor) -> torch.Tensor:
-        """generate()'s own draw (top-k as its warper, softmax, torch.multinomial), from a device generator."""
-        if self.top_k > 0:
-            from transformers import TopKLogitsWarper
-
-            scores = TopKLogitsWarper(top_k=self.top_k)(None, scores)
-        if self.device_generator is None and self.seed is not None:
-            self.device_generator = torch.Generator(device=scores.device).manual_seed(self._stream_seed())
-        probs = torch.nn.functional.softmax(scores.float(), dim=-1)
-        return torch.multinomial(probs, num_samples=1, generator=self.device_generator).squeeze(1)
+        """generate()'s own draw: top-k as its warper, then the default stream's chooser (`generate_draw`)."""
+        if self.top_k:
+            scores = self.device_top_k(None, scores)
+        return self.generate_draw(scores)
 
 
 def _top_k(table: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -121,7 +121,22 @@ class Sampling:
         return bool(self.do_sample) and self.temperature != 0
 
     def warpers(self, device: torch.device | None = None) -> list:
-        """`generate()`'s warpers for these settings, in its order (nothing when not sampling)."""
+        """`generate()`'s warpers for these settings, in its order (nothing when not sampling), less the top-k that
+        the fast stream's draw applies itself (`drawn_top_k`)."""
+        warpers = self._generate_warpers(device)
+        return warpers[:-1] if self.drawn_top_k(warpers) else warpers
+
+    def drawn_top_k(self, warpers: list | None = None) -> int:
+        """The k the fast stream's draw applies itself, else 0: on the fast stream, where top-k is the last of
+        `generate()`'s warpers (as in its defaults), the draw finds the kept tokens without rewriting the vocabulary."""
+        from nndf.processors import FastTopK
+
+        warpers = self._generate_warpers() if warpers is None else warpers
+        if self.stream == "fast" and warpers and isinstance(warpers[-1], FastTopK):
+            return warpers[-1].top_k
+        return 0
+
+    def _generate_warpers(self, device: torch.device | None = None) -> list:
         from transformers import (
             EpsilonLogitsWarper, EtaLogitsWarper, MinPLogitsWarper, TemperatureLogitsWarper, TopHLogitsWarper,
             TopPLogitsWarper, TypicalLogitsWarper,
@@ -136,7 +151,7 @@ class Sampling:
             warpers.append(TemperatureLogitsWarper(float(self.temperature)))
         if self.top_h is not None:
             warpers.append(TopHLogitsWarper(top_h=self.top_h))
-        if self.top_k != 0 and not self._draw_takes_top_k:
+        if self.top_k != 0:
             warpers.append(FastTopK(top_k=int(self.top_k)))
         if self.top_p < 1.0:
             warpers.append(TopPLogitsWarper(top_p=self.top_p))
@@ -150,18 +165,11 @@ class Sampling:
             warpers.append(EtaLogitsWarper(epsilon=self.eta_cutoff, device=device))
         return warpers
 
-    @property
-    def _draw_takes_top_k(self) -> bool:
-        """Whether the fast stream's draw applies top-k itself: top-k on, and no warper after it in generate()'s
-        order (top-p, min-p, typical-p, epsilon and eta cutoffs)."""
-        return self.stream == "fast" and self.top_k != 0 and self.top_p >= 1.0 and self.min_p is None and \
-            self.typical_p >= 1.0 and not 0.0 < self.epsilon_cutoff < 1.0 and not 0.0 < self.eta_cutoff < 1.0
-
     def chooser(self):
         """What picks each row's token from the processed scores: `TokenChooser`, or on the fast stream when
         sampling, `nndf.fast_draw.FastDraw`."""
         if self.samples and self.stream == "fast":
-            return FastDraw(self.seed, int(self.top_k) if self._draw_takes_top_k else 0)
+            return FastDraw(self.seed, TokenChooser(True, self.seed), self.drawn_top_k())
         return TokenChooser(self.samples, self.seed)
 
     def describe(self) -> str:

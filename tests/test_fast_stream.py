@@ -41,7 +41,7 @@ def test_draws_follow_the_softmax_of_what_top_k_keeps(top_k):
     """20000 draws of one row: each token's frequency within 0.012 of softmax over the kept scores; a banned token
     (-inf) and, with top-k 4, the two below the fourth are never drawn."""
     row = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -float("inf"), -3.0])
-    draws = FastDraw(7, top_k=top_k)(row.repeat(20000, 1)).numpy()
+    draws = FastDraw(7, None, top_k=top_k)(row.repeat(20000, 1)).numpy()
     kept = row if top_k == 0 else TopKLogitsWarper(top_k=top_k)(None, row[None].clone())[0]
     expected = torch.softmax(kept, dim=-1).numpy()
     frequency = np.bincount(draws, minlength=len(row)) / len(draws)
@@ -51,18 +51,27 @@ def test_draws_follow_the_softmax_of_what_top_k_keeps(top_k):
 
 def test_a_seed_repeats_its_draws_and_an_invalid_row_is_refused():
     scores = torch.randn(4, 3000, generator=torch.Generator().manual_seed(1))
-    first = [FastDraw(5, 50)(scores) for _ in range(3)]
-    again = FastDraw(5, 50)
+    first = [FastDraw(5, None, 50)(scores) for _ in range(3)]
+    again = FastDraw(5, None, 50)
     assert all(torch.equal(draw, again(scores)) for draw in first[:1])
-    assert not torch.equal(FastDraw(6, 50)(scores), first[0])
+    assert not torch.equal(FastDraw(6, None, 50)(scores), first[0])
     torch.manual_seed(3)
-    unseeded = FastDraw(None, 50)(scores)
+    unseeded = FastDraw(None, None, 50)(scores)
     torch.manual_seed(3)
-    assert torch.equal(FastDraw(None, 50)(scores), unseeded)  # the global generator seeds the stream
+    assert torch.equal(FastDraw(None, None, 50)(scores), unseeded)  # the global generator seeds the stream
     for bad in (float("nan"), float("inf")):
         scores[2, 17] = bad
         with pytest.raises(HarnessError, match="cannot sample"):
-            FastDraw(5, 50)(scores)
+            FastDraw(5, None, 50)(scores)
+
+
+def test_scores_it_does_not_take_are_drawn_as_generate_draws_them():
+    """Off the CPU's float scores (CUDA; here float16 takes the same path) the fast stream is generate()'s draw:
+    top-k as TopKLogitsWarper, then torch.multinomial from the seeded generator."""
+    scores = torch.randn(3, 500, generator=torch.Generator().manual_seed(2)).half()
+    sampling = Sampling(do_sample=True, stream="fast", seed=9)
+    expected = Sampling(do_sample=True, seed=9).chooser()(TopKLogitsWarper(top_k=50)(None, scores.clone()))
+    assert torch.equal(sampling.chooser()(scores.clone()), expected)
 
 
 def test_top_k_moves_into_the_draw_only_when_it_is_the_last_warper():
