@@ -150,9 +150,6 @@ def open_models(args, needs_text: bool = False) -> list[Model]:
                 raise
     settings = build_settings(args)
     options = backend_options(args, backends)  # its flags checked before the slow load
-    if settings.fp16 and "frameworks" in backends and default_device().type == "cpu":
-        say("note: --fp16 on the CPU: PyTorch computes half precision far slower than fp32 here (GPT-2 small: "
-            "a 64-token prompt in 12 s against 0.16 s, then 230 against 50 ms a token); fp16 is for GPUs")
     for name in backends:
         if name not in spec.backends:
             raise UsageError(
