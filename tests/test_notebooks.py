@@ -53,9 +53,10 @@ def test_notebooks_are_stored_without_outputs_and_have_a_parameters_cell():
 
 
 @pytest.fixture(scope="module")
-def work_dir(tmp_path_factory):
-    """One working dir for the module: the GPT-2 notebooks run the same model, so the second reuses the export."""
-    return tmp_path_factory.mktemp("notebooks-work")
+def work_dir(onnx_work_dir):
+    """The session's shared working dir: the GPT-2 notebooks run the trained tiny GPT-2, whose export (and int8
+    graph) other tests make there too (tests/test_quantize.py, test_lm_eval.py, test_evaluate_action.py)."""
+    return onnx_work_dir
 
 
 @pytest.fixture(scope="module")

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
 
 import nndf
+from conftest import copy_artifact
 from nndf.errors import UsageError
 from nndf.workspace import metadata_path, read_metadata
 from test_generation_parity import PROMPT_LENGTHS, _batch
@@ -63,15 +65,21 @@ def _export_folder(work_dir, model_dir, use_cache=True):
                 and str(model_dir.resolve()) in str(m.get("weights")))
 
 
-def test_export_is_reused_then_rebuilt_when_stale_or_truncated(tiny_gpt2_dir, tmp_path, capsys):
+def _shared_export(tiny_gpt2_dir, onnx_work_dir) -> Path:
+    """The folder of the tiny GPT-2's default export (with cache) in the session's shared working dir."""
+    m = nndf.load("GPT2", backend="onnxrt", torch_dir=str(tiny_gpt2_dir), working_dir=str(onnx_work_dir),
+                  device="cpu")
+    return Path(m.artifacts[0]).parent
+
+
+def test_export_is_reused_then_rebuilt_when_stale_or_truncated(tiny_gpt2_dir, onnx_work_dir, tmp_path, capsys):
+    # damaged in a working dir of its own (other tests read the shared one): a copy of the shared export
+    folder = copy_artifact(_shared_export(tiny_gpt2_dir, onnx_work_dir), tmp_path)
+    capsys.readouterr()
     load = lambda: nndf.load("GPT2", backend="onnxrt", torch_dir=str(tiny_gpt2_dir), working_dir=str(tmp_path),
                              device="cpu")
-    load()
-    assert "exporting" in capsys.readouterr().err
-    folder = _export_folder(tmp_path, tiny_gpt2_dir)
     graph = folder / "decoder.onnx"
     stamp = graph.stat().st_mtime_ns
-
     load()
     assert "exporting" not in capsys.readouterr().err and graph.stat().st_mtime_ns == stamp
 
@@ -95,12 +103,16 @@ def test_export_is_reused_then_rebuilt_when_stale_or_truncated(tiny_gpt2_dir, tm
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")], "no temporary folder left behind"
 
 
-def test_changed_weights_get_their_own_export(tiny_gpt2_dir, tmp_path):
+def test_changed_weights_get_their_own_export(tiny_gpt2_dir, onnx_work_dir, tmp_path, capsys):
     copy = tmp_path / "copy"
     shutil.copytree(tiny_gpt2_dir, copy)
     work = tmp_path / "work"
+    work.mkdir()
+    copy_artifact(_shared_export(tiny_gpt2_dir, onnx_work_dir), work)  # the original's, as if exported here
+    capsys.readouterr()
     for source in (tiny_gpt2_dir, copy):
         nndf.load("GPT2", backend="onnxrt", torch_dir=str(source), working_dir=str(work), device="cpu")
+    assert capsys.readouterr().err.count("to ONNX (") == 1  # the copy's weights only
     assert len([p for p in work.iterdir() if p.is_dir()]) == 2
 
 

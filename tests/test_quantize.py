@@ -15,8 +15,7 @@ import torch
 from onnx import TensorProto, helper
 
 import nndf
-from conftest import LAMBADA_FILE, TRAINED_TINY_GPT2, build_tiny, needs_shared
-from family_examples import FAMILY_EXAMPLES
+from conftest import LAMBADA_FILE, TRAINED_TINY_GPT2, needs_shared
 from nndf.errors import HarnessError, UsageError
 from nndf.export.onnx import export_decoder
 from nndf.export.cpu_int8 import nbits_accuracy_level
@@ -210,10 +209,11 @@ def test_a_graph_without_weights_to_quantize_is_a_harness_error(tiny, tmp_path):
 
 
 @pytest.mark.parametrize("family", ["GPTNeo", "GPTJ", "OPT", "Llama"])
-def test_every_family_quantizes_every_weight_matmul(family, tmp_path_factory, onnx_work_dir):
+def test_every_family_quantizes_every_weight_matmul(family, family_dirs, tmp_path_factory, onnx_work_dir):
     """Other families' graphs (nn.Linear, untied heads, OPT's projections, a Llama-class tied head) lose every fp32
-    weight MatMul too."""
-    folder = build_tiny(tmp_path_factory.mktemp("family"), family, FAMILY_EXAMPLES[family])
+    weight MatMul too. The session's family models, whose exports the parity tests make (tests/test_family_parity.py).
+    """
+    folder = family_dirs[family]
     work = tmp_path_factory.mktemp("quant")
     for kind in ("int8", "int4"):
         m = nndf.load(family, torch_dir=str(folder), backend="onnxrt", working_dir=str(onnx_work_dir), device="cpu")

@@ -155,8 +155,8 @@ def test_fake_engine_dynamic_batch_and_int32_inputs(fake_gpu, tiny_gpt2_dir, wor
         model.generate(*_batch([3, 3, 3, 3]), max_new_tokens=2)
 
 
-def test_fake_engine_without_cache_and_logits(fake_gpu, tiny_gpt2_dir, tmp_path, reference_model):
-    model = _load(tiny_gpt2_dir, tmp_path, use_cache=False, input_seq_len=9, output_seq_len=5)
+def test_fake_engine_without_cache_and_logits(fake_gpu, tiny_gpt2_dir, onnx_work_dir, reference_model):
+    model = _load(tiny_gpt2_dir, onnx_work_dir, use_cache=False, input_seq_len=9, output_seq_len=5)
     assert len(model.decoder.session.io.profiles) == 1
     ids, _ = _batch([9])
     assert torch.equal(model.generate(ids, max_new_tokens=5), reference_model.hf_generate(ids, max_new_tokens=5))
@@ -199,8 +199,8 @@ def test_fake_engine_reused_rebuilt_and_given(fake_gpu, tiny_gpt2_dir, work, cap
         nndf.model.Model(loaded, "trt", BuildSettings(), BackendOptions(decoder_engine=str(broken)))
 
 
-def test_fake_fp16_engine_is_checked_against_fp32(fake_gpu, tiny_gpt2_dir, tmp_path, capsys):
-    model = _load(tiny_gpt2_dir, tmp_path, fp16=True, input_seq_len=16, output_seq_len=4)
+def test_fake_fp16_engine_is_checked_against_fp32(fake_gpu, tiny_gpt2_dir, work, capsys):
+    model = _load(tiny_gpt2_dir, work, fp16=True, input_seq_len=16, output_seq_len=4)
     path = Path(model.artifacts[0])
     assert "-fp16-" in path.name and fake_gpu[0].fp16
     err = capsys.readouterr().err
@@ -211,7 +211,7 @@ def test_fake_fp16_engine_is_checked_against_fp32(fake_gpu, tiny_gpt2_dir, tmp_p
     meta = read_metadata(path)
     meta["fp16_check"]["max_abs_diff"] = meta["fp16_check"]["scale"]  # as if the engine had gone wrong
     metadata_path(path).write_text(json.dumps(meta))
-    _load(tiny_gpt2_dir, tmp_path, fp16=True, input_seq_len=16, output_seq_len=4)
+    _load(tiny_gpt2_dir, work, fp16=True, input_seq_len=16, output_seq_len=4)
     err = capsys.readouterr().err
     assert "checking" not in err and "warning: the fp16 engine's logits differ from fp32 PyTorch by up to" in err
 
