@@ -66,6 +66,12 @@ FAMILY_EXAMPLES: dict[str, dict] = {
                   eos_token_id=1, pad_token_id=0),
 }
 
+# Families whose example is another family's architecture and config (Cerebras-GPT is GPT-2's architecture, model
+# type gpt2, at other sizes): the same graph, exported the same way. Tests of a graph's other exports (without cache,
+# the growing layout TensorRT builds from) run on the other family's example alone; frameworks and the default onnxrt
+# export still run under the family's own name.
+SAME_GRAPH_AS = {"CerebrasGPT": "GPT2"}
+
 # Families whose tiny models get random biases and norm weights (conftest.draw_constants): Qwen2's q/k/v biases,
 # Qwen3's q/k norms and Gemma's (1 + weight) norms would otherwise be identities at initialisation.
 CONSTANTS_DRAWN = {"Llama", "Mistral", "Qwen2", "Qwen3", "Phi3", "Gemma"}
