@@ -6,11 +6,14 @@ the model's graph set (`TextGraphs` in `nndf.seq2seq.wrappers` for T5 and BART, 
 decoder-only graphs (dynamo, eager attention, weights in an external data file per graph), with named dynamic
 dimensions shared by every input (batch, sequence lengths, kept logits) that the graph set's examples declare. The folder is named from a hash of every
 setting that shaped it and carries the same metadata (settings, library versions, each graph's input and output
-names, every file's size), so a stale, foreign or truncated export is rebuilt with the reason, never reused.
+names, every file's size), so a stale, foreign or truncated export is rebuilt with the reason, never reused. Only
+the decoder's graph depends on the KV cache: an export for one cache setting copies the other two graphs from the
+other setting's export when that one is built and intact.
 """
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +23,7 @@ import torch
 from nndf.export.onnx import DecoderExport, export_settings, fp32_cpu_model, trace_to_onnx
 from nndf.progress import say
 from nndf.loading import LoadedModel
-from nndf.workspace import artifact_lock, artifact_name, build_dir_artifact, stale_reason
+from nndf.workspace import artifact_lock, artifact_name, build_dir_artifact, read_metadata, stale_reason
 
 GRAPHS = ("encoder", "cross", "decoder")
 ROLES = {"encoder": "encoder", "cross": "cross-attention cache generator", "decoder": "decoder"}  # in messages
@@ -63,14 +66,48 @@ def seq2seq_export_location(loaded: LoadedModel, use_cache: bool, working_dir: s
     return Seq2SeqExport(folder, {graph: DecoderExport(folder, i, o, f"{graph}.onnx") for graph, (i, o) in io.items()})
 
 
-def export_seq2seq(loaded: LoadedModel, use_cache: bool, working_dir: str | Path) -> Seq2SeqExport:
-    """The three exported graphs for these settings: reused when the metadata matches, else (re)built."""
-    settings = _settings(loaded, use_cache)
-    result = seq2seq_export_location(loaded, use_cache, working_dir)
-    folder = result.folder
+def _metadata(loaded: LoadedModel, use_cache: bool) -> dict:
+    """What an export's metadata must say for these settings: the settings and each graph's tensor names."""
     io = seq2seq_io(loaded, use_cache)
     names = {graph: {"input_names": list(i), "output_names": list(o)} for graph, (i, o) in io.items()}
-    metadata = dict(settings, graphs=names)
+    return dict(_settings(loaded, use_cache), graphs=names)
+
+
+def _copy_from_sibling(loaded: LoadedModel, use_cache: bool, working_dir: str | Path, graph: str, tmp: Path) -> bool:
+    """Copy `graph` (the encoder or the cross-attention cache generator) from the intact export of the other cache
+    setting, when there is one, into `tmp`; whether it did.
+
+    Why: only the decoder's graph depends on the cache (its wrapper, inputs and example shapes); the other two are
+    traced from the same wrappers on the same examples either way, so a model exported with the cache and then
+    without it (or the other way round) traces them once. Not under the sibling's lock (two processes building
+    the two settings would wait on each other): a copy that does not match the sizes the sibling's metadata
+    records is dropped, and the graph traced instead."""
+    sibling = seq2seq_export_location(loaded, not use_cache, working_dir).folder
+    if stale_reason(sibling, _metadata(loaded, not use_cache)) is not None:
+        return False
+    recorded = read_metadata(sibling).get("files", {})
+    names = [name for name in recorded if name == f"{graph}.onnx" or name.startswith(f"{graph}.onnx.")]
+    try:
+        for name in names:
+            shutil.copyfile(sibling / name, tmp / name)
+        copied = all((tmp / name).stat().st_size == recorded[name] for name in names)
+    except OSError:
+        copied = False
+    if not copied:
+        for name in names:
+            (tmp / name).unlink(missing_ok=True)
+        return False
+    say(f"  {graph}.onnx copied from {sibling} (the same graph {'without' if use_cache else 'with'} KV cache)")
+    return True
+
+
+def export_seq2seq(loaded: LoadedModel, use_cache: bool, working_dir: str | Path) -> Seq2SeqExport:
+    """The three exported graphs for these settings: reused when the metadata matches, else (re)built, with the
+    encoder's and the cache generator's graphs copied from the other cache setting's export when it has them."""
+    result = seq2seq_export_location(loaded, use_cache, working_dir)
+    folder = result.folder
+    metadata = _metadata(loaded, use_cache)
+    names = metadata["graphs"]
     with artifact_lock(folder, say):  # another process may be building it: wait, then reuse it
         reason = stale_reason(folder, metadata)
         if reason is None:
@@ -88,6 +125,8 @@ def export_seq2seq(loaded: LoadedModel, use_cache: bool, working_dir: str | Path
             with torch.no_grad():
                 examples = graphs.examples(model, hooks, use_cache)
             for graph in GRAPHS:
+                if graph != "decoder" and _copy_from_sibling(loaded, use_cache, working_dir, graph, tmp):
+                    continue
                 args, dynamic = examples[graph]
                 trace_to_onnx(wrappers[graph], args, dynamic, names[graph], tmp / f"{graph}.onnx", model,
                               f"{loaded.variant.name} ({graph})")

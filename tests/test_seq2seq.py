@@ -124,7 +124,8 @@ def test_tgt_lang_forces_the_target_language(tmp_path_factory, onnx_work_dir):
         nndf.load("GPT2", variant="gpt2", random_weights=True, tgt_lang="de_DE", device="cpu")
 
 
-def test_export_holds_three_graphs_reused_and_rebuilt_when_truncated(seq2seq_dirs, onnx_work_dir, tmp_path, capsys):
+def test_export_holds_three_graphs_reused_shared_and_rebuilt_when_truncated(seq2seq_dirs, onnx_work_dir, tmp_path,
+                                                                           capsys):
     import onnx
 
     from nndf.seq2seq.export import export_seq2seq
@@ -147,10 +148,29 @@ def test_export_holds_three_graphs_reused_and_rebuilt_when_truncated(seq2seq_dir
     # the decoder never projects the encoder states: per layer 4 self + 2 cross (q, o) projections, 2 + 2 attention
     # products, 2 feed-forward; plus the LM head
     assert ops["decoder"].count("MatMul") == 12 * layers + 1
+
+    # Without cache: the encoder's and the cache generator's graphs are the cached export's, copied, and only the
+    # decoder's is traced; the tokens are generate()'s.
+    cacheless = export_seq2seq(m.loaded, False, work)
+    err = capsys.readouterr().err
+    assert "  decoder.onnx exported" in err and "encoder.onnx exported" not in err and "cross.onnx exported" not in err
+    for graph in ("encoder", "cross"):
+        assert f"  {graph}.onnx copied from {export.folder}" in err
+        files = [p.name for p in export.folder.iterdir() if p.name.startswith(f"{graph}.onnx")]
+        assert files and all((cacheless.folder / f).read_bytes() == (export.folder / f).read_bytes() for f in files)
+    model = nndf.load("BART", backend="onnxrt", loaded=m.loaded, use_cache=False, working_dir=str(work))
+    ids, mask = _prompts()
+    assert torch.equal(model.generate(ids, mask, max_new_tokens=8, num_beams=2),
+                       model.hf_generate(ids, mask, max_new_tokens=8, num_beams=2))
+    capsys.readouterr()
+
+    # A truncated graph: the export is rebuilt, the other two graphs copied from the cache-less export.
     data = export.folder / "decoder.onnx.data"
     data.write_bytes(data.read_bytes()[:-8])
     export_seq2seq(m.loaded, True, work)
-    assert f"rebuilding {export.folder}: decoder.onnx.data is missing or truncated" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"rebuilding {export.folder}: decoder.onnx.data is missing or truncated" in err
+    assert f"  encoder.onnx copied from {cacheless.folder}" in err and "  decoder.onnx exported" in err
 
 
 def test_given_graphs_are_checked_by_tensor_names(seq2seq_dirs, onnx_work_dir):
