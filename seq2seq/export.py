@@ -85,8 +85,10 @@ def _copy_from_sibling(loaded: LoadedModel, use_cache: bool, working_dir: str | 
     sibling = seq2seq_export_location(loaded, not use_cache, working_dir).folder
     if stale_reason(sibling, _metadata(loaded, not use_cache)) is not None:
         return False
-    recorded = read_metadata(sibling).get("files", {})
+    recorded = (read_metadata(sibling) or {}).get("files") or {}  # none while another process rebuilds it
     names = [name for name in recorded if name == f"{graph}.onnx" or name.startswith(f"{graph}.onnx.")]
+    if f"{graph}.onnx" not in names:
+        return False
     try:
         for name in names:
             shutil.copyfile(sibling / name, tmp / name)
