@@ -15,6 +15,8 @@ from typing import Callable
 import pytest
 import torch
 
+from family_examples import FAMILY_EXAMPLES
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -53,8 +55,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-TINY_GPT2 = dict(n_layer=2, n_head=2, n_embd=32, n_positions=128, vocab_size=50257, bos_token_id=50256,
-                 eos_token_id=50256)
+# The tiny GPT-2 (GPT-2's vocabulary and tokenizer) is also GPT-2's family example: one folder, one set of exports.
+TINY_GPT2 = FAMILY_EXAMPLES["GPT2"]
 
 
 def draw_constants(model: torch.nn.Module, std: float = 0.2) -> None:
@@ -140,16 +142,18 @@ def tiny_gpt2_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def family_dirs(tmp_path_factory) -> dict[str, Path]:
-    """One tiny random model per registered family (tests/family_examples.py), built once per run."""
-    from family_examples import CONSTANTS_DRAWN, FAMILY_EXAMPLES
+def family_dirs(tmp_path_factory, tiny_gpt2_dir) -> dict[str, Path]:
+    """One tiny random model per registered family (tests/family_examples.py), built once per run; GPT-2's is the
+    tiny GPT-2's folder, so that its exports are made once for the family tests and the others."""
+    from family_examples import CONSTANTS_DRAWN
 
     def build(root: Path) -> None:
         for name, config in FAMILY_EXAMPLES.items():
-            build_tiny(root, name, config, constants_drawn=name in CONSTANTS_DRAWN)
+            if name != "GPT2":
+                build_tiny(root, name, config, constants_drawn=name in CONSTANTS_DRAWN)
 
     root = built_once(tmp_path_factory, "families", build)
-    return {name: root / name for name in FAMILY_EXAMPLES}
+    return {name: tiny_gpt2_dir if name == "GPT2" else root / name for name in FAMILY_EXAMPLES}
 
 
 @pytest.fixture(scope="session")

@@ -11,8 +11,9 @@ mBART); `SEQ2SEQ_EXAMPLES` holds one example of each, with the family it runs un
 from __future__ import annotations
 
 FAMILY_EXAMPLES: dict[str, dict] = {
-    "GPT2": dict(model_type="gpt2", n_layer=2, n_head=2, n_embd=32, n_positions=128, vocab_size=1000,
-                 bos_token_id=999, eos_token_id=999),
+    # GPT-2's is conftest's tiny GPT-2 (the vocabulary of GPT-2's tokenizer): the same folder, so the same exports
+    "GPT2": dict(model_type="gpt2", n_layer=2, n_head=2, n_embd=32, n_positions=128, vocab_size=50257,
+                 bos_token_id=50256, eos_token_id=50256),
     "GPTNeo": dict(model_type="gpt_neo", num_layers=2, num_heads=2, hidden_size=32, max_position_embeddings=128,
                    attention_types=[[["global", "local"], 1]], window_size=8, vocab_size=1000, bos_token_id=999,
                    eos_token_id=999),
@@ -22,7 +23,7 @@ FAMILY_EXAMPLES: dict[str, dict] = {
     "GPTJ": dict(model_type="gptj", n_layer=2, n_head=2, n_embd=32, rotary_dim=8, n_positions=128, vocab_size=1000,
                  tie_word_embeddings=False, bos_token_id=999, eos_token_id=999),
     "CerebrasGPT": dict(model_type="gpt2", n_layer=2, n_head=2, n_embd=32, n_inner=128, n_positions=128,
-                        vocab_size=1000, bos_token_id=999, eos_token_id=999),
+                        vocab_size=50257, bos_token_id=50256, eos_token_id=50256),
     "OPT": dict(model_type="opt", num_hidden_layers=2, num_attention_heads=2, hidden_size=32, ffn_dim=64,
                 word_embed_proj_dim=16, do_layer_norm_before=False, max_position_embeddings=128, vocab_size=1000,
                 bos_token_id=2, eos_token_id=2, pad_token_id=1),
