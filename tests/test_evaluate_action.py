@@ -12,6 +12,7 @@ import pytest
 from conftest import LAMBADA_FILE, SHARED_DATA, TRAINED_TINY_GPT2
 
 pytest.importorskip("lm_eval", reason="lm-eval (the eval and test extras) is absent")
+from lm_eval.tasks import TaskManager  # noqa: E402
 if not SHARED_DATA.exists():
     pytest.skip(f"{SHARED_DATA} is absent (../shared/data is not beside this checkout)", allow_module_level=True)
 
@@ -60,18 +61,19 @@ def test_evaluate_prints_lm_eval_tables_and_each_metric_against_the_first_backen
         assert row["d2"] == pytest.approx(values[2][metric] - values[0][metric])
 
 
-def test_evaluate_from_python_returns_the_tables(passages, tiny_gpt2_dir):
+def test_evaluate_from_python_returns_the_tables(passages, tiny_gpt2_dir, onnx_work_dir):
     import nndf
 
     results = nndf.run("evaluate", "GPT2", "frameworks", torch_dir=str(tiny_gpt2_dir), tasks="lambada_openai",
-                       dataset_file=[f"lambada_openai={passages}"], limit=5, bootstrap_iters=0)
+                       dataset_file=[f"lambada_openai={passages}"], limit=5, bootstrap_iters=0,
+                       working_dir=str(onnx_work_dir))
     [table] = results  # one backend: no difference table
     assert {row["metric"] for row in table.rows} == {"acc ↑", "perplexity ↓"}
     assert table.lm_eval["results"]["lambada_openai"]["sample_len"] == 5
     assert "|lambada_openai|" in table.render() and "--limit 5" in table.render()
 
 
-def test_include_path_runs_task_folders_with_rolling_and_generation_tasks(passages, tmp_path, capsys):
+def test_include_path_runs_task_folders_with_rolling_and_generation_tasks(passages, tmp_path, onnx_work_dir, capsys):
     """lm-eval's --include-path: task YAMLs reading local files, here a rolling-perplexity task (as WikiText) and a
     generation task with stop sequences (as GSM8K), beside a --dataset-file task."""
     from nndf.cli import main
@@ -90,7 +92,8 @@ def test_include_path_runs_task_folders_with_rolling_and_generation_tasks(passag
         (tmp_path / f"{name}.yaml").write_text(json.dumps(dict(config, task=name)))
     code = main(["evaluate", "GPT2", "frameworks", "--torch-dir", str(TRAINED_TINY_GPT2), "--tasks",
                  "rolling_local,generate_local,lambada_openai", "--include-path", str(tmp_path), "--dataset-file",
-                 f"lambada_openai={passages}", "--limit", "4", "--bootstrap-iters", "0"])
+                 f"lambada_openai={passages}", "--limit", "4", "--bootstrap-iters", "0", "--working-dir",
+                 str(onnx_work_dir)])
     out, err = capsys.readouterr()
     assert code == 0, err
     for cell in ("|rolling_local", "|word_perplexity", "|byte_perplexity", "|generate_local", "|exact_match",
@@ -98,11 +101,12 @@ def test_include_path_runs_task_folders_with_rolling_and_generation_tasks(passag
         assert cell in out, cell
 
 
-def test_a_task_that_needs_the_hub_offline_is_one_sentence(tiny_gpt2_dir, monkeypatch, capsys):
+def test_a_task_that_needs_the_hub_offline_is_one_sentence(tiny_gpt2_dir, onnx_work_dir, monkeypatch, capsys):
     from nndf.cli import main
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    code = main(["evaluate", "GPT2", "frameworks", "--torch-dir", str(tiny_gpt2_dir), "--tasks", "lambada_openai"])
+    code = main(["evaluate", "GPT2", "frameworks", "--torch-dir", str(tiny_gpt2_dir), "--tasks", "lambada_openai",
+                 "--working-dir", str(onnx_work_dir)])
     err = capsys.readouterr().err
     assert code == 1
     error = [line for line in err.splitlines() if line.startswith("error:")]
@@ -137,10 +141,11 @@ def test_without_lm_eval_evaluate_names_the_extra(tiny_gpt2_dir, monkeypatch, ca
     (["--tasks", "lambada_openai", "--limit", "0"], "--limit must be positive"),
     (["--tasks", ","], "--tasks names no task"),
 ])
-def test_bad_task_flags_are_one_sentence_before_any_model_loads(flags, message, tiny_gpt2_dir, capsys):
+def test_bad_task_flags_are_one_sentence_before_any_model_loads(flags, message, tiny_gpt2_dir, onnx_work_dir, capsys):
     from nndf.cli import main
 
-    code = main(["evaluate", "GPT2", "frameworks", "--torch-dir", str(tiny_gpt2_dir), *flags])
+    code = main(["evaluate", "GPT2", "frameworks", "--torch-dir", str(tiny_gpt2_dir), "--working-dir",
+                 str(onnx_work_dir), *flags])
     err = capsys.readouterr().err
     assert code == 2 and message in err and "loading" not in err
 
@@ -151,3 +156,52 @@ def test_image_captioning_family_is_refused_before_loading(capsys):
     code = main(["evaluate", "BLIP", "frameworks", "--random-weights", "--tasks", "lambada_openai"])
     err = capsys.readouterr().err
     assert code == 2 and "BLIP reads images" in err and "loading" not in err
+
+
+class _IncludedTasksOnly(TaskManager):
+    """lm-eval's TaskManager over the include paths alone: an index built in milliseconds instead of 12 s, so that
+    the cache test can build it several times (module level: the cache pickles it)."""
+
+    def __init__(self, include_path=None, **kwargs):
+        super().__init__(include_path=include_path, include_defaults=False, **kwargs)
+
+
+def test_the_task_index_is_kept_in_the_working_dir_and_rebuilt_when_a_task_file_changes(tmp_path, monkeypatch,
+                                                                                        capsys):
+    """Indexing lm-eval's task files takes 12 s: a run keeps the index in its working dir, the next run loads it
+    (no "indexing" line), and a changed task file, a damaged index or another folder builds it again."""
+    import lm_eval.tasks
+
+    from nndf.lm_eval_tasks import task_manager
+
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", _IncludedTasksOnly)
+    tasks, work = tmp_path / "tasks", tmp_path / "work"
+    tasks.mkdir()
+    (tasks / "first.yaml").write_text(json.dumps({"task": "first", "dataset_path": "json"}))
+
+    def index(folder=tasks):
+        task_manager.cache_clear()  # as a new process: only the working dir remembers
+        manager = task_manager((str(folder),), str(work))
+        return manager, "indexing lm-eval's task files" in capsys.readouterr().err
+
+    manager, indexed = index()
+    assert indexed and manager.all_tasks == ["first"]
+    [cached] = work.glob("lm-eval-task-index-*.pickle")
+    manager, indexed = index()
+    assert not indexed and manager.all_tasks == ["first"] and isinstance(manager, _IncludedTasksOnly)
+
+    (tasks / "second.yaml").write_text(json.dumps({"task": "second", "dataset_path": "json"}))
+    manager, indexed = index()
+    assert indexed and manager.all_tasks == ["first", "second"]
+    assert not index()[1]
+
+    assert list(work.glob("lm-eval-task-index-*.pickle")) == [cached]  # rewritten, not one more file
+    cached.write_bytes(cached.read_bytes()[:100])  # damaged: its size no longer matches its metadata
+    manager, indexed = index()
+    assert indexed and manager.all_tasks == ["first", "second"]
+
+    other = tmp_path / "other"
+    other.mkdir()
+    manager, indexed = index(other)
+    assert indexed and manager.all_tasks == []
+    assert not list(work.glob(".*.tmp")) and not list(work.glob(".*.lock"))

@@ -93,9 +93,9 @@ def tiny_llama_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def lambada_tasks(tmp_path_factory):
+def lambada_tasks(tmp_path_factory, onnx_work_dir):
     """LAMBADA lines (start, end) -> lm-eval's `lambada_openai` reading them from a local file; the task index is
-    built once per module (nndf.lm_eval_tasks caches it)."""
+    built once per run (nndf.lm_eval_tasks keeps it in the shared working dir)."""
     from nndf.lm_eval_tasks import prepare_tasks
 
     root = tmp_path_factory.mktemp("lm-eval-tasks")
@@ -108,7 +108,7 @@ def lambada_tasks(tmp_path_factory):
             data.write_text("\n".join(lines[span[0]:span[1]]) + "\n", encoding="utf-8")
             folder = root / f"yaml-{span[0]}"
             folder.mkdir()
-            made[span] = (prepare_tasks("lambada_openai", [str(data)], None, folder), data)
+            made[span] = (prepare_tasks("lambada_openai", [str(data)], None, folder, onnx_work_dir), data)
         return made[span]
 
     return tasks

@@ -104,7 +104,7 @@ def run(args) -> list[Result]:
     check_text_family(resolve(args.model, args.variant)[0])
     runs = []
     with tempfile.TemporaryDirectory(prefix="nndf-tasks-") as folder:
-        tasks = prepare_tasks(args.tasks, args.task_files, args.include_path, folder)
+        tasks = prepare_tasks(args.tasks, args.task_files, args.include_path, folder, args.working_dir)
         models = open_models(args, needs_text=True)
         for number, model in enumerate(models, start=1):
             say(f"evaluating {', '.join(tasks.names)} on {label(model)} ({number} of {len(models)})")
