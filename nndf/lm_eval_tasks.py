@@ -92,7 +92,13 @@ def task_manager(include_paths: tuple[str, ...] = (), cache_dir: str | None = No
         named = {"lm_eval": lm_eval.__version__, "include_paths": list(include_paths)}
         path = Path(cache_dir) / artifact_name("lm-eval-task-index", named, ".pickle")  # rewritten when stale
         metadata = dict(named, task_files=_task_files_digest(roots))
-    with artifact_lock(path, say) if path is not None else contextlib.nullcontext():
+    with contextlib.ExitStack() as stack:
+        try:
+            if path is not None:
+                stack.enter_context(artifact_lock(path, say))
+        except OSError as exc:  # a working dir that cannot be written: this run goes on without keeping the index
+            say(f"cannot keep lm-eval's task index in {cache_dir} ({exc.strerror or exc})")
+            path = None
         manager = _read_index(path, metadata) if path is not None else None
         if manager is not None:
             return manager
@@ -102,7 +108,10 @@ def task_manager(include_paths: tuple[str, ...] = (), cache_dir: str | None = No
             manager = TaskManager(include_path=list(include_paths) or None)
         say(f"indexed {len(manager.all_tasks)} tasks, groups and tags in {time.perf_counter() - started:.1f} s")
         if path is not None:
-            write_artifact(path, lambda tmp: tmp.write_bytes(pickle.dumps(manager)), metadata)
+            try:
+                write_artifact(path, lambda tmp: tmp.write_bytes(pickle.dumps(manager)), metadata)
+            except OSError as exc:
+                say(f"cannot keep lm-eval's task index in {cache_dir} ({exc.strerror or exc})")
     return manager
 
 

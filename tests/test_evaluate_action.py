@@ -205,3 +205,9 @@ def test_the_task_index_is_kept_in_the_working_dir_and_rebuilt_when_a_task_file_
     manager, indexed = index(other)
     assert indexed and manager.all_tasks == []
     assert not list(work.glob(".*.tmp")) and not list(work.glob(".*.lock"))
+
+    blocked = tmp_path / "a-file"  # a working dir that cannot be made: the index is built, and not kept
+    blocked.write_text("")
+    task_manager.cache_clear()
+    assert task_manager((str(tasks),), str(blocked / "work")).all_tasks == ["first", "second"]
+    assert f"cannot keep lm-eval's task index in {blocked / 'work'}" in capsys.readouterr().err
