@@ -10,55 +10,51 @@ mBART); `SEQ2SEQ_EXAMPLES` holds one example of each, with the family it runs un
 
 from __future__ import annotations
 
-# Every decoder example's vocabulary holds GPT-2's tokenizer's ids (50257), which tests/conftest.py saves beside each
-# model, so that the text actions (accuracy, chat, evaluate) run on the same folders and exports as the parity tests.
-TEXT_VOCAB = 50272
-
 FAMILY_EXAMPLES: dict[str, dict] = {
     # GPT-2's is conftest's tiny GPT-2 (the vocabulary of GPT-2's tokenizer): the same folder, so the same exports
     "GPT2": dict(model_type="gpt2", n_layer=2, n_head=2, n_embd=32, n_positions=128, vocab_size=50257,
                  bos_token_id=50256, eos_token_id=50256),
     "GPTNeo": dict(model_type="gpt_neo", num_layers=2, num_heads=2, hidden_size=32, max_position_embeddings=128,
-                   attention_types=[[["global", "local"], 1]], window_size=8, vocab_size=TEXT_VOCAB, bos_token_id=999,
+                   attention_types=[[["global", "local"], 1]], window_size=8, vocab_size=1000, bos_token_id=999,
                    eos_token_id=999),
     "GPTNeoX": dict(model_type="gpt_neox", num_hidden_layers=2, num_attention_heads=2, hidden_size=32,
-                    intermediate_size=64, rotary_pct=0.25, max_position_embeddings=128, vocab_size=TEXT_VOCAB,
+                    intermediate_size=64, rotary_pct=0.25, max_position_embeddings=128, vocab_size=1000,
                     bos_token_id=0, eos_token_id=0),
-    "GPTJ": dict(model_type="gptj", n_layer=2, n_head=2, n_embd=32, rotary_dim=8, n_positions=128,
-                 vocab_size=TEXT_VOCAB, tie_word_embeddings=False, bos_token_id=999, eos_token_id=999),
+    "GPTJ": dict(model_type="gptj", n_layer=2, n_head=2, n_embd=32, rotary_dim=8, n_positions=128, vocab_size=1000,
+                 tie_word_embeddings=False, bos_token_id=999, eos_token_id=999),
     "CerebrasGPT": dict(model_type="gpt2", n_layer=2, n_head=2, n_embd=32, n_inner=128, n_positions=128,
                         vocab_size=50257, bos_token_id=50256, eos_token_id=50256),
     "OPT": dict(model_type="opt", num_hidden_layers=2, num_attention_heads=2, hidden_size=32, ffn_dim=64,
-                word_embed_proj_dim=16, do_layer_norm_before=False, max_position_embeddings=128, vocab_size=TEXT_VOCAB,
+                word_embed_proj_dim=16, do_layer_norm_before=False, max_position_embeddings=128, vocab_size=1000,
                 bos_token_id=2, eos_token_id=2, pad_token_id=1),
-    "BLOOM": dict(model_type="bloom", n_layer=2, n_head=2, hidden_size=32, vocab_size=TEXT_VOCAB, bos_token_id=1,
+    "BLOOM": dict(model_type="bloom", n_layer=2, n_head=2, hidden_size=32, vocab_size=1000, bos_token_id=1,
                   eos_token_id=2, pad_token_id=3),
     # Llama-class decoders: grouped-query attention (KV heads < heads) everywhere. Llama: llama3 rope scaling whose
     # original length (16) the test sequences cross, a tied head (SmolLM2, Llama 3.2); weights drawn wide (0.2)
     # enough that positions steer attention (at 0.02 the scaling moves no argmax: tests/test_family_quirks.py).
     "Llama": dict(model_type="llama", num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-                  intermediate_size=96, max_position_embeddings=128, vocab_size=TEXT_VOCAB, rope_theta=500000.0,
+                  intermediate_size=96, max_position_embeddings=128, vocab_size=1000, rope_theta=500000.0,
                   rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                     original_max_position_embeddings=16),
                   tie_word_embeddings=True, initializer_range=0.2, bos_token_id=1, eos_token_id=2),
     # multi-query attention (one KV head), a sliding window (6) shorter than the test prompts (10), an untied head
     "Mistral": dict(model_type="mistral", num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
                     num_key_value_heads=1, intermediate_size=64, max_position_embeddings=128, sliding_window=6,
-                    vocab_size=TEXT_VOCAB, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2),
+                    vocab_size=1000, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2),
     # q/k/v biases (drawn non-zero: CONSTANTS_DRAWN), tied head
     "Qwen2": dict(model_type="qwen2", num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
-                  intermediate_size=64, max_position_embeddings=128, vocab_size=TEXT_VOCAB, tie_word_embeddings=True,
+                  intermediate_size=64, max_position_embeddings=128, vocab_size=1000, tie_word_embeddings=True,
                   bos_token_id=1, eos_token_id=2),
     # q/k norms, head_dim (16) other than width / heads (8), untied head
     "Qwen3": dict(model_type="qwen3", num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
-                  head_dim=16, intermediate_size=64, max_position_embeddings=128, vocab_size=TEXT_VOCAB,
+                  head_dim=16, intermediate_size=64, max_position_embeddings=128, vocab_size=1000,
                   tie_word_embeddings=False, bos_token_id=1, eos_token_id=2),
     # fused qkv and gate_up projections, partial rotary (0.75: 6 of 8 frequency pairs), longrope whose original
     # length (16) the test sequences cross: short and long factors, and generate()'s cache restart between them;
     # weights drawn wide, as Llama's
     "Phi3": dict(model_type="phi3", num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
                  intermediate_size=96, max_position_embeddings=128, original_max_position_embeddings=16,
-                 partial_rotary_factor=0.75, vocab_size=TEXT_VOCAB, tie_word_embeddings=False, initializer_range=0.2,
+                 partial_rotary_factor=0.75, vocab_size=1000, tie_word_embeddings=False, initializer_range=0.2,
                  bos_token_id=1, eos_token_id=2, pad_token_id=0,
                  rope_scaling=dict(type="longrope", short_factor=[1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
                                    long_factor=[1.5, 3.0, 6.0, 12.0, 24.0, 48.0])),
@@ -67,7 +63,7 @@ FAMILY_EXAMPLES: dict[str, dict] = {
     "Gemma": dict(model_type="gemma2", num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=16, intermediate_size=64, max_position_embeddings=128,
                   sliding_window=6, query_pre_attn_scalar=16, attn_logit_softcapping=1.0,
-                  final_logit_softcapping=1.0, initializer_range=0.2, vocab_size=TEXT_VOCAB, bos_token_id=2,
+                  final_logit_softcapping=1.0, initializer_range=0.2, vocab_size=1000, bos_token_id=2,
                   eos_token_id=1, pad_token_id=0),
 }
 

@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from conftest import decoder_only_families
+from conftest import build_tiny, decoder_only_families
 from family_examples import FAMILY_EXAMPLES
 from nndf.loading import known_config
 from nndf.registry import FAMILIES, get_spec, resolve
@@ -56,14 +56,15 @@ def test_gpt2_family_name_reaches_the_families_nvidia_runs_under_it():
 
 
 @pytest.fixture(scope="module")
-def family_dirs_with_tokenizer(family_dirs):
-    """The family examples with the real GPT-2 tokenizer beside them (their vocabularies hold its ids), so that text
-    actions can run on them."""
+def family_dirs_with_tokenizer(tmp_path_factory):
+    """Tiny models whose vocabulary holds the real GPT-2 tokenizer's ids, so that text actions can run on them."""
     from conftest import TOKENIZER_DIR
 
     if not TOKENIZER_DIR.exists():
         pytest.skip(f"{TOKENIZER_DIR} is absent (../shared/data is not beside this checkout)")
-    return {name: family_dirs[name] for name in decoder_only_families()}
+    root = tmp_path_factory.mktemp("families-text")
+    return {name: build_tiny(root, name, dict(config, vocab_size=max(50272, config["vocab_size"])))
+            for name, config in FAMILY_EXAMPLES.items() if name in decoder_only_families()}
 
 
 @pytest.mark.parametrize("family", decoder_only_families())
@@ -92,8 +93,7 @@ def test_every_action_runs_for_every_family(family, family_dirs_with_tokenizer, 
 
 
 @pytest.mark.parametrize("family", ["Phi3", "Gemma"])  # longrope past its switch; soft-capping and local windows
-def test_accuracy_on_onnxrt_gives_the_pytorch_figures(family, family_dirs_with_tokenizer, onnx_work_dir, tmp_path,
-                                                      capsys):
+def test_accuracy_on_onnxrt_gives_the_pytorch_figures(family, family_dirs_with_tokenizer, tmp_path, capsys):
     """`accuracy` on the exported graph: LAMBADA passages (longer than the tiny models' windows and longrope's
     original length) score as on PyTorch, and the fidelity columns say so."""
     import json
@@ -103,7 +103,7 @@ def test_accuracy_on_onnxrt_gives_the_pytorch_figures(family, family_dirs_with_t
 
     out = tmp_path / "accuracy.json"
     code = main(["accuracy", family, "frameworks", "onnxrt", "--torch-dir", str(family_dirs_with_tokenizer[family]),
-                 "--dataset-file", str(LAMBADA_FILE), "--num-samples", "4", "--working-dir", str(onnx_work_dir),
+                 "--dataset-file", str(LAMBADA_FILE), "--num-samples", "4", "--working-dir", str(tmp_path),
                  "--json", str(out)])
     assert code == 0, capsys.readouterr().err
     pytorch, onnxrt = json.loads(out.read_text())["results"][0]["rows"]
