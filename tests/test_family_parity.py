@@ -57,7 +57,7 @@ def check_family_on_trt(family: str, family_dirs, work, device: str):
     model = nndf.load(family, backend="trt", torch_dir=str(family_dirs[family]), working_dir=str(work), device=device,
                       settings=settings)
     reference = nndf.load(family, backend="frameworks", loaded=model.loaded)
-    ids, mask = _batch(PROMPT_LENGTHS[3], vocab=1000)  # ids under 1000, as the other family tests' ...
+    ids, mask = _batch(PROMPT_LENGTHS[3], vocab=1000)  # ids under 1000, within every family example's vocabulary ...
     ids = ids.masked_fill(mask == 0, 5)  # ... padding ids included
     for num_beams in (1, 2):
         ours = model.generate(ids, mask, max_new_tokens=8, num_beams=num_beams)
