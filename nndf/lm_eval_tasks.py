@@ -26,7 +26,7 @@ from pathlib import Path
 
 from nndf.errors import HarnessError, UsageError
 from nndf.progress import say, ticking
-from nndf.workspace import artifact_lock, artifact_name, first_mismatch, read_metadata, write_artifact
+from nndf.workspace import artifact_lock, artifact_name, file_stale_reason, write_artifact
 
 # Local data files by suffix -> the `datasets` builder that reads them.
 FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -62,9 +62,7 @@ def _read_index(path: Path, metadata: dict):
     """The TaskManager pickled at `path`, when its metadata matches and it loads; else None (then it is rebuilt)."""
     from lm_eval.tasks import TaskManager
 
-    recorded = read_metadata(path)
-    if recorded is None or not path.is_file() or first_mismatch(recorded, metadata) is not None \
-            or recorded.get("size") != path.stat().st_size:
+    if file_stale_reason(path, metadata) is not None:
         return None
     try:
         with open(path, "rb") as file:

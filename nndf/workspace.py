@@ -187,19 +187,28 @@ def first_mismatch(meta: Mapping[str, object], expected: Mapping[str, object]) -
     return None
 
 
+def _recorded_reason(artifact: Path, exists: bool, expected: Mapping[str, object],
+                     describe: Callable[[str, object], str] | None) -> tuple[dict | None, str | None]:
+    """The artifact's metadata and why it cannot be reused on its settings alone (None when they agree)."""
+    if not exists:
+        return None, "it does not exist yet"
+    meta = read_metadata(artifact)
+    if meta is None:
+        return None, "its metadata file is missing or unreadable"
+    key = first_mismatch(meta, expected)
+    if key is not None:
+        return meta, describe(key, meta.get(key)) if describe else f"it was built with a different {key}"
+    return meta, None
+
+
 def stale_reason(artifact_dir: Path, expected: Mapping[str, object]) -> str | None:
     """Why the folder artifact cannot be reused for `expected` metadata, or None when it can.
 
     The metadata must agree on every key of `expected`, and every recorded file must exist with its recorded size.
     """
-    if not artifact_dir.is_dir():
-        return "it does not exist yet"
-    meta = read_metadata(artifact_dir)
-    if meta is None:
-        return "its metadata file is missing or unreadable"
-    key = first_mismatch(meta, expected)
-    if key is not None:
-        return f"it was built with a different {key}"
+    meta, reason = _recorded_reason(artifact_dir, artifact_dir.is_dir(), expected, None)
+    if reason is not None:
+        return reason
     recorded = meta.get("files") or {}
     if not recorded:
         return "its metadata lists no files"
@@ -207,6 +216,22 @@ def stale_reason(artifact_dir: Path, expected: Mapping[str, object]) -> str | No
     for name, size in recorded.items():
         if actual.get(name) != size:
             return f"{name} is missing or truncated"
+    return None
+
+
+def file_stale_reason(artifact: str | os.PathLike, expected: Mapping[str, object],
+                      describe: Callable[[str, object], str] | None = None) -> str | None:
+    """Why a file written by `write_artifact` cannot be reused for `expected` metadata, or None when it can.
+
+    As `stale_reason` for folders: the metadata must agree on every key of `expected` (`describe(key, recorded)`
+    words a disagreement, default "it was built with a different KEY") and the file must have its recorded size.
+    """
+    artifact = Path(artifact)
+    meta, reason = _recorded_reason(artifact, artifact.is_file(), expected, describe)
+    if reason is not None:
+        return reason
+    if meta.get("size") != artifact.stat().st_size:
+        return "its file is truncated or was changed after it was built"
     return None
 
 

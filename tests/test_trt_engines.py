@@ -134,7 +134,7 @@ def test_engine_stale_reasons(tmp_path):
     assert engine_cache.engine_stale_reason(path, expected) == "it was built with a different precision"
     metadata_path(path).write_text(json.dumps(meta))
     path.write_text("eng")
-    assert engine_cache.engine_stale_reason(path, expected) == "its file is truncated or was changed after the build"
+    assert engine_cache.engine_stale_reason(path, expected) == "its file is truncated or was changed after it was built"
     metadata_path(path).unlink()
     assert engine_cache.engine_stale_reason(path, expected) == "its metadata file is missing or unreadable"
 

@@ -22,7 +22,7 @@ from nndf.errors import HarnessError, UsageError
 from nndf.export.engine_build import build_engine, describe_profiles
 from nndf.export.engine_request import EngineRequest
 from nndf.progress import say
-from nndf.workspace import artifact_lock, artifact_name, as_json, first_mismatch, read_metadata
+from nndf.workspace import artifact_lock, artifact_name, as_json, file_stale_reason, read_metadata
 
 # Bump when a change to the build (`engine_build`) changes the engines produced, so that old engines are rebuilt
 # rather than reused.
@@ -111,21 +111,13 @@ _LABELS = {
 
 def engine_stale_reason(path: Path, expected: Mapping[str, object]) -> str | None:
     """Why the engine at `path` cannot be reused for `expected` metadata, or None when it can."""
-    path = Path(path)
-    if not path.is_file():
-        return "it does not exist yet"
-    meta = read_metadata(path)
-    if meta is None:
-        return "its metadata file is missing or unreadable"
-    key = first_mismatch(meta, expected)
-    if key is not None:
+    def describe(key: str, recorded: object) -> str:
         label = _LABELS.get(key, key)
         if key in DEVICE_KEYS:
-            return f"it was built for {label} {meta.get(key)}, this machine has {expected[key]}"
+            return f"it was built for {label} {recorded}, this machine has {expected[key]}"
         return f"it was built with a different {label}"
-    if meta.get("size") != path.stat().st_size:
-        return "its file is truncated or was changed after the build"
-    return None
+
+    return file_stale_reason(path, expected, describe)
 
 
 def other_device_note(path: Path, expected: Mapping[str, object], prefix: str) -> str | None:
