@@ -15,6 +15,7 @@ import sys
 import threading
 
 from nndf.errors import HarnessError, OneSentenceParser, UsageError
+from nndf.paths import check_output_file, check_output_folder
 
 # Action name -> (module in nndf.actions, one-line help). Each module has `add_arguments(parser)` and `run(args)`.
 ACTIONS: dict[str, tuple[str, str]] = {
@@ -161,23 +162,10 @@ def check_given_paths(args) -> None:
             raise UsageError(f"{flag} {value} does not exist")
         if (kind == "folder") != path.is_dir():
             raise UsageError(f"{flag} {value} is {'a file' if kind == 'folder' else 'a folder'}; it takes a {kind}")
-    check_working_dir(getattr(args, "working_dir", None))
-
-
-def check_working_dir(value: str | None) -> None:
-    """`--working-dir` is created when missing, so it may not exist yet; but a file there (or a file where one of
-    its parent folders should be) would fail only after minutes of loading, deep in the first artifact's write."""
-    from pathlib import Path
-
-    if value is None:
-        return
-    path = Path(value)
-    for place in (path, *path.parents):
-        if place.exists():
-            if not place.is_dir():
-                where = "is a file" if place == path else f"is inside {place}, which is a file"
-                raise UsageError(f"--working-dir {value} {where}; it takes a folder (created if missing)")
-            return
+    check_output_folder("--working-dir", getattr(args, "working_dir", None))
+    check_output_folder("-o/--output", getattr(args, "output", None))
+    check_output_file("--json", getattr(args, "json", None), "results.json")
+    check_output_file("--plot", getattr(args, "plot", None), "bench.png")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from nndf.errors import HarnessError, UsageError
+from nndf.errors import HarnessError
 from nndf.workspace import atomic_path
 
 # (row key, panel title, row key of its spread or None)
@@ -18,18 +18,13 @@ Panel = tuple[str, str, "str | None"]
 
 
 def check_plotting(path: str | None) -> None:
-    """Before any work: matplotlib is there and the file can be written where asked."""
+    """Before any work: matplotlib is there (where the file goes is checked with the other paths: nndf.paths)."""
     if path is None:
         return
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         raise HarnessError("--plot needs matplotlib, which is not installed: pip install 'nndf[plot]'") from None
-    target = Path(path)
-    if target.is_dir():
-        raise UsageError(f"--plot {path} is a folder; give a file name such as bench.png")
-    if not target.parent.exists():
-        raise UsageError(f"--plot {path}: the folder {target.parent} does not exist")
 
 
 def plot_bars(path: str, title: str, rows: Sequence[dict], panels: Sequence[Panel]) -> Path:

@@ -19,6 +19,13 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
 
+def _umask() -> int:
+    """The process's umask (read by setting it, the only way, and setting it back)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
 @contextlib.contextmanager
 def atomic_path(final_path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside `final_path`; rename it into place only if the body finishes.
@@ -34,9 +41,7 @@ def atomic_path(final_path: str | os.PathLike) -> Iterator[Path]:
     try:
         yield tmp
         if tmp.is_file():  # mkstemp makes it private (0600); the artifact gets the permissions of any new file
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)
+            os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, final)
     finally:
         if tmp.exists():
@@ -104,6 +109,9 @@ def atomic_dir(final_dir: str | os.PathLike) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
     try:
         yield tmp
+        # mkdtemp makes it private (0700), which would hide exports and Triton models from other users (a shared
+        # working dir, a server running as another user): it gets the permissions of any new folder
+        os.chmod(tmp, 0o777 & ~_umask())
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)

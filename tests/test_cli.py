@@ -294,6 +294,16 @@ def test_a_file_that_is_not_onnx_is_one_sentence(capsys, tiny_gpt2_dir, tmp_path
      "--working-dir /etc/hostname is a file; it takes a folder (created if missing)"),
     (["export", "GPT2", "onnxrt", "--random-weights", "--working-dir", "/etc/hostname/artifacts"],
      "--working-dir /etc/hostname/artifacts is inside /etc/hostname, which is a file"),
+    # output files: found before the run, not after it when its results would be lost
+    (["benchmark", "GPT2", "frameworks", "--random-weights", "--json", "/tmp"],
+     "--json /tmp is a folder; give a file name such as results.json"),
+    (["list", "--json", "/etc/hostname/list.json"], "--json /etc/hostname/list.json is inside /etc/hostname, which is"),
+    (["compare", "GPT2", "frameworks", "--random-weights", "--plot", "/tmp"], "--plot /tmp is a folder; give a file"),
+    (["triton", "GPT2", "onnxrt", "--random-weights", "-o", "/etc/hostname"],
+     "-o/--output /etc/hostname is a file; it takes a folder"),
+    (["convert", "-m", "/nonexistent-model"], "-m/--model /nonexistent-model does not exist"),
+    (["convert", "-m", "a-hub-id", "--json", "/tmp"], "--json /tmp is a folder; give a file name such as report.json"),
+    (["convert", "-m", "a-hub-id", "-o", "/etc/hostname/repo"], "-o/--output /etc/hostname/repo is inside /etc/hostname"),
 ])
 def test_every_given_path_is_checked_before_anything_loads(capsys, argv, needle):
     code, out, err = run_cli(capsys, *argv)

@@ -131,9 +131,12 @@ def test_bad_flags_are_one_sentence_and_exit_2(argv, needle, minilm_dir, tmp_pat
 
 def test_missing_model_and_unfaithful_backend_are_errors_without_leftovers(minilm_dir, tmp_path, capsys):
     code = convert_model(["-m", str(tmp_path / "nowhere"), "-o", str(tmp_path / "a")])
-    assert code == 2 and f"-m/--model {tmp_path / 'nowhere'}: cannot load its tokenizer" in capsys.readouterr().err
-    code = convert_model(["-m", str(minilm_dir), "-t", str(tmp_path / "nowhere"), "-o", str(tmp_path / "a")])
-    assert code == 2 and f"-t/--tokenizer {tmp_path / 'nowhere'}: cannot load a tokenizer" in capsys.readouterr().err
+    assert code == 2 and f"-m/--model {tmp_path / 'nowhere'} does not exist" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    code = convert_model(["-m", str(tmp_path / "empty"), "-o", str(tmp_path / "a")])
+    assert code == 2 and f"-m/--model {tmp_path / 'empty'}: cannot load its tokenizer" in capsys.readouterr().err
+    code = convert_model(["-m", str(minilm_dir), "-t", str(tmp_path / "empty"), "-o", str(tmp_path / "a")])
+    assert code == 2 and f"-t/--tokenizer {tmp_path / 'empty'}: cannot load a tokenizer" in capsys.readouterr().err
     out = tmp_path / "b"
     code = convert_model(["-m", str(minilm_dir), "--task", "embedding", "-q", "-o", str(out), "--atol", "1e-6",
                           *FAST])

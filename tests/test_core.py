@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -16,7 +17,8 @@ from nndf.kvcache import KVCache, past_names, present_names
 from nndf.loading import known_config
 from nndf.registry import FAMILIES, get_spec
 from nndf.spec import BuildSettings, ShapeSpec
-from nndf.workspace import artifact_lock, artifact_name, atomic_write_json, read_metadata, write_artifact
+from nndf.workspace import (artifact_lock, artifact_name, atomic_dir, atomic_write_json, read_metadata,
+                            write_artifact)
 
 
 def test_kv_cache_stores_only_new_positions_in_place():
@@ -132,6 +134,12 @@ def test_artifacts_are_atomic_and_carry_metadata(tmp_path):
     atomic_write_json(tmp_path / "x.json", {"a": 1})
     assert json.loads((tmp_path / "x.json").read_text()) == {"a": 1}
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([name, name + ".meta.json", "x.json"])
+    umask = os.umask(0)
+    os.umask(umask)
+    with atomic_dir(tmp_path / "export") as folder:  # a working dir shared between users: new files and folders
+        (folder / "graph.onnx").write_bytes(b"graph")  # get the permissions the umask gives, not mkstemp's private ones
+    assert (tmp_path / "export").stat().st_mode & 0o777 == 0o777 & ~umask
+    assert target.stat().st_mode & 0o777 == 0o666 & ~umask
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="flock is POSIX")

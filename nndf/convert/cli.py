@@ -13,7 +13,6 @@ The steps, as transformer-deploy's `convert_model` takes them:
 
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
 import time
@@ -27,6 +26,7 @@ from nndf.convert.options import ConvertOptions, parse
 from nndf.convert.tasks import TASKS, TaskModule, load_task_model, model_inputs, transformer_of
 from nndf.errors import HarnessError, UsageError
 from nndf.progress import say
+from nndf.workspace import atomic_write_json
 
 
 def _load(opts: ConvertOptions):
@@ -129,8 +129,6 @@ def run(opts: ConvertOptions) -> dict:
     torch.manual_seed(opts.seed)
     torch.set_num_threads(opts.nb_threads)
     out = Path(opts.output)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"-o/--output {out} is a file; give a folder (it is created if missing)")
     out.mkdir(parents=True, exist_ok=True)
     tokenizer, module, config = _load(opts)
     vocab = int(config.vocab_size)
@@ -193,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         opts = parse(argv)
         results = run(opts)
         if opts.json:
-            Path(opts.json).write_text(json.dumps(results, indent=2, default=str) + "\n")
+            atomic_write_json(opts.json, results)
             print(f"results written to {opts.json}")
     except (UsageError, HarnessError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -5,13 +5,32 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from nndf.convert.tasks import TASKS
 from nndf.errors import OneSentenceParser, UsageError
+from nndf.paths import check_output_file, check_output_folder
 
 BACKENDS = ("onnx", "tensorrt", "pytorch")
+
+
+class _DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
+    """Each flag's default after its help, as transformer-deploy shows them, but not "(default: None)" for the
+    flags that have none (their help says what happens without them) nor "(default: False)" for switches."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default is None or action.default is False or action.required:
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
+def _check_local(flag: str, value: str) -> None:
+    """A value written as a path (absolute, or starting with . or ~) must exist: the hub's message for it is about
+    repository ids."""
+    if value.startswith(("/", ".", "~")) and not Path(value).expanduser().exists():
+        raise UsageError(f"{flag} {value} does not exist (it takes a local folder or a hub id)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -20,7 +39,7 @@ def parser() -> argparse.ArgumentParser:
         description="Convert a Hugging Face encoder model (BERT, RoBERTa, MiniLM, DistilBERT, ALBERT, XLM-R, ELECTRA, "
                     "CamemBERT...) to ONNX Runtime (plain, optimized, int8) and TensorRT, check every output against "
                     "PyTorch, benchmark every backend, and write a Triton Inference Server model repository.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=_DefaultsShown)
     p.add_argument("-m", "--model", required=True, help="hub id or local Hugging Face folder of the model")
     p.add_argument("-t", "--tokenizer", help="hub id or local folder of the tokenizer (default: the model's)")
     p.add_argument("--task", default="classification", choices=list(TASKS),
@@ -100,6 +119,11 @@ def parse(argv: list[str] | None = None) -> ConvertOptions:
         raise UsageError(f"--atol must be positive, got {args.atol}")
     if not args.name or any(c in args.name for c in "/\\ "):
         raise UsageError(f"-n/--name '{args.name}' names Triton models: use letters, digits, - and _")
+    _check_local("-m/--model", args.model)
+    if args.tokenizer:
+        _check_local("-t/--tokenizer", args.tokenizer)
+    check_output_folder("-o/--output", args.output)
+    check_output_file("--json", args.json, "report.json")
     return ConvertOptions(
         model=args.model, tokenizer=args.tokenizer or args.model, task=args.task,
         batch_size=_check_range("-b/--batch-size", args.batch_size), seq_len=_check_range("-s/--seq-len", args.seq_len),

@@ -20,7 +20,6 @@ TEXT is one string per batch row (dims [1]) and the ONNX/TensorRT model gets the
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -176,9 +175,6 @@ def write_model_folder(output_dir: Path, folder: str, config, files: Mapping[str
                  tokenizer_dir: Path | None = None) -> Path:
     """One model folder, built beside its final place and renamed in: a failure leaves the old one (or nothing)."""
     with atomic_dir(output_dir / folder) as tmp:
-        umask = os.umask(0)
-        os.umask(umask)
-        tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 would hide the model from a server running as another user
         version = tmp / "1"
         version.mkdir()
         (tmp / "config.pbtxt").write_text(_render(config), encoding="utf-8")

@@ -1,0 +1,41 @@
+"""Checks of the paths a user names for output, made before any model loads.
+
+A folder where a file should be written, or a file where a folder should be made, would otherwise fail only after
+minutes of loading and measuring, deep in the last write, and the run's results would be lost. Missing folders are
+not an error: the writes create them (`nndf.workspace.atomic_path`), for every output flag alike.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from nndf.errors import UsageError
+
+
+def _file_in_the_way(flag: str, value: str, path: Path) -> None:
+    """One sentence when a parent of `path` exists as a file, so no folder can be made there."""
+    for place in path.parents:
+        if place.exists():
+            if not place.is_dir():
+                raise UsageError(f"{flag} {value} is inside {place}, which is a file")
+            return
+
+
+def check_output_folder(flag: str, value: str | None) -> None:
+    """`value` may be a folder or not exist yet (it is created), but not a file, nor inside one."""
+    if value is None:
+        return
+    path = Path(value)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{flag} {value} is a file; it takes a folder (created if missing)")
+    _file_in_the_way(flag, value, path)
+
+
+def check_output_file(flag: str, value: str | None, example: str) -> None:
+    """`value` may be a file (replaced) or not exist yet, but not a folder, nor inside a file."""
+    if value is None:
+        return
+    path = Path(value)
+    if path.is_dir():
+        raise UsageError(f"{flag} {value} is a folder; give a file name such as {example}")
+    _file_in_the_way(flag, value, path)
