@@ -121,6 +121,14 @@ def _demo_scores(
     return seq_log_ppl, token_log_ppl, hits
 
 
+def check_lambada_settings(tokens_to_generate: int, top_n: int) -> None:
+    """The NVIDIA-demo metrics' settings: `accuracy` checks them before any model loads, the scorers again (API)."""
+    if tokens_to_generate < 1:
+        raise UsageError(f"--tokens-to-generate must be at least 1, got {tokens_to_generate}")
+    if top_n < 1:
+        raise UsageError(f"--topN must be at least 1, got {top_n}")
+
+
 def _check_max_positions(max_positions: int) -> None:
     if max_positions < 2:
         raise UsageError(f"max_positions must be at least 2 (one context token and one target), got {max_positions}")
@@ -165,10 +173,7 @@ def evaluate_lambada(
     `max_batch_tokens` positions per batch, see `nndf.batching`); every figure is summed in passage order, so the
     figures do not depend on the batching.
     """
-    if tokens_to_generate < 1:
-        raise UsageError(f"--tokens-to-generate must be at least 1, got {tokens_to_generate}")
-    if top_n < 1:
-        raise UsageError(f"--topN must be at least 1, got {top_n}")
+    check_lambada_settings(tokens_to_generate, top_n)
     _check_max_positions(max_positions)
     if len(texts) == 0:
         raise UsageError("there are no LAMBADA passages to evaluate; pass a dataset with at least one passage")

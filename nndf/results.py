@@ -7,6 +7,7 @@ value) happens only when the table is rendered for a person.
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
 from dataclasses import dataclass, field
@@ -33,17 +34,19 @@ class Column:
         return f"{self.header} ({self.unit})" if self.unit else self.header
 
     def format(self, value: object) -> str:
-        """The cell text for a raw value; None (not measured, not applicable) is "-".
+        """The cell text for a raw value; None and NaN (not measured, not applicable, nothing to average) are "-".
 
         A value the format does not fit (say an "error" string in a "{:.2f}" column) is shown as plain text
-        rather than losing the whole report.
+        rather than losing the whole report; line breaks in text (a generated reply) show as \\n, so that a row
+        stays one line.
         """
-        if value is None:
+        if value is None or (isinstance(value, float) and math.isnan(value)):
             return "-"
         try:
-            return self.fmt.format(value)
+            text = self.fmt.format(value)
         except (ValueError, TypeError, IndexError, KeyError):
-            return str(value)
+            text = str(value)
+        return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
 def _is_number(value: object) -> bool:
@@ -61,8 +64,11 @@ def _context_text(value: object) -> str:
 def _jsonable(value: object) -> object:
     """Raw values as plain JSON types: numpy scalars and arrays become numbers and lists, paths strings.
 
+    NaN and infinities become null, as strict JSON parsers need (Python's own writes NaN, which they reject).
     Anything else is left as is, so that a value that cannot be serialised fails loudly in `write_json`.
     """
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
     if isinstance(value, dict):
         return {k: _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -70,7 +76,7 @@ def _jsonable(value: object) -> object:
     if isinstance(value, os.PathLike):
         return os.fspath(value)
     if type(value).__module__ == "numpy" and hasattr(value, "tolist"):
-        return value.tolist()
+        return _jsonable(value.tolist())
     return value
 
 
@@ -130,4 +136,4 @@ class Result:
 
 def write_json(results: Sequence[Result], path: str | os.PathLike) -> Path:
     """Write `{"results": [...]}` atomically: an interrupted or failed write leaves no partial file."""
-    return atomic_write_json(path, {"results": [r.to_dict() for r in results]})
+    return atomic_write_json(path, _jsonable({"results": [r.to_dict() for r in results]}))

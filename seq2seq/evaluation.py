@@ -31,7 +31,8 @@ from tqdm import tqdm
 
 from nndf.batching import length_groups, pad_right
 from nndf.errors import UsageError
-from nndf.evaluation import MAX_LOG_PPL, MAX_PPL, FidelityMetrics, LambadaMetrics, compare_logits, lm_eval_pair
+from nndf.evaluation import (MAX_LOG_PPL, MAX_PPL, FidelityMetrics, LambadaMetrics, check_lambada_settings,
+                             compare_logits, lm_eval_pair)
 from nndf.loglikelihood import score
 
 # (encoder ids (B, S), encoder mask (B, S), decoder ids (B, T)), each padded on the right -> logits (B, T, V)
@@ -83,8 +84,7 @@ def evaluate_lambada_seq2seq(texts: Sequence[str], tokenizer, logits_fn: Seq2Seq
                              progress: bool = True, batch_size: int = 1,
                              max_batch_tokens: int | None = None) -> LambadaMetrics:
     """Every metric of `LambadaMetrics` over the target word's tokens (see the module docstring)."""
-    if top_n < 1:
-        raise UsageError(f"--topN must be at least 1, got {top_n}")
+    check_lambada_settings(1, top_n)
     if not texts:
         raise UsageError("there are no LAMBADA passages to evaluate; pass a dataset with at least one passage")
     top_ns = tuple(dict.fromkeys((1, top_n, 10)))

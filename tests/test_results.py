@@ -114,3 +114,25 @@ def test_failing_serialisation_keeps_previous_file(tmp_path: Path) -> None:
         write_json([Result("x", "X", [Column("v", "V")], [{"v": Unprintable()}])], target)
     assert target.read_text(encoding="utf-8") == before
     assert [p.name for p in tmp_path.iterdir()] == ["results.json"]
+
+
+def test_nan_is_a_dash_on_screen_and_null_in_strict_json(tmp_path: Path) -> None:
+    """An average over no passage (NaN) or a perplexity that overflowed (inf): "-" in the table, null in the JSON,
+    which strict parsers (JavaScript's, jq's) read; Python's json would write NaN and Infinity."""
+    result = Result("accuracy", "LAMBADA", [Column("backend", "backend"), Column("ppl", "seq ppl", "{:.1f}")],
+                    [{"backend": "onnxrt", "ppl": float("nan")}, {"backend": "frameworks", "ppl": np.float64(np.inf)},
+                     {"backend": "trt", "ppl": 3.25}], context={"spread": [1.0, float("nan")]})
+    assert [line.split()[-1] for line in result.render().splitlines()[3:]] == ["-", "inf", "3.2"]
+    out = write_json([result], tmp_path / "r.json")
+    text = out.read_text(encoding="utf-8")
+    assert "NaN" not in text and "Infinity" not in text
+    loaded = json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in the JSON"))
+    assert [row["ppl"] for row in loaded["results"][0]["rows"]] == [None, None, 3.25]
+    assert loaded["results"][0]["context"]["spread"] == [1.0, None]
+
+
+def test_a_reply_with_line_breaks_stays_on_its_row() -> None:
+    result = Result("run", "outputs", [Column("backend", "backend"), Column("text", "output")],
+                    [{"backend": "onnxrt", "text": "one\ntwo\r\nthree"}, {"backend": "trt", "text": "four"}])
+    lines = result.render().splitlines()
+    assert len(lines) == 5 and lines[3].endswith("one\\ntwo\\r\\nthree") and lines[4].endswith("four")

@@ -7,6 +7,8 @@ the target word's own tokens on the decoder); the note under the table says it t
 
 from __future__ import annotations
 
+import math
+
 from nndf.actions.common import data_seed, describe, label, open_models, say
 from nndf.results import Column, Result
 
@@ -35,6 +37,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> list[Result]:
     from nndf.architectures import architecture
+    from nndf.evaluation import check_lambada_settings
     from nndf.lambada import load_lambada, sample_texts
     from nndf.registry import resolve
 
@@ -44,6 +47,7 @@ def run(args) -> list[Result]:
         from nndf.errors import UsageError
 
         raise UsageError(f"--num-samples must be 0 (all) or more, got {args.num_samples}")
+    check_lambada_settings(args.tokens_to_generate, args.topN)
     texts = load_lambada(args.dataset_file)
     chosen = [text for _, text in sample_texts(texts, args.num_samples, seed=data_seed(args))]
     models = open_models(args, needs_text=True)
@@ -72,6 +76,10 @@ def run(args) -> list[Result]:
     if any("top1_agreement" in row for row in rows):
         columns += [Column("top1_agreement", "top-1 = PyTorch", "{:.2%}"), Column("mean_kl", "KL vs PyTorch", "{:.2e}")]
     notes = [models[0].architecture.lambada_note(args.tokens_to_generate)]
+    if all(isinstance(row.get("top1"), float) and math.isnan(row["top1"]) for row in rows):
+        notes.append(f"no passage has more than the {args.tokens_to_generate} target token(s) of "
+                     "--tokens-to-generate, so the NVIDIA-demo columns (top-N, token and seq ppl) have nothing to "
+                     "average (-)")
     if any("top1_agreement" in row for row in rows):
         notes.append("top-1 = PyTorch: share of all positions whose next-token argmax equals the PyTorch model's; "
                      "KL vs PyTorch: mean KL(PyTorch || backend) per position. On random weights the logits are "
