@@ -273,6 +273,9 @@ class ShapeSpec:
             )
         if prompt_len is not None and prompt_len > max_positions:
             raise UsageError(f"--input-seq-len {prompt_len} exceeds the {max_positions} positions of this model")
+        if new_len is not None and new_len >= max_positions:  # chat and triton, whose prompts come later
+            raise UsageError(f"--output-seq-len {new_len} leaves no position for a prompt: this model has "
+                             f"{max_positions} positions")
         lo, hi = settings.batch_range
         beams = settings.num_beams
         opt_prompt = prompt_len or max(1, max_positions // 2)

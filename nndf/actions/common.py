@@ -123,12 +123,13 @@ def given_images(args, spec) -> list[Path] | None:
     return image_files(paths)
 
 
-def open_models(args, needs_text: bool = False) -> list[Model]:
+def open_models(args, needs_text: bool = False, new_tokens_flag: str | None = None) -> list[Model]:
     """One Model per backend named on the command line, sharing one loaded PyTorch model.
 
     Names, flags, image files and the family are all checked before the (possibly slow) load; with `needs_text`
     (actions that tokenize or decode), the tokenizer is loaded right after the weights, so that a missing one is
-    said before any export or engine build.
+    said before any export or engine build. `new_tokens_flag` names an action's own count of new tokens (triton's
+    --max-new-tokens), which must leave a position for a prompt, as --output-seq-len must.
     """
     spec, variant = resolve(args.model, args.variant)
     given_images(args, spec)
@@ -156,7 +157,11 @@ def open_models(args, needs_text: bool = False) -> list[Model]:
                 f"backend '{name}' does not support the {spec.family} family; allowed: {', '.join(spec.backends)}"
             )
     config = load_config(spec, variant, torch_dir=args.torch_dir, random_weights=args.random_weights)
-    architecture(spec).derive_shapes(settings, spec, config)  # flags against the positions, before the slow load
+    shapes = architecture(spec).derive_shapes(settings, spec, config)  # flags against the positions, before the load
+    new_tokens = getattr(args, new_tokens_flag[2:].replace("-", "_")) if new_tokens_flag else None
+    if new_tokens is not None and new_tokens >= shapes.max_positions:
+        raise UsageError(f"{new_tokens_flag} {new_tokens} leaves no position for a prompt: this model has "
+                         f"{shapes.max_positions} positions")
     loaded = load_model(
         spec, variant, torch_dir=args.torch_dir, random_weights=args.random_weights,
         tokenizer_dir=args.tokenizer_dir, dtype=torch.float16 if settings.fp16 else torch.float32,
@@ -189,9 +194,11 @@ def engine_plan_result(args, spec, variant, backend: str) -> Result:
     context = {"model": spec.family, "variant": variant.name, "weights": loaded.source,
                "settings": settings.as_dict()}
     notes = [f"{row['graph']}: {row['trtexec']}" for row in rows]
+    # TensorRT reads the growing-cache graph (past in, present out), which onnxrt on the CPU only uses when asked
+    layout = "" if architecture(spec).has_encoder else " --kv-layout growing"
     notes.append("These engines need a GPU with TensorRT; the ONNX files they read are what `run.py export "
-                 f"{spec.family} onnxrt` (same flags) writes on any machine. Engine files are named here after "
-                 "their graph; the backend's own names also hash the GPU they are built on.")
+                 f"{spec.family} onnxrt{layout}` (same flags) writes on any machine. Engine files are named here "
+                 "after their graph; the backend's own names also hash the GPU they are built on.")
     return Result("info", f"{spec.family} {variant.name}: the {backend} engines these settings build", columns, rows,
                   context, notes)
 

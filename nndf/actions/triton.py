@@ -47,7 +47,9 @@ def run(args) -> list[Result]:
     if list(dict.fromkeys(args.backends)) != ["onnxrt"]:
         raise UsageError("triton serves one backend, onnxrt (its exported graph, on the CPU or on CUDA with "
                          "onnxruntime-gpu): name only onnxrt")
-    model = open_models(args, needs_text=True)[0]
+    if args.max_new_tokens < 1:
+        raise UsageError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    model = open_models(args, needs_text=True, new_tokens_flag="--max-new-tokens")[0]
     if model.architecture.takes_images:
         raise UsageError(f"triton serves text generation; {model.spec.family} captions images")
     name = args.name or model.variant.name.lower()
