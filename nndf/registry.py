@@ -56,7 +56,8 @@ def get_spec(family: str) -> ModelSpec:
 
 def resolve(family: str, variant: str | None) -> tuple[ModelSpec, Variant]:
     """The family and variant a user means: a variant the family lists, else one a family under its umbrella lists
-    (`GPT2 --variant EleutherAI/gpt-j-6B` finds GPT-J's spec), else a hub id of the family's own architecture."""
+    (`GPT2 --variant EleutherAI/gpt-j-6B` finds GPT-J's spec), else a hub id of the family's own architecture; a
+    variant another family lists is refused with that family's name."""
     spec = get_spec(family)
     if variant is not None and spec.known_variant(variant) is None:
         for member in UMBRELLAS.get(spec.family, ()):
@@ -64,6 +65,10 @@ def resolve(family: str, variant: str | None) -> tuple[ModelSpec, Variant]:
             known = other.known_variant(variant)
             if known is not None:
                 return other, known
+        owner = next((name for name in FAMILIES if get_spec(name).known_variant(variant) is not None), None)
+        if owner is not None:  # a listed variant of another family: its hub config would say the same, later
+            raise UsageError(f"--variant {variant} is listed under the {owner} family, not {spec.family}; run it as "
+                             f"{owner} (python run.py ACTION {owner} ...)")
     return spec, spec.variant(variant)
 
 

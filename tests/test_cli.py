@@ -304,6 +304,17 @@ def test_a_file_that_is_not_onnx_is_one_sentence(capsys, tiny_gpt2_dir, tmp_path
     (["convert", "-m", "/nonexistent-model"], "-m/--model /nonexistent-model does not exist"),
     (["convert", "-m", "a-hub-id", "--json", "/tmp"], "--json /tmp is a folder; give a file name such as report.json"),
     (["convert", "-m", "a-hub-id", "-o", "/etc/hostname/repo"], "-o/--output /etc/hostname/repo is inside /etc/hostname"),
+    # lengths and settings that could only fail (or give empty figures) after the load
+    (["chat", "GPT2", "frameworks", "--random-weights", "--output-seq-len", "1024"],
+     "--output-seq-len 1024 leaves no position for a prompt: this model has 1024 positions"),
+    (["triton", "GPT2", "onnxrt", "--random-weights", "--max-new-tokens", "5000"],
+     "--max-new-tokens 5000 leaves no position for a prompt: this model has 1024 positions"),
+    (["triton", "GPT2", "onnxrt", "--random-weights", "--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
+    (["accuracy", "GPT2", "frameworks", "--random-weights", "--topN", "0"], "--topN must be at least 1, got 0"),
+    (["accuracy", "GPT2", "frameworks", "--random-weights", "--tokens-to-generate", "0"],
+     "--tokens-to-generate must be at least 1, got 0"),
+    (["benchmark", "Llama", "frameworks", "--variant", "Qwen/Qwen2.5-0.5B", "--random-weights"],
+     "--variant Qwen/Qwen2.5-0.5B is listed under the Qwen2 family, not Llama; run it as Qwen2"),
 ])
 def test_every_given_path_is_checked_before_anything_loads(capsys, argv, needle):
     code, out, err = run_cli(capsys, *argv)

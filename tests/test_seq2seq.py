@@ -122,6 +122,8 @@ def test_tgt_lang_forces_the_target_language(tmp_path_factory, onnx_work_dir):
         nndf.load("BART", torch_dir=str(folder), tgt_lang="xx_XX", device="cpu")
     with pytest.raises(UsageError, match="--tgt-lang de_DE applies to multilingual translation models"):
         nndf.load("GPT2", variant="gpt2", random_weights=True, tgt_lang="de_DE", device="cpu")
+    with pytest.raises(UsageError, match="--tgt-lang de_DE applies to mBART-50 .* this bart model has no target"):
+        nndf.load("BART", variant="bart-base", random_weights=True, tgt_lang="de_DE", device="cpu")
 
 
 def test_export_holds_three_graphs_reused_shared_and_rebuilt_when_truncated(seq2seq_dirs, onnx_work_dir, tmp_path,

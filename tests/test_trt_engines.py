@@ -337,6 +337,7 @@ def test_info_without_a_gpu_shows_every_engine_before_refusing(capsys, tiny_gpt2
     out, err = capsys.readouterr()
     assert code == 1 and err.startswith("error: the trt backend needs an NVIDIA GPU") and "loading" not in err
     assert "settings: batch_size=1" in out and "context: input_ids 1x1..1x8" in out
+    assert "what `run.py export GPT2 onnxrt --kv-layout growing` (same flags) writes" in " ".join(out.split())
     command = next(line for line in out.splitlines() if line.startswith("decoder: trtexec --onnx="))
     assert "--profile=1" in command and "--maxShapes=input_ids:1x8" in command
     onnx_path = command.split("--onnx=")[1].split()[0]

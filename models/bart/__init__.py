@@ -44,6 +44,9 @@ class BartHooks(FamilyHooks):
         position in mBART-50's fixed list of languages."""
         from transformers.models.mbart50.tokenization_mbart50 import FAIRSEQ_LANGUAGE_CODES
 
+        if config is not None and config.model_type != "mbart":
+            raise UsageError(f"--tgt-lang {code} applies to mBART-50 translation models (mbart-large-50...); this "
+                             f"{config.model_type} model has no target languages")
         if code not in FAIRSEQ_LANGUAGE_CODES:
             raise UsageError(f"--tgt-lang {code} is not an mBART-50 language; allowed: "
                              f"{', '.join(FAIRSEQ_LANGUAGE_CODES)}")
