@@ -162,10 +162,19 @@ def check_given_paths(args) -> None:
             raise UsageError(f"{flag} {value} does not exist")
         if (kind == "folder") != path.is_dir():
             raise UsageError(f"{flag} {value} is {'a file' if kind == 'folder' else 'a folder'}; it takes a {kind}")
+    check_unused_flags(args)
     check_output_folder("--working-dir", getattr(args, "working_dir", None))
     check_output_folder("-o/--output", getattr(args, "output", None))
     check_output_file("--json", getattr(args, "json", None), "results.json")
     check_output_file("--plot", getattr(args, "plot", None), "bench.png")
+
+
+def check_unused_flags(args) -> None:
+    """A shared flag that the action would silently ignore (`--num-beams` on `accuracy`) is one sentence instead: a
+    user who set it expects it to change something. The action's `UNUSED_FLAGS` says why it has no use for it."""
+    for dest, (default, why) in getattr(args, "unused_flags", {}).items():
+        if getattr(args, dest, default) != default:
+            raise UsageError(f"--{dest.replace('_', '-')} does not apply to {args.action}: {why}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -191,7 +200,12 @@ def build_parser() -> argparse.ArgumentParser:
         if getattr(action, "TIMED", False):
             _timing_arguments(p)
         action.add_arguments(p)
-        p.set_defaults(run_action=action.run)
+        unused = getattr(action, "UNUSED_FLAGS", {})  # shared flags this action has no use for: refused, not ignored
+        for option in p._actions:
+            if option.dest in unused:
+                option.help = argparse.SUPPRESS
+        p.set_defaults(run_action=action.run,
+                       unused_flags={dest: (p.get_default(dest), why) for dest, why in unused.items()})
     return parser
 
 

@@ -172,6 +172,9 @@ def load_model(
         raise UsageError("--torch-dir and --random-weights exclude each other; give one of them")
     if tokenizer_dir is not None and not Path(tokenizer_dir).is_dir():
         raise UsageError(f"--tokenizer-dir {tokenizer_dir} does not exist")
+    if tokenizer_dir is not None and not _has_tokenizer(Path(tokenizer_dir)):  # else another tokenizer would stand in
+        raise UsageError(f"--tokenizer-dir {tokenizer_dir} holds no tokenizer (no {', '.join(TOKENIZER_FILES)}); "
+                         "give a folder that a tokenizer's save_pretrained() wrote")
     if torch_dir is not None:
         folder = Path(torch_dir)
         config = load_config(spec, variant, torch_dir=torch_dir)
@@ -225,8 +228,13 @@ def _files_signature(folder: Path) -> str:
     return str(stats)
 
 
+# Files of which a Hugging Face tokenizer folder has at least one (fast, slow BPE, WordPiece, SentencePiece).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "spiece.model",
+                   "sentencepiece.bpe.model", "tokenizer.model")
+
+
 def _has_tokenizer(folder: Path) -> bool:
-    return any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json"))
+    return any((folder / name).is_file() for name in TOKENIZER_FILES)
 
 
 def _from_hub(auto, variant: Variant, dtype: torch.dtype):

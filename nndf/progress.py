@@ -33,3 +33,8 @@ def ticking(doing: str, every: float = 10.0):
     finally:
         stop.set()
         ticker.join()
+
+
+def counted(count: int, singular: str, plural: str | None = None) -> str:
+    """`1 reply`, `2 replies`: a count with its noun in the right number, for lines a person reads."""
+    return f"{count} {singular if count == 1 else plural or singular + 's'}"

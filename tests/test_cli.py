@@ -203,7 +203,7 @@ def test_chat_ends_at_end_of_input(capsys, tiny_gpt2_dir, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.StringIO("One prompt without exit"))
     code, out, _ = run_cli(capsys, "chat", "GPT2", "frameworks", "--torch-dir", tiny_gpt2_dir,
                            "--output-seq-len", 3)
-    assert code == 0 and "1 replies" in out
+    assert code == 0 and "1 reply," in out
 
 
 @needs_shared(TOKENIZER_DIR)
@@ -303,7 +303,8 @@ def test_a_file_that_is_not_onnx_is_one_sentence(capsys, tiny_gpt2_dir, tmp_path
      "-o/--output /etc/hostname is a file; it takes a folder"),
     (["convert", "-m", "/nonexistent-model"], "-m/--model /nonexistent-model does not exist"),
     (["convert", "-m", "a-hub-id", "--json", "/tmp"], "--json /tmp is a folder; give a file name such as report.json"),
-    (["convert", "-m", "a-hub-id", "-o", "/etc/hostname/repo"], "-o/--output /etc/hostname/repo is inside /etc/hostname"),
+    (["convert", "-m", "a-hub-id", "-o", "/etc/hostname/repo"],
+     "-o/--output /etc/hostname/repo is inside /etc/hostname"),
     # lengths and settings that could only fail (or give empty figures) after the load
     (["chat", "GPT2", "frameworks", "--random-weights", "--output-seq-len", "1024"],
      "--output-seq-len 1024 leaves no position for a prompt: this model has 1024 positions"),
@@ -315,6 +316,14 @@ def test_a_file_that_is_not_onnx_is_one_sentence(capsys, tiny_gpt2_dir, tmp_path
      "--tokens-to-generate must be at least 1, got 0"),
     (["benchmark", "Llama", "frameworks", "--variant", "Qwen/Qwen2.5-0.5B", "--random-weights"],
      "--variant Qwen/Qwen2.5-0.5B is listed under the Qwen2 family, not Llama; run it as Qwen2"),
+    # shared flags an action has no use for are refused, not silently ignored
+    (["accuracy", "GPT2", "frameworks", "--random-weights", "--num-beams", "4"],
+     "--num-beams does not apply to accuracy: it scores each passage's next tokens in one forward pass"),
+    (["run", "GPT2", "frameworks", "--random-weights", "--input-seq-len", "4"],
+     "--input-seq-len does not apply to run"),
+    (["chat", "GPT2", "frameworks", "--random-weights", "--batch-size", "4"], "--batch-size does not apply to chat"),
+    (["run", "GPT2", "frameworks", "--random-weights", "--tokenizer-dir", "/etc"],
+     "--tokenizer-dir /etc holds no tokenizer (no tokenizer.json"),
 ])
 def test_every_given_path_is_checked_before_anything_loads(capsys, argv, needle):
     code, out, err = run_cli(capsys, *argv)
@@ -345,3 +354,13 @@ def test_plot_without_matplotlib_names_the_extra_before_any_work(capsys, tiny_gp
                            "--plot", tmp_path / "a.png")
     assert code == 1 and "--plot needs matplotlib, which is not installed: pip install 'nndf[plot]'" in err
     assert "loading" not in err and not (tmp_path / "a.png").exists()
+
+
+def test_flags_an_action_refuses_are_not_in_its_help(capsys):
+    for action, flag, kept in (("accuracy", "--num-beams", "--batch-size"), ("run", "--input-seq-len", "--num-beams"),
+                               ("chat", "--batch-size", "--output-seq-len")):
+        with pytest.raises(SystemExit):
+            main([action, "--help"])
+        out = capsys.readouterr().out
+        listed = [line.split()[0] for line in out.splitlines() if line.lstrip().startswith("--")]
+        assert flag not in listed and kept in listed and f"[{flag}" not in out, (action, flag)

@@ -24,12 +24,18 @@ BATCH_HELP = ("passages per forward pass, padded on the right with a mask and gr
 # between backends and library versions; a weak model's lm-eval perplexity used to print as 872597754.21.
 PPL = "{:.6g}"
 
+UNUSED_FLAGS = {  # nndf.cli.check_unused_flags
+    "num_beams": "it scores each passage's next tokens in one forward pass and generates nothing",
+    "output_seq_len": "it scores each passage's next tokens in one forward pass and generates nothing",
+}
+
 
 def add_arguments(parser) -> None:
     a = parser.add_argument_group("accuracy")
     a.add_argument("--dataset-file", metavar="PATH",
                    help="LAMBADA as jsonl with a \"text\" field per line (default: EleutherAI/lambada_openai from the hub)")
-    a.add_argument("--num-samples", type=int, help="score a seeded random sample of this many passages (default: all)")
+    a.add_argument("--num-samples", type=int,
+                   help="score a seeded random sample of this many passages (default, or 0: all)")
     a.add_argument("--tokens-to-generate", type=int, default=1,
                    help="target tokens at the end of each passage for the NVIDIA-demo metrics (default 1)")
     a.add_argument("--topN", type=int, default=5, help="N of the top-N accuracy besides top-1 and top-10 (default 5)")

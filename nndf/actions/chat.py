@@ -35,6 +35,7 @@ from nndf.errors import UsageError
 from nndf.images import image_files
 from nndf.interrupt import StopOnInterrupt, Stopped
 from nndf.measure import StepTimer
+from nndf.progress import counted
 from nndf.registry import resolve
 from nndf.results import Column, Result
 from nndf.streaming import ReplyStreamer, cleans_up_spaces
@@ -42,6 +43,7 @@ from nndf.streaming import ReplyStreamer, cleans_up_spaces
 SAMPLES = True
 EXIT_WORDS = {"exit", "quit", "/exit", "/quit"}
 RESET = "/reset"
+UNUSED_FLAGS = {"batch_size": "it answers one conversation, one reply at a time"}  # nndf.cli.check_unused_flags
 
 
 def add_arguments(parser) -> None:
@@ -176,7 +178,7 @@ class _Chat:
         if streams:
             ended = "stopped: " if reply.stopped else ""
             first = "" if first_ms is None else f", first token {first_ms:.1f} ms"
-            print(f"\n{' ' * len(name)} ({ended}{len(reply.tokens)} tokens in {reply.seconds * 1e3:.1f} ms, "
+            print(f"\n{' ' * len(name)} ({ended}{counted(len(reply.tokens), 'token')} in {reply.seconds * 1e3:.1f} ms, "
                   f"{rate:.1f} tok/s{first})", flush=True)
         else:
             print(f"{name} {reply.seconds * 1e3:8.1f} ms | {text.strip()}" + " (stopped)" * reply.stopped, flush=True)
@@ -288,5 +290,6 @@ def run(args, stream=None) -> list[Result]:
                Column("first_token_ms", "first token", "{:.1f}", "ms"),
                Column("first_text_ms", "first text shown", "{:.1f}", "ms"), Column("new_tokens", "tokens"),
                Column("tokens_per_s", "speed", "{:.1f}", "tok/s"), Column("prompt", "prompt")]
-    title = f"chat {first.spec.family} {first.variant.name}: {len(chat.rows)} replies, {chat.picked}"
+    replies = counted(len(chat.rows), "reply", "replies")
+    title = f"chat {first.spec.family} {first.variant.name}: {replies}, {chat.picked}"
     return [Result("chat", title, columns, chat.rows, describe(first))]

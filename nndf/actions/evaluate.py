@@ -26,6 +26,9 @@ DEFAULT_BATCH_SIZE = 16
 BATCH_HELP = ("loglikelihood requests per forward pass (requests of one length together, so the figures equal "
               "those of one request at a time) and generation requests per batch (equal context lengths)")
 EXTRA = "eval"  # the optional dependency that brings lm-eval
+UNUSED_FLAGS = {  # nndf.cli.check_unused_flags
+    "num_beams": "lm-eval's generation requests decode greedily, as its hf model does (the task's own settings)",
+}
 
 
 def add_arguments(parser) -> None:

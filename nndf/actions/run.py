@@ -10,6 +10,7 @@ or the files given with `--image`.
 from __future__ import annotations
 
 import statistics
+import textwrap
 
 from nndf.actions.common import (
     add_image_argument, decoding_flags, decoding_note, describe, generation_inputs, given_images, open_models, say,
@@ -24,6 +25,10 @@ from nndf.results import Column, Result
 
 TIMED = True
 SAMPLES = True
+UNUSED_FLAGS = {  # nndf.cli.check_unused_flags
+    "batch_size": "it generates each of the family's sample prompts on its own (models/<family>/checkpoint.toml)",
+    "input_seq_len": "its prompts are the family's sample prompts (models/<family>/checkpoint.toml)",
+}
 
 
 def add_arguments(parser) -> None:
@@ -71,7 +76,8 @@ def checkpoint_rows(args, models, samples: list[Sample]) -> tuple[list[dict], li
             ids = inputs.get("input_ids")
             label = first.label_ids(ids, sample.label) if sample.label else None
             new_tokens = len(label) if label else args.output_seq_len or DEFAULT_NEW_TOKENS
-            say(f"{runner.label}: '{_describe_sample(sample)[:40]}' + {new_tokens} tokens")
+            shown = textwrap.shorten(_describe_sample(sample), 48, placeholder=" ...")  # whole words
+            say(f"{runner.label}: '{shown}' + {new_tokens} tokens")
             t = time_generation(runner, inputs, new_tokens, None, args.num_beams, timing, progress=False,
                                 decoding=decoding)
             new = first.new_tokens(t.output, ids)[0].tolist()
