@@ -35,6 +35,10 @@ def penalty_skips_padding() -> bool:
     return parameter is not None and "Tensor" in str(parameter.annotation)
 
 
+BEAMS_WITH_SAMPLING = ("sampling with beam search is not built: sample with num_beams=1 (--num-beams 1), or search "
+                       "beams with do_sample=False (--no-do-sample)")
+
+
 @dataclass(frozen=True)
 class GenerationOptions:
     """What to generate; the defaults are those of Hugging Face `generate()`.
@@ -69,8 +73,7 @@ class GenerationOptions:
             raise UsageError(f"--num-beams must be at least 1, got {self.num_beams}")
         check_repetition_penalty(self.repetition_penalty)
         if self.num_beams > 1 and self.sampling.samples:
-            raise UsageError("sampling with beam search is not built: sample with num_beams=1 (--num-beams 1), or "
-                             "search beams with do_sample=False (--no-do-sample)")
+            raise UsageError(BEAMS_WITH_SAMPLING)
 
     @property
     def eos_ids(self) -> tuple[int, ...]:

@@ -322,6 +322,8 @@ def test_a_file_that_is_not_onnx_is_one_sentence(capsys, tiny_gpt2_dir, tmp_path
     (["run", "GPT2", "frameworks", "--random-weights", "--input-seq-len", "4"],
      "--input-seq-len does not apply to run"),
     (["chat", "GPT2", "frameworks", "--random-weights", "--batch-size", "4"], "--batch-size does not apply to chat"),
+    (["benchmark", "GPT2", "frameworks", "--random-weights", "--num-beams", "2", "--do-sample"],
+     "sampling with beam search is not built"),
     (["run", "GPT2", "frameworks", "--random-weights", "--tokenizer-dir", "/etc"],
      "--tokenizer-dir /etc holds no tokenizer (no tokenizer.json"),
 ])

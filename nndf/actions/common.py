@@ -11,6 +11,7 @@ import torch
 from nndf.architectures import architecture
 from nndf.backends import RUNS_ONNX_FILES, BackendOptions, backend_module, split_backend
 from nndf.errors import HarnessError, UsageError
+from nndf.generation import BEAMS_WITH_SAMPLING
 from nndf.images import caption_inputs, image_files
 from nndf.measure import TimingSettings
 from nndf.model import Model, default_device, target_language_token
@@ -57,8 +58,10 @@ def decoding_flags(args) -> dict:
 def check_decoding_flags(args) -> None:
     """The sampling flags' values, checked before any model loads (one sentence naming the flag)."""
     given = {key: getattr(args, key, None) for key in SAMPLING_KEYWORDS}
-    Sampling(seed=args.seed, stream=getattr(args, "sampling_stream", None) or "generate",
-             **{key: value for key, value in given.items() if value is not None})
+    sampling = Sampling(seed=args.seed, stream=getattr(args, "sampling_stream", None) or "generate",
+                        **{key: value for key, value in given.items() if value is not None})
+    if given.get("do_sample") and sampling.samples and (getattr(args, "num_beams", None) or 1) > 1:
+        raise UsageError(BEAMS_WITH_SAMPLING)  # (a model whose generation config samples is told after its load)
     if getattr(args, "repetition_penalty", None) is not None:
         check_repetition_penalty(args.repetition_penalty)
 
@@ -103,6 +106,8 @@ def backend_options(args, backends: list[str]) -> BackendOptions:
         raise UsageError(f"{trt_flags[0]} applies to the trt backend; add trt")
     if args.cuda_graph and not {"trt", "frameworks"} & set(backends):
         raise UsageError("--cuda-graph applies to the frameworks and trt backends; add one of them")
+    if args.cuda_graph and default_device().type != "cuda":
+        raise UsageError("--cuda-graph replays decode steps on a CUDA GPU, and none is visible to PyTorch here")
     return BackendOptions(working_dir=args.working_dir, threads=args.threads, quantize=quantize, block_size=block_size,
                           cuda_graph=args.cuda_graph, kv_layout=getattr(args, "kv_layout", "shared"),
                           **{f: getattr(args, f) for f in (*GIVEN_ONNX, *GIVEN_ENGINES)})
