@@ -366,3 +366,11 @@ def test_flags_an_action_refuses_are_not_in_its_help(capsys):
         out = capsys.readouterr().out
         listed = [line.split()[0] for line in out.splitlines() if line.lstrip().startswith("--")]
         assert flag not in listed and kept in listed and f"[{flag}" not in out, (action, flag)
+
+
+def test_a_top_n_over_the_vocabulary_is_refused_before_scoring(capsys, tiny_gpt2_dir, tmp_path):
+    passages = tmp_path / "lambada.jsonl"
+    passages.write_text('{"text": "the cat sat on the mat"}\n')
+    code, _, err = run_cli(capsys, "accuracy", "GPT2", "frameworks", "--torch-dir", tiny_gpt2_dir, "--dataset-file",
+                           passages, "--topN", 50258)
+    assert code == 2 and "--topN 50258 is more than the 50257 tokens of" in err and "scoring" not in err

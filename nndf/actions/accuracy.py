@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from nndf.actions.common import data_seed, describe, label, open_models, say
+from nndf.errors import UsageError
 from nndf.results import Column, Result
 
 
@@ -50,13 +51,14 @@ def run(args) -> list[Result]:
     architecture(resolve(args.model, args.variant)[0]).check_lambada(resolve(args.model, args.variant)[0])
 
     if args.num_samples is not None and args.num_samples < 0:
-        from nndf.errors import UsageError
-
         raise UsageError(f"--num-samples must be 0 (all) or more, got {args.num_samples}")
     check_lambada_settings(args.tokens_to_generate, args.topN)
     texts = load_lambada(args.dataset_file)
     chosen = [text for _, text in sample_texts(texts, args.num_samples, seed=data_seed(args))]
     models = open_models(args, needs_text=True)
+    vocab = models[0].shapes.vocab_size
+    if args.topN > vocab:  # every token would be in the top N: 100% says nothing
+        raise UsageError(f"--topN {args.topN} is more than the {vocab} tokens of {models[0].variant.name}'s vocabulary")
     rows = []
     for model in models:
         say(f"scoring {len(chosen)} LAMBADA passages on {label(model)}")
