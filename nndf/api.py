@@ -45,7 +45,7 @@ def run(action: str, model: str | None = None, *backends: str, input: str | None
     command line prints, and a runtime failure `HarnessError`. `input`: for `chat`, the lines it answers (what it
     reads from stdin on the command line).
     """
-    from nndf.cli import ACTIONS, build_parser, check_given_paths
+    from nndf.cli import ACTIONS, build_parser, check_given_paths, check_unused_flags
 
     if action not in ACTIONS:
         raise UsageError(f"unknown action '{action}'; allowed: {', '.join(ACTIONS)}")
@@ -53,6 +53,7 @@ def run(action: str, model: str | None = None, *backends: str, input: str | None
     known = set(parser.action_parsers[action]._option_string_actions)
     argv = [action, *([model] if model is not None else []), *backends, *_argv(flags, known)]
     args = parser.parse_args(argv)
+    check_unused_flags(args)
     check_given_paths(args)
     if input is not None:
         if action != "chat":

@@ -162,7 +162,6 @@ def check_given_paths(args) -> None:
             raise UsageError(f"{flag} {value} does not exist")
         if (kind == "folder") != path.is_dir():
             raise UsageError(f"{flag} {value} is {'a file' if kind == 'folder' else 'a folder'}; it takes a {kind}")
-    check_unused_flags(args)
     check_output_folder("--working-dir", getattr(args, "working_dir", None))
     check_output_folder("-o/--output", getattr(args, "output", None))
     check_output_file("--json", getattr(args, "json", None), "results.json")
@@ -246,6 +245,7 @@ def _main(argv: list[str]) -> int:
         if argv and argv[0] not in ACTIONS and not argv[0].startswith("-"):
             raise UsageError(f"unknown action '{argv[0]}'; allowed: {', '.join([*ACTIONS, 'convert'])}")
         args = parser.parse_args(argv)
+        check_unused_flags(args)
         check_given_paths(args)
         results = args.run_action(args)
         from nndf.results import write_json

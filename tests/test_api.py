@@ -31,6 +31,7 @@ def test_chat_from_python_answers_the_given_lines(tiny_gpt2_dir):
     (lambda: nndf.run("benchmark", "GPT2", "frameworks", bogus=1), "bogus= is not a flag of this action"),
     (lambda: nndf.run("benchmark", "GPT2", "frameworks", iterations="many"), "invalid int value: 'many'"),
     (lambda: nndf.run("benchmark", "GPT2", "frameworks", input="hi"), "input= is for chat"),
+    (lambda: nndf.run("accuracy", "GPT2", "frameworks", num_beams=4), "--num-beams does not apply to accuracy"),
 ])
 def test_bad_calls_raise_the_command_lines_sentence(call, message):
     with pytest.raises(UsageError, match=message):
