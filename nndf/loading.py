@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 
 from nndf.errors import HarnessError, UsageError
-from nndf.random_weights import DRAW_REVISION, build_random_model
+from nndf.random_weights import DRAW_REVISION, build_random_model, check_memory, weight_bytes
 from nndf.spec import ModelSpec, Variant
 
 
@@ -197,6 +197,7 @@ def load_model(
         def loader():
             # Built where the weights will live, in their dtype (building on the CPU and moving took minutes for
             # gpt2-xl on a GPU machine, issue 11), each weight drawn once with transformers' distributions.
+            check_memory(weight_bytes(auto, known_config(variant), dtype), device, variant.name)
             model = build_random_model(auto, known_config(variant), dtype=dtype, device=device, seed=seed)
             model.generation_config = known_generation_config(variant, model.config)
             return model

@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 from nndf.errors import UsageError
@@ -250,6 +251,20 @@ class StepTimer:
         if not self._marks:
             return None
         return self._seconds(self._start, self._marks[-1])
+
+
+def available_host_memory() -> int | None:
+    """MemAvailable from /proc/meminfo (what a new allocation can get without swapping), else free pages."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def _rss_from_proc() -> int:

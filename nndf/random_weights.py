@@ -67,6 +67,34 @@ class InitOp:
         function(self.tensor, *self.args, **self.kwargs, **({"generator": generator} if _draws(self.name) else {}))
 
 
+def weight_bytes(auto_class, config, dtype: torch.dtype) -> int:
+    """The bytes of the model's parameters (tied ones once) in `dtype`, from a build on the meta device: exact, and
+    nothing is allocated (gpt-neox-20b's 20 G parameters take a second)."""
+    from transformers.initialization import no_init_weights
+
+    with torch.device("meta"), no_init_weights():
+        model = auto_class.from_config(config, dtype=dtype)
+    model.tie_weights()  # as `build_random_model` does: a tied LM head is the embedding, not a second table
+    unique = {id(p): p for p in model.parameters()}.values()
+    return sum(p.numel() * p.element_size() for p in unique)
+
+
+def check_memory(needed: int, device: str | torch.device, name: str) -> None:
+    """One sentence before drawing weights that cannot fit where they go: otherwise the kernel's OOM killer ends the
+    process with no message (gpt-neox-20b in fp32 is 82 GB)."""
+    from nndf.errors import HarnessError
+    from nndf.measure import available_host_memory
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        available, where = torch.cuda.mem_get_info(device)[0], "free on the GPU"
+    else:
+        available, where = available_host_memory(), "available on this machine"
+    if available is not None and needed > available:
+        raise HarnessError(f"the random weights of {name} take {needed / 1024**3:.1f} GiB and {available / 1024**3:.1f}"
+                           f" GiB is {where}; choose a smaller --variant (python run.py list shows their sizes)")
+
+
 def build_random_model(auto_class, config, *, dtype: torch.dtype, device: str | torch.device, seed: int):
     """`auto_class.from_config(config)` on `device` in `dtype`, its weights drawn once from one seeded generator."""
     from transformers.initialization import no_init_weights

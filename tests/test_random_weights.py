@@ -105,6 +105,27 @@ def test_seeded_reproducible_and_named_by_seed_and_draw():
     assert {p.dtype for p in half.model.parameters()} == {torch.float16}
 
 
+def test_weights_that_cannot_fit_are_refused_before_any_is_drawn(monkeypatch):
+    """gpt-neox-20b's random weights (77 GiB in fp32) on a machine with less memory: one sentence, not the kernel's
+    OOM kill; the size is the real model's parameters (tied ones once), counted without allocating them."""
+    from transformers import AutoModelForCausalLM as auto
+
+    from nndf import measure
+    from nndf.errors import HarnessError
+    from nndf.random_weights import weight_bytes
+
+    spec = get_spec("GPT2")
+    tiny = Variant.of("test/tiny-gpt2", "0.1M", FAMILY_EXAMPLES["GPT2"])
+    model = load_model(spec, tiny, random_weights=True).model
+    assert weight_bytes(auto, known_config(tiny), torch.float32) == sum(p.numel() * 4 for p in model.parameters())
+    assert weight_bytes(auto, known_config(tiny), torch.float16) == sum(p.numel() * 2 for p in model.parameters())
+    monkeypatch.setattr(measure, "available_host_memory", lambda: 2 * 1024**3)
+    neox = get_spec("GPTNeoX").variant("gpt-neox-20b")
+    with pytest.raises(HarnessError, match=r"the random weights of gpt-neox-20b take 7\d\.\d GiB and 2\.0 GiB is "
+                                           r"available on this machine; choose a smaller --variant"):
+        load_model(get_spec("GPTNeoX"), neox, random_weights=True).model
+
+
 @pytest.mark.gpu
 def test_gpu_random_weights_are_drawn_on_the_gpu_reproducibly():
     """On CUDA the weights are drawn there (a CUDA generator) in the final dtype, the same for a seed, with the

@@ -25,6 +25,7 @@ from nndf.convert import graphs, report
 from nndf.convert.options import ConvertOptions, parse
 from nndf.convert.tasks import TASKS, TaskModule, load_task_model, model_inputs, transformer_of
 from nndf.errors import HarnessError, UsageError
+from nndf.measure import available_host_memory
 from nndf.progress import say
 from nndf.workspace import atomic_write_json
 
@@ -91,7 +92,7 @@ def _tensorrt(opts: ConvertOptions, module: TaskModule, source: Path, out: Path)
                             extra={"int8": int8, "workspace_mib": opts.workspace_size})
     params = sum(p.numel() for p in module.parameters())
     plan, _ = engine_cache.obtain_engine(request, gpu.info, out, params, free_gpu=_free_gpu_memory(gpu.device),
-                                         free_host=engine_cache.available_host_memory(), report=say)
+                                         free_host=available_host_memory(), report=say)
     name = "TensorRT (INT-8)" if int8 else "TensorRT (FP16)"
     return eng.tensorrt_engine(name, plan, module.graph_inputs, module.task.outputs, profile, gpu)
 

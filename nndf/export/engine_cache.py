@@ -11,7 +11,6 @@ before a build.
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from dataclasses import dataclass
@@ -195,21 +194,6 @@ def check_build_memory(estimate: MemoryEstimate, free_gpu: int | None, free_host
         raise HarnessError(f"building this engine needs about {_gib(estimate.host_bytes)} of host memory "
                            f"({HOST_BYTES_PER_PARAM} bytes per parameter) but only {_gib(free_host)} is available; "
                            "close other programs or choose a smaller --variant")
-
-
-def available_host_memory() -> int | None:
-    """MemAvailable from /proc/meminfo (what a new allocation can get without swapping), else free pages."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-
 
 
 def obtain_engine(request: EngineRequest, device: DeviceInfo, working_dir: str | Path, num_params: int,

@@ -36,6 +36,7 @@ from nndf.backends.trt.fp16 import (
     FP16_LOGIT_BOUND, Fidelity, fp16_check, fp16_warning, fp32_cpu_copy, logit_fidelity,
 )
 from nndf.backends.trt.runner import TrtSession
+from nndf.measure import available_host_memory
 from nndf.progress import say
 from nndf.loading import LoadedModel
 from nndf.spec import BuildSettings, ShapeSpec
@@ -128,7 +129,7 @@ def _open_engine(loaded: LoadedModel, settings: BuildSettings, options: BackendO
     )
     path, built = engine_cache.obtain_engine(
         request, gpu.info, options.working_dir, _num_params(export),
-        free_gpu=_free_gpu_memory(gpu.device), free_host=engine_cache.available_host_memory(), report=say,
+        free_gpu=_free_gpu_memory(gpu.device), free_host=available_host_memory(), report=say,
     )
     trtexec = engine_build.trtexec_command(request, path, engine_cache.timing_cache_path(options.working_dir, gpu.info),
                                            engine_build.faster_dynamic_shapes_feature(gpu.trt) is not None)
