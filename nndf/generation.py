@@ -65,6 +65,10 @@ class GenerationOptions:
     sampling: Sampling = Sampling()
 
     def __post_init__(self) -> None:
+        for name in ("max_new_tokens", "min_new_tokens", "num_beams"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                raise UsageError(f"{name} must be a whole number, got {value!r}")
         if self.max_new_tokens < 1:
             raise UsageError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
         if self.min_new_tokens is not None and not 0 <= self.min_new_tokens <= self.max_new_tokens:

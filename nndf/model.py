@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 from nndf.architectures import architecture
-from nndf.backends import BackendOptions, split_backend
+from nndf.backends import RUNS_ONNX_FILES, BackendOptions, split_backend
 from nndf.errors import HarnessError, UsageError
 from nndf.generation import GenerationOptions, generate
 from nndf.loading import LoadedModel, load_model
@@ -38,8 +38,30 @@ DECODING_KEYWORDS = (*SAMPLING_KEYWORDS, "repetition_penalty", "seed", "sampling
 def check_decoding(decoding: dict) -> None:
     unknown = sorted(set(decoding) - set(DECODING_KEYWORDS))
     if unknown:
-        raise UsageError(f"generate() got unknown keyword(s) {', '.join(unknown)}; the decoding keywords are "
-                         f"{', '.join(DECODING_KEYWORDS)}")
+        raise UsageError(f"generate() got unknown keyword(s) {', '.join(unknown)}; besides input_ids, "
+                         "attention_mask, pixel_values, max_new_tokens, min_new_tokens, num_beams, streamer and "
+                         f"stop_strings, it takes the decoding keywords {', '.join(DECODING_KEYWORDS)}")
+
+
+def check_prompt_tensors(input_ids, attention_mask, image: bool = False) -> None:
+    """`generate()`'s prompt as it takes it (a batch x length tensor of token ids, a mask of the same shape), or one
+    sentence saying what was given instead; a deep error in the model's forward would say nothing useful."""
+    for name, value in (("input_ids", input_ids), ("attention_mask", attention_mask)):
+        if value is None:
+            continue
+        if not isinstance(value, torch.Tensor):
+            raise UsageError(f"{name} must be a torch tensor (batch x length), as generate() takes it; got a "
+                             f"{type(value).__name__} (torch.tensor([[...]]) makes one)")
+        if value.dim() != 2:
+            raise UsageError(f"{name} must be 2-D (batch x length); got shape {tuple(value.shape)} "
+                             "(.unsqueeze(0) makes a batch of one)")
+        if value.is_floating_point() or value.is_complex():
+            raise UsageError(f"{name} must hold integer token ids or 0/1 flags; got {value.dtype}")
+    if input_ids is not None and input_ids.shape[1] == 0 and not image:
+        raise UsageError("input_ids is empty: a prompt needs at least one token (a BOS token, say)")
+    if input_ids is not None and attention_mask is not None and attention_mask.shape != input_ids.shape:
+        raise UsageError(f"attention_mask has shape {tuple(attention_mask.shape)} and input_ids "
+                         f"{tuple(input_ids.shape)}; they must match")
 
 
 def default_device() -> torch.device:
@@ -103,7 +125,7 @@ class Model:
         return GenerationOptions(
             max_new_tokens=max_new_tokens,
             min_new_tokens=min_new_tokens,
-            num_beams=int(num_beams if num_beams is not None else (gen.num_beams or 1)),
+            num_beams=num_beams if num_beams is not None else int(gen.num_beams or 1),
             length_penalty=float(gen.length_penalty if gen.length_penalty is not None else 1.0),
             early_stopping=gen.early_stopping if gen.early_stopping is not None else False,
             eos_token_id=eos,
@@ -150,10 +172,11 @@ class Model:
         seed repeats its tokens, but they are not `generate()`'s). `streamer` is `generate(streamer=...)`'s (put/end:
         `TextStreamer`, `TextIteratorStreamer`); `stop_strings` ends a row once its text ends with one of them, as
         `generate(stop_strings=..., tokenizer=...)` does (with this model's tokenizer)."""
+        check_prompt_tensors(input_ids, attention_mask, image=pixel_values is not None)
+        options = self.generation_options(max_new_tokens, min_new_tokens, num_beams, forced_bos_token_id, **decoding)
         ids, mask, encoder_inputs = self.architecture.prompt(self.loaded, input_ids, attention_mask, pixel_values)
         self.architecture.check_length(ids.shape[1], max_new_tokens, self.shapes)
         self.architecture.check_token_ids(ids, self.shapes)
-        options = self.generation_options(max_new_tokens, min_new_tokens, num_beams, forced_bos_token_id, **decoding)
         stopping = self._with_stop_strings(stopping, stop_strings)
         return generate(self.decoder, ids, mask, options, on_token, on_encoded, encoder_inputs, stopping,
                         streamer).cpu()
@@ -333,6 +356,9 @@ def load(
     if named_quantization is not None and quantize not in (None, named_quantization):
         raise UsageError(f"backend '{backend}-{named_quantization}' and quantize='{quantize}' disagree; give one")
     quantize = quantize or named_quantization
+    if quantize is not None and backend not in RUNS_ONNX_FILES:  # as the command line's --int8 / --int4
+        raise UsageError(f"quantize='{quantize}' applies to the {', '.join(RUNS_ONNX_FILES)} backend (its exported "
+                         f"graph), not {backend}")
     if block_size is not None and quantize is None:
         raise UsageError("block_size applies to quantized weights; give quantize='int8' or 'int4' too")
     options = BackendOptions(working_dir=working_dir, threads=threads, decoder_onnx=decoder_onnx, quantize=quantize,

@@ -72,6 +72,7 @@ class Sampling:
 
     def __post_init__(self) -> None:
         checks = (
+            ("do_sample", self.do_sample, isinstance(self.do_sample, bool), "True or False"),
             ("temperature", self.temperature, _is_number(self.temperature) and self.temperature >= 0,
              "a number >= 0 (0: greedy)"),
             ("top_k", self.top_k, isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and self.top_k >= 0,

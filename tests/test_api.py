@@ -42,6 +42,9 @@ def test_load_takes_the_quantized_backend_names(tiny_gpt2_dir):
     reference = nndf.load("GPT2", backend="frameworks", torch_dir=tiny_gpt2_dir)
     with pytest.raises(UsageError, match="backend 'onnxrt-int8' and quantize='int4' disagree"):
         nndf.load("GPT2", backend="onnxrt-int8", quantize="int4", loaded=reference.loaded)
+    with pytest.raises(UsageError, match=r"quantize='int8' applies to the onnxrt backend \(its exported graph\), "
+                                         "not frameworks"):
+        nndf.load("GPT2", backend="frameworks", quantize="int8", torch_dir=str(tiny_gpt2_dir))
     with pytest.raises(UsageError, match="a quantized backend is one of: onnxrt-int8, onnxrt-int4"):
         nndf.load("GPT2", backend="frameworks-int8", loaded=reference.loaded)
 

@@ -145,14 +145,29 @@ def test_stop_strings_end_rows_like_generate(model):
     (dict(seed=-3), "seed (--seed) must be a whole number from 0 to 2**63 - 1 or a torch.Generator, got -3"),
     (dict(do_sample=True, num_beams=2), "sampling with beam search is not built: sample with num_beams=1 "
                                         "(--num-beams 1), or search beams with do_sample=False (--no-do-sample)"),
-    (dict(top_kk=3), "generate() got unknown keyword(s) top_kk; the decoding keywords are do_sample, temperature, "
-                     "top_k, top_p, min_p, typical_p, repetition_penalty, seed, sampling_stream"),
+    (dict(top_kk=3), "generate() got unknown keyword(s) top_kk; besides input_ids, attention_mask, pixel_values, "
+                     "max_new_tokens, min_new_tokens, num_beams, streamer and stop_strings, it takes the decoding "
+                     "keywords do_sample, temperature, top_k, top_p, min_p, typical_p, repetition_penalty, seed, "
+                     "sampling_stream"),
+    (dict(do_sample="yes"), "do_sample (--do-sample) must be True or False, got 'yes'"),
+    (dict(num_beams=1.5), "num_beams must be a whole number, got 1.5"),
+    (dict(max_new_tokens=4.5), "max_new_tokens must be a whole number, got 4.5"),
+    (dict(input_ids=[[1, 2, 3]]), "input_ids must be a torch tensor (batch x length), as generate() takes it; got a "
+                                  "list (torch.tensor([[...]]) makes one)"),
+    (dict(input_ids=torch.tensor([1, 2, 3])), "input_ids must be 2-D (batch x length); got shape (3,) "
+                                              "(.unsqueeze(0) makes a batch of one)"),
+    (dict(input_ids=torch.tensor([[1.0, 2.0]])), "input_ids must hold integer token ids or 0/1 flags; got "
+                                                 "torch.float32"),
+    (dict(input_ids=torch.zeros(1, 0, dtype=torch.long)), "input_ids is empty: a prompt needs at least one token "
+                                                          "(a BOS token, say)"),
+    (dict(attention_mask=torch.ones(1, 2, dtype=torch.long)), "attention_mask has shape (1, 2) and input_ids (1, 3); "
+                                                              "they must match"),
     (dict(sampling_stream="quick"), "sampling_stream (--sampling-stream) must be one of generate, fast, got 'quick'"),
 ])
 def test_bad_settings_are_one_sentence(model, settings, message):
-    ids = torch.tensor([[1, 2, 3]])
+    settings = {"input_ids": torch.tensor([[1, 2, 3]]), "max_new_tokens": 2, **settings}
     with pytest.raises(UsageError) as caught:
-        model.generate(ids, max_new_tokens=2, **settings)
+        model.generate(**settings)
     assert str(caught.value) == message
 
 
