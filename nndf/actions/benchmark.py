@@ -15,7 +15,7 @@ import torch
 
 from nndf.actions.common import (
     add_image_argument, data_seed, decoding_flags, decoding_note, describe, given_images, open_models,
-    random_input_ids, say, timing_settings,
+    random_input_ids, say, timing_settings, weights_and_cache,
 )
 from nndf.actions.runners import runners_for, time_generation
 from nndf.architectures import architecture
@@ -129,8 +129,7 @@ def run(args) -> list[Result]:
                      "values inside its first decoder step); first token includes it.")
     inputs = first.architecture.benchmark_inputs(prompt_len)
     title = (f"benchmark {first.spec.family} {first.variant.name}: batch {batch}, {inputs} + "
-             f"{new_tokens} new tokens, {picked}, {'fp16' if args.fp16 else 'fp32'}, "
-             f"cache {'on' if args.use_cache else 'off'}")
+             f"{new_tokens} new tokens, {picked}, {weights_and_cache(args)}")
     if args.plot:
         plot_bars(args.plot, title, rows, [("decode_ms", "decode step (ms, +- stdev over runs)", "decode_spread_ms"),
                                            ("tokens_per_s", "throughput (tok/s)", None)])

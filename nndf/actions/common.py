@@ -75,6 +75,12 @@ def decoding_note(model: Model, decoding: dict, num_beams: int | None) -> str:
     return options.sampling.describe()
 
 
+def weights_and_cache(args) -> str:
+    """What a title says of the precision and the KV cache (what most changes a generation's speed besides the
+    backend): "fp32, cache on"."""
+    return f"{'fp16' if args.fp16 else 'fp32'}, cache {'on' if args.use_cache else 'off'}"
+
+
 def timing_settings(args) -> TimingSettings:
     return TimingSettings(
         iterations=args.iterations, number=args.number, warmup=args.warmup, duration=args.duration,

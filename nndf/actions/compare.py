@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from nndf.actions.common import add_image_argument, decoding_flags, decoding_note, describe, open_models
-from nndf.actions.run import COLUMNS, checkpoint_rows, checkpoint_samples, outputs_result
+from nndf.actions.common import (add_image_argument, decoding_flags, decoding_note, describe, open_models,
+                                 weights_and_cache)
+from nndf.actions.run import COLUMNS, LENGTH_NOTE, checkpoint_rows, checkpoint_samples, outputs_result
 from nndf.plots import check_plotting, plot_bars
 from nndf.results import Column, Result
 
@@ -31,8 +32,9 @@ def run(args) -> list[Result]:
         row["speedup"] = base / row["generation_ms"]
     columns = COLUMNS + [Column("speedup", f"speed vs {rows[0]['backend']}", "{:.2f}", "x")]
     title = (f"compare {first.spec.family} {first.variant.name}: {', '.join(r['backend'] for r in rows)}; "
-             f"{picked}")
-    notes = ["speed: full-generation time of the first row divided by each row's (higher is faster)."]
+             f"{picked}, {weights_and_cache(args)}")
+    notes = ["speed: full-generation time of the first row divided by each row's (higher is faster).",
+             LENGTH_NOTE]
     if args.plot:
         plot_bars(args.plot, title, rows, [("generation_ms", "full generation (ms)", None),
                                            ("decode_ms", "decode step (ms)", None)])

@@ -14,7 +14,7 @@ import textwrap
 
 from nndf.actions.common import (
     add_image_argument, decoding_flags, decoding_note, describe, generation_inputs, given_images, open_models, say,
-    timing_settings,
+    timing_settings, weights_and_cache,
 )
 from nndf.actions.runners import runners_for, time_generation
 from nndf.checkpoint import DEFAULT_NEW_TOKENS, Sample, read_samples
@@ -99,6 +99,10 @@ def checkpoint_rows(args, models, samples: list[Sample]) -> tuple[list[dict], li
     return rows, outputs
 
 
+# --output-seq-len cannot apply to a labelled sample: its label accuracy compares the label's length of tokens.
+LENGTH_NOTE = (f"new tokens: a sample with a label generates the label's length of tokens; one without, "
+               f"--output-seq-len (default {DEFAULT_NEW_TOKENS}).")
+
 COLUMNS = [
     Column("backend", "backend"),
     Column("samples", "samples"),
@@ -123,7 +127,8 @@ def run(args) -> list[Result]:
     notes = ["label accuracy: share of the label's new tokens reproduced at the same position; labels are the "
              "real weights' outputs, so random weights score near 0; '-' where checkpoint.toml has no labels for "
              "this variant."]
-    title = (f"run {first.spec.family} {first.variant.name}: checkpoint samples, "
-             f"{picked}")
+    notes.append(LENGTH_NOTE)
+    source = "the given images" if getattr(args, "image", None) else "checkpoint samples"
+    title = f"run {first.spec.family} {first.variant.name}: {source}, {picked}, {weights_and_cache(args)}"
     return [Result("run", title, COLUMNS, rows, describe(first), notes),
             outputs_result(f"outputs {first.spec.family} {first.variant.name}", outputs, describe(first))]
