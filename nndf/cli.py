@@ -51,9 +51,10 @@ def _model_arguments(p: argparse.ArgumentParser, batch_size: int = 1, batch_help
     g.add_argument("--random-weights", action="store_true",
                    help="build the variant from its known config with random weights (works offline)")
     g.add_argument("--tokenizer-dir", help="load the tokenizer from this folder (needed offline with --random-weights)")
-    g.add_argument("--seed", type=int, help="seed for random weights and random inputs (default 0) and, where "
-                   "tokens are sampled, for the draws: --seed S draws what torch.manual_seed(S) before generate() "
-                   "draws (default: a fresh seed, shown in the output so that a run can be repeated)")
+    g.add_argument("--seed", type=int,
+                   help="seed for random weights, random prompts and the passages --num-samples picks (default 0) "
+                   "and, where tokens are sampled, for the draws: --seed S draws what torch.manual_seed(S) before "
+                   "generate() draws (default: a fresh seed, shown in the output so that a run can be repeated)")
     g.add_argument("--working-dir", default="temp", help="where exported and built artifacts go (default: temp)")
     b = p.add_argument_group("build and generation")
     b.add_argument("--batch-size", type=int, default=batch_size, help=f"{batch_help} (default {batch_size})")
@@ -138,7 +139,8 @@ def _timing_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--iterations", type=int, default=10, help="timed samples (default 10)")
     t.add_argument("--number", type=int, default=1, help="calls averaged into one sample (default 1)")
     t.add_argument("--warmup", type=int, default=3, help="untimed calls first (default 3)")
-    t.add_argument("--duration", type=float, default=0.0, help="keep sampling for at least this many seconds")
+    t.add_argument("--duration", type=float, default=0.0,
+                   help="keep timing runs, past --iterations, until this many seconds have passed (default 0)")
     t.add_argument("--percentile", type=float, default=50.0, help="percentile reported as latency (default 50)")
 
 
