@@ -78,6 +78,10 @@ def test_chat_reads_image_lines_and_goes_on_after_a_bad_one(blip_dir, capsys, mo
     assert code == 0 and "2 replies" in out, err  # a prefix, then an empty line: the image without one
     code, out, err = run_cli(capsys, "chat", "BLIP", "frameworks", "--torch-dir", blip_dir, "--image", *PHOTOS)
     assert code == 2 and "chat --image takes one image (it got 2)" in err and "loading" not in err
+    code, out, err = run_cli(capsys, "benchmark", "BLIP", "frameworks", "--torch-dir", blip_dir, "--image", *PHOTOS,
+                             "--batch-size", 4)
+    assert code == 2 and "--image gave 2 image(s), and they are the batch; --batch-size 4 cannot apply" in err
+    assert "loading" not in err
 
 
 def test_benchmark_on_random_pixels_reports_the_vision_encoder(blip_dir, onnx_work_dir, capsys, tmp_path):

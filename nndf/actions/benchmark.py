@@ -19,6 +19,7 @@ from nndf.actions.common import (
 )
 from nndf.actions.runners import runners_for, time_generation
 from nndf.architectures import architecture
+from nndf.errors import UsageError
 from nndf.images import caption_inputs
 from nndf.measure import format_bytes
 from nndf.plots import check_plotting, plot_bars
@@ -64,6 +65,9 @@ def run(args) -> list[Result]:
     if args.input_seq_len is None and not takes_images:
         args.input_seq_len = DEFAULT_INPUT_LEN
     if images is not None:
+        if args.batch_size not in (1, len(images)):  # 1: the default, left as it is
+            raise UsageError(f"--image gave {len(images)} image(s), and they are the batch; --batch-size "
+                             f"{args.batch_size} cannot apply (leave it out, or give {args.batch_size} images)")
         args.batch_size = len(images)
     models = open_models(args)
     first = models[0]
