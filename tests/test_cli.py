@@ -324,6 +324,10 @@ def test_a_file_that_is_not_onnx_is_one_sentence(capsys, tiny_gpt2_dir, tmp_path
     (["chat", "GPT2", "frameworks", "--random-weights", "--batch-size", "4"], "--batch-size does not apply to chat"),
     (["benchmark", "GPT2", "frameworks", "--random-weights", "--num-beams", "2", "--do-sample"],
      "sampling with beam search is not built"),
+    (["benchmark", "BART", "onnxrt", "--variant", "bart-base", "--random-weights", "--kv-layout", "growing"],
+     "--kv-layout applies to decoder-only models; BART's encoder-decoder graphs have their own cache inputs"),
+    (["benchmark", "GPT2", "frameworks", "--random-weights", "--kv-layout", "growing"],
+     "--kv-layout applies to the onnxrt backend's graph; add it"),
     (["run", "GPT2", "frameworks", "--random-weights", "--tokenizer-dir", "/etc"],
      "--tokenizer-dir /etc holds no tokenizer (no tokenizer.json"),
 ])

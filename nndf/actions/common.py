@@ -160,6 +160,12 @@ def open_models(args, needs_text: bool = False, new_tokens_flag: str | None = No
                     print(engine_plan_result(args, spec, variant, name).render(verbose=True))
                     print()
                 raise
+    if getattr(args, "kv_layout", "shared") != "shared":  # asked for: it must change something
+        if architecture(spec).has_encoder:
+            raise UsageError(f"--kv-layout applies to decoder-only models; {spec.family}'s encoder-decoder graphs "
+                             "have their own cache inputs")
+        if not set(RUNS_ONNX_FILES) & set(backends):
+            raise UsageError(f"--kv-layout applies to the {', '.join(RUNS_ONNX_FILES)} backend's graph; add it")
     settings = build_settings(args)
     options = backend_options(args, backends)  # its flags checked before the slow load
     for name in backends:
