@@ -207,6 +207,10 @@ def build_parser() -> argparse.ArgumentParser:
                 option.help = argparse.SUPPRESS
         p.set_defaults(run_action=action.run,
                        unused_flags={dest: (p.get_default(dest), why) for dest, why in unused.items()})
+    # listed in the help only: `main` hands `convert` and its own flags to nndf.convert.cli before parsing
+    sub.add_parser("convert", add_help=False, help="encoder models (BERT, MiniLM, RoBERTa...) to ONNX Runtime and "
+                   "TensorRT, checked and timed, with a Triton repository, as transformer-deploy's convert_model "
+                   "(run.py convert --help)")
     return parser
 
 
