@@ -40,7 +40,7 @@ class Column:
         rather than losing the whole report; line breaks in text (a generated reply) show as \\n, so that a row
         stays one line.
         """
-        if value is None or (isinstance(value, float) and math.isnan(value)):
+        if value is None or (_is_number(value) and math.isnan(value)):  # numpy's float32 NaN too
             return "-"
         try:
             text = self.fmt.format(value)

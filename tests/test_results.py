@@ -121,13 +121,14 @@ def test_nan_is_a_dash_on_screen_and_null_in_strict_json(tmp_path: Path) -> None
     which strict parsers (JavaScript's, jq's) read; Python's json would write NaN and Infinity."""
     result = Result("accuracy", "LAMBADA", [Column("backend", "backend"), Column("ppl", "seq ppl", "{:.1f}")],
                     [{"backend": "onnxrt", "ppl": float("nan")}, {"backend": "frameworks", "ppl": np.float64(np.inf)},
-                     {"backend": "trt", "ppl": 3.25}], context={"spread": [1.0, float("nan")]})
-    assert [line.split()[-1] for line in result.render().splitlines()[3:]] == ["-", "inf", "3.2"]
+                     {"backend": "trt", "ppl": 3.25}, {"backend": "gpu", "ppl": np.float32("nan")}],
+                    context={"spread": [1.0, float("nan")]})
+    assert [line.split()[-1] for line in result.render().splitlines()[3:]] == ["-", "inf", "3.2", "-"]
     out = write_json([result], tmp_path / "r.json")
     text = out.read_text(encoding="utf-8")
     assert "NaN" not in text and "Infinity" not in text
     loaded = json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in the JSON"))
-    assert [row["ppl"] for row in loaded["results"][0]["rows"]] == [None, None, 3.25]
+    assert [row["ppl"] for row in loaded["results"][0]["rows"]] == [None, None, 3.25, None]
     assert loaded["results"][0]["context"]["spread"] == [1.0, None]
 
 
