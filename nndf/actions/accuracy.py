@@ -28,6 +28,8 @@ PPL = "{:.6g}"
 UNUSED_FLAGS = {  # nndf.cli.check_unused_flags
     "num_beams": "it scores each passage's next tokens in one forward pass and generates nothing",
     "output_seq_len": "it scores each passage's next tokens in one forward pass and generates nothing",
+    "input_seq_len": "it scores whole passages, each at its own length (up to the model's positions)",
+    "use_mask": "it always feeds a mask (passages of one length are padded together)",
 }
 
 

@@ -43,7 +43,12 @@ from nndf.streaming import ReplyStreamer, cleans_up_spaces
 SAMPLES = True
 EXIT_WORDS = {"exit", "quit", "/exit", "/quit"}
 RESET = "/reset"
-UNUSED_FLAGS = {"batch_size": "it answers one conversation, one reply at a time"}  # nndf.cli.check_unused_flags
+UNUSED_FLAGS = {  # nndf.cli.check_unused_flags
+    "batch_size": "it answers one conversation, one reply at a time",
+    "input_seq_len": "its prompt is the conversation so far, whose oldest turns are dropped when it outgrows the "
+                     "model's positions",
+    "use_mask": "it always feeds a mask",
+}
 
 
 def add_arguments(parser) -> None:

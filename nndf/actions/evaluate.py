@@ -28,6 +28,9 @@ BATCH_HELP = ("loglikelihood requests per forward pass (requests of one length t
 EXTRA = "eval"  # the optional dependency that brings lm-eval
 UNUSED_FLAGS = {  # nndf.cli.check_unused_flags
     "num_beams": "lm-eval's generation requests decode greedily, as its hf model does (the task's own settings)",
+    "input_seq_len": "the task's requests set their own lengths (contexts are cut to the model's positions)",
+    "output_seq_len": "generation requests take the task's own limit, else --max-gen-toks",
+    "use_mask": "it always feeds a mask",
 }
 
 

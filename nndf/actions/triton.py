@@ -13,6 +13,13 @@ from nndf.results import Column, Result
 from nndf.sampling import SAMPLING_STREAMS
 from nndf.triton.generative import SCHEDULERS
 
+UNUSED_FLAGS = {  # nndf.cli.check_unused_flags
+    "batch_size": "a request brings up to --max-batch-size prompts, and Triton batches requests",
+    "input_seq_len": "requests bring prompts of any length up to the model's positions",
+    "output_seq_len": "a request's new tokens are its MAX_NEW_TOKENS input, at most --max-new-tokens",
+    "use_mask": "it always feeds a mask",
+}
+
 
 def add_arguments(parser) -> None:
     g = parser.add_argument_group("triton")
