@@ -102,9 +102,10 @@ class Timing:
 
     @property
     def stdev(self) -> float:
-        """Sample standard deviation (n - 1); 0 for a single sample, where spread is unknown."""
+        """Sample standard deviation (n - 1); NaN for a single sample, whose spread is unknown (tables show it as
+        "-" and JSON as null, where 0 would claim a perfectly steady run)."""
         self._sorted()
-        return statistics.stdev(self.samples) if len(self.samples) > 1 else 0.0
+        return statistics.stdev(self.samples) if len(self.samples) > 1 else math.nan
 
     @property
     def min(self) -> float:

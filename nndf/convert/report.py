@@ -9,6 +9,7 @@ max=..ms, median=..ms, 95p=..ms, 99p=..ms`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -63,7 +64,7 @@ def latency_line(name: str, timing: Timing) -> str:
     ms = {k: 1000 * v for k, v in (("mean", timing.mean), ("sd", timing.stdev), ("min", timing.min),
                                     ("max", timing.max), ("median", timing.median), ("95p", timing.percentile(95)),
                                     ("99p", timing.percentile(99)))}
-    return f"[{name}] " + ", ".join(f"{k}={v:.2f}ms" for k, v in ms.items())
+    return f"[{name}] " + ", ".join(f"{k}=-" if math.isnan(v) else f"{k}={v:.2f}ms" for k, v in ms.items())
 
 
 def fidelity_lines(results: dict[str, Fidelity], atol: float) -> list[str]:
