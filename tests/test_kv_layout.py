@@ -10,6 +10,7 @@ import torch
 
 import nndf
 from conftest import decoder_only_families
+from nndf.actions.common import describe
 from nndf.backends import BackendOptions
 from nndf.errors import UsageError
 from nndf.export.fused_attention import layout_refusal
@@ -37,10 +38,12 @@ def test_shared_layout_tokens_equal_hf_generate(family, family_dirs, onnx_work_d
     session = m.decoder.session
     if refusal is not None:  # ALiBi (BLOOM), GPT-Neo's own attention: the growing graph, and --info says why
         assert session.layout == "growing"
-        assert "shared asked for" in session.info_notes[0] and "attention interface" in session.info_notes[0]
+        assert session.info_notes[0].startswith("KV layout: growing") and "attention interface" in session.info_notes[0]
     else:
         assert session.layout == "shared"
         assert session.info_notes[0].startswith("KV layout: shared")
+    # a result's context (--info, --json) names the layout the graph has, not the one asked for
+    assert describe(m)["backend_options"]["kv_layout"] == session.layout
     for name, (ids, mask) in _batches().items():
         for num_beams in (1, 3):
             ours = m.generate(ids, mask, max_new_tokens=12, num_beams=num_beams)

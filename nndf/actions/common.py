@@ -231,8 +231,12 @@ def label(model: Model) -> str:
 
 
 def describe(model: Model) -> dict:
-    """The context of a result: what ran, so that a JSON file is self-explanatory."""
-    options = {k: v for k, v in dataclasses.asdict(model.options).items() if v is not None}
+    """The context of a result: what ran, so that a JSON file is self-explanatory. The KV layout is the one the
+    graphs have (a model whose attention cannot share its cache keeps growing, whatever --kv-layout asked)."""
+    options = {k: v for k, v in dataclasses.asdict(model.options).items() if v is not None and k != "kv_layout"}
+    layouts = {getattr(session, "kv_layout", None) for session in model.decoder.sessions} - {None}
+    if layouts:
+        options["kv_layout"] = "/".join(sorted(layouts))
     return {
         "backend_options": options,
         "model": model.spec.family,

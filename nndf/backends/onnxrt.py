@@ -85,6 +85,7 @@ class OrtSession:
         self.host_threads = 1  # see Decoder.host_threads: the loop's small ops must not wake PyTorch's pool
         layers = sum(name.startswith("past_key_values.") for name in self.input_names) // len(KINDS)
         self.layout = layout or (graph_layout(graph) if layers else "growing")
+        self.kv_layout = self.layout if layers else None  # the layout this run has (--kv-layout is only asked for)
         # shared layout: each present output is bound to the buffer its past input was fed
         self.shared_presents = {present_name(i, k): past_name(i, k) for i in range(layers) for k in KINDS} \
             if self.layout == "shared" else {}
@@ -227,7 +228,7 @@ def open_session(loaded: LoadedModel, settings: BuildSettings, options: BackendO
         export = export_decoder(loaded, settings.use_cache, options.working_dir, layout)
     graph = runnable_graph(export, loaded, settings, options)
     return OrtSession(graph, export.input_names, export.output_names, options.threads, options.io_binding,
-                      layout=export.layout, layout_note=refusal and f"{options.kv_layout} asked for: {refusal}")
+                      layout=export.layout, layout_note=refusal)
 
 
 SEQ2SEQ_OVERRIDES = {"encoder": "encoder_onnx", "cross": "cache_generator_onnx", "decoder": "decoder_onnx"}
