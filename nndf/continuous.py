@@ -123,9 +123,9 @@ class ContinuousBatcher:
         decoder = model.decoder
         if model.architecture.name != "decoder-only":
             raise UsageError(f"continuous batching serves decoder-only models; {model.spec.family} is "
-                             f"{model.architecture.name}")
+                             f"{model.architecture.name}: serve it with --scheduler sequential")
         if not decoder.use_cache:
-            raise UsageError("continuous batching needs the KV cache (drop --no-kv-cache)")
+            raise UsageError("continuous batching needs the KV cache (drop --no-use-cache)")
         if isinstance(decoder.new_cache(1, 1), StaticKVCache):
             raise UsageError("continuous batching needs a cache whose rows can move (a static cache for CUDA graphs "
                              "cannot): serve it without CUDA graphs")

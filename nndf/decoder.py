@@ -64,9 +64,14 @@ class Decoder:
         return self.session.device
 
     @property
+    def graphs(self) -> dict:
+        """Every session this decoder runs, by graph ("decoder" here; an encoder-decoder adds "encoder" and
+        "cross", the export's names)."""
+        return {"decoder": self.session}
+
+    @property
     def sessions(self) -> list:
-        """Every session this decoder runs (one graph here; an encoder-decoder has three)."""
-        return [self.session]
+        return list(self.graphs.values())
 
     def start(self, input_ids: torch.Tensor, mask: torch.Tensor, beams: int) -> TokenState:
         """The loop's first state: each prompt (and its mask) repeated once per beam, as `generate()` expands it."""

@@ -339,6 +339,8 @@ def load(
     block_size: int | None = None,
     threads: int | None = None,
     decoder_onnx: str | None = None,
+    encoder_onnx: str | None = None,
+    cache_generator_onnx: str | None = None,
     tgt_lang: str | None = None,
     cuda_graph: bool = False,
     kv_layout: str = "shared",
@@ -347,7 +349,8 @@ def load(
 
     `quantize` ("int8" or "int4") quantizes the onnxrt backend's weights (as does a backend named "onnxrt-int8"),
     in blocks of `block_size` (default: the kind's, nndf.export.quantize); `threads` sets intra-op threads;
-    `decoder_onnx` runs a given ONNX file on onnxrt. `loaded` lets several backends share one PyTorch model.
+    `decoder_onnx` runs a given ONNX file on onnxrt (and an encoder-decoder's `encoder_onnx` and
+    `cache_generator_onnx`, as their flags; all three given: nothing is exported). `loaded` lets several backends share one PyTorch model.
     `tgt_lang` (mBART-50, e.g. "de_DE") makes every generation start with that language's token. `cuda_graph`
     replays decode steps as CUDA graphs (frameworks and trt on a CUDA GPU). `kv_layout` ("shared" or "growing") is
     the onnxrt decoder graph's KV cache layout (`nndf.export.fused_attention`; shared where the model allows).
@@ -361,7 +364,8 @@ def load(
                          f"graph), not {backend}")
     if block_size is not None and quantize is None:
         raise UsageError("block_size applies to quantized weights; give quantize='int8' or 'int4' too")
-    options = BackendOptions(working_dir=working_dir, threads=threads, decoder_onnx=decoder_onnx, quantize=quantize,
+    options = BackendOptions(working_dir=working_dir, threads=threads, decoder_onnx=decoder_onnx,
+                             encoder_onnx=encoder_onnx, cache_generator_onnx=cache_generator_onnx, quantize=quantize,
                              block_size=block_size, cuda_graph=cuda_graph, kv_layout=kv_layout)
     spec, var = resolve(family, variant)
     if settings is None:

@@ -35,8 +35,8 @@ class Seq2SeqDecoder(Decoder):
         self.start_token_id = None if start_token_id is None else int(start_token_id)
 
     @property
-    def sessions(self) -> list:
-        return [self.encoder, self.cross, self.session]
+    def graphs(self) -> dict:
+        return {"encoder": self.encoder, "cross": self.cross, "decoder": self.session}
 
     def cross_feeds(self, encoder_feeds: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Every decoder layer's cross-attention keys and values: the encoder, then the cache generator, once."""

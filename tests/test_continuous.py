@@ -180,6 +180,9 @@ def test_the_served_model_keeps_the_sampling_stream_it_was_written_with(tiny_gpt
 
 @pytest.mark.parametrize("flags,message", [
     (["--scheduler", "sequential", "--streaming"], "--streaming needs --scheduler continuous"),
+    (["--scheduler", "sequential", "--max-rows", "4"], "--max-rows applies to --scheduler continuous"),
+    (["--scheduler", "sequential", "--max-queue-delay-us", "100"],
+     "--max-queue-delay-us applies to --scheduler continuous"),
     (["--max-rows", "0"], "--max-rows must be at least 1, got 0"),
     (["--max-queue-delay-us", "-5"], "--max-queue-delay-us must be 0 or more, got -5"),
     (["--sampling-stream", "quick"], "argument --sampling-stream: invalid choice: 'quick' (choose from"),

@@ -8,7 +8,9 @@ import io
 import sys
 
 import pytest
+import torch
 
+import nndf
 from conftest import LAMBADA_FILE
 
 
@@ -102,3 +104,31 @@ def test_seq2seq_lambada_in_batches_equals_one_passage_at_a_time(text_models):
     assert batched == pytest.approx(one, rel=1e-5, nan_ok=True)
     fidelity = model.architecture.fidelity(texts, model, batch_size=4)  # our steps against HF's forward, batched
     assert fidelity.top1_agreement == 1.0 and fidelity.mean_kl < 1e-9
+
+
+def test_a_triton_folder_of_an_encoder_decoder_model_runs_its_three_graphs(text_models, onnx_work_dir, tmp_path,
+                                                                           capsys):
+    """`triton` writes the encoder, cache generator and decoder graphs beside the config and tokenizer (no weights);
+    the folder, loaded as the served model loads it, generates what our loop generates directly. The continuous
+    scheduler (the default) is refused with the one that serves it."""
+    from nndf.actions.common import encode_prompts
+    from nndf.cli import main
+    from nndf.triton import validate_repository
+    from nndf.triton.served import load_served
+
+    base = ["triton", "T5", "onnxrt", "--torch-dir", str(text_models["T5"]), "--working-dir", str(onnx_work_dir),
+            "-o", str(tmp_path / "models")]
+    assert main(base) == 2
+    assert "T5 is encoder-decoder: serve it with --scheduler sequential" in capsys.readouterr().err
+    assert main([*base, "--scheduler", "sequential", "--name", "t5"]) == 0
+    validate_repository(tmp_path / "models")
+    version = tmp_path / "models" / "t5" / "1"
+    assert not list((version / "hf").glob("*.safetensors"))
+    settings, served = load_served(version, str(tmp_path / "work"))
+    assert set(settings["graphs"]) == {"encoder_onnx", "cache_generator_onnx", "decoder_onnx"}
+    assert all(str(path).startswith(str(version)) for path in served.artifacts)
+    assert not (tmp_path / "work").exists() or not any((tmp_path / "work").iterdir())  # nothing exported
+    direct = nndf.load("T5", torch_dir=str(text_models["T5"]), backend="onnxrt", working_dir=str(onnx_work_dir))
+    ids, mask = encode_prompts(direct.tokenizer, ["translate English to German: Hello", "Hi"], use_mask=True,
+                               pad_side="right")
+    assert torch.equal(served.generate(ids, mask, max_new_tokens=5), direct.generate(ids, mask, max_new_tokens=5))

@@ -1,8 +1,8 @@
 """Triton Python-backend model that generates text with nndf's loop; copied verbatim as `<name>/1/model.py`.
 
-It runs nndf itself inside the server's Python: `nndf.load` on the files beside it (the model's config, generation
-config and tokenizer in `hf/`, the exported decoder graph in `decoder/`, what to load in `nndf.json`), so each
-request gets what `run.py` would generate. The server's Python needs nndf installed with its `onnxruntime` extra
+It runs nndf itself inside the server's Python: `nndf.triton.served.load_served` on the files beside it (the model's
+config, generation config and tokenizer in `hf/`, the exported graphs in `decoder/`, and an encoder-decoder's in
+`encoder/` and `cross/`, what to load in `nndf.json`), so each request gets what `run.py` would generate. The server's Python needs nndf installed with its `onnxruntime` extra
 (in NVIDIA's container: a derived image with `pip install nndf[onnxruntime]`).
 
 Two schedulers (`nndf.json`'s "scheduler", `run.py triton --scheduler`):
@@ -29,7 +29,6 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-SETTINGS_FILE = "nndf.json"
 # optional input -> (keyword of Model.generation_options, type); checked by nndf's own options (one sentence each)
 DECODING_INPUTS = {"DO_SAMPLE": ("do_sample", bool), "TEMPERATURE": ("temperature", float), "TOP_K": ("top_k", int),
                    "TOP_P": ("top_p", float), "SEED": ("seed", int), "REPETITION_PENALTY": ("repetition_penalty", float)}
@@ -94,18 +93,13 @@ class TritonPythonModel:
     """One loaded model per instance, and with the continuous scheduler one batch (on its own thread) per instance."""
 
     def initialize(self, args):
-        import nndf
+        from nndf.triton.served import load_served
 
         config = json.loads(args["model_config"])
         self.stream = pb_utils.using_decoupled_model_transaction_policy(config)
-        version = Path(args["model_repository"]) / args["model_version"]
-        settings = json.loads((version / SETTINGS_FILE).read_text())
-        self.defaults = settings["defaults"]
         self._work = tempfile.TemporaryDirectory(prefix="nndf-triton-")
-        self.model = nndf.load(settings["family"], settings["variant"], backend=settings["backend"],
-                               torch_dir=str(version / "hf"), decoder_onnx=str(version / settings["graph"]),
-                               working_dir=self._work.name, use_cache=settings["use_cache"],
-                               threads=settings.get("threads"), device="cpu")
+        settings, self.model = load_served(Path(args["model_repository"]) / args["model_version"], self._work.name)
+        self.defaults = settings["defaults"]
         self.worker = None
         if settings.get("scheduler", "continuous") == "continuous":
             from nndf.continuous import BatchWorker, ContinuousBatcher

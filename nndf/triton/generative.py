@@ -6,6 +6,7 @@ nndf's generation loop and KV cache inside Triton's Python backend (transformer-
     <name>/1/nndf.json        family, variant, backend, graph, cache, threads and the generation defaults
     <name>/1/hf/              the model's config, generation config and tokenizer (no weights)
     <name>/1/decoder/...      the exported decoder graph the onnxrt backend runs (fp32, int8 or int4), its data beside
+    <name>/1/encoder/, cross/ an encoder-decoder model's encoder and cross-attention cache generator graphs
 
     <name>_stream/            with --streaming: the same files, its config decoupled (a response per new piece)
 
@@ -72,6 +73,10 @@ def write_generative_repository(output_dir: str | Path, name: str, model, max_ba
         raise UsageError(f"--scheduler must be one of {', '.join(SCHEDULERS)}, not {scheduler!r}")
     if streaming and scheduler != "continuous":
         raise UsageError("--streaming needs --scheduler continuous (the sequential model answers whole requests)")
+    if scheduler != "continuous" and (max_rows is not None or queue_delay_us):
+        flag = "--max-rows" if max_rows is not None else "--max-queue-delay-us"
+        raise UsageError(f"{flag} applies to --scheduler continuous (its running batch); the sequential model "
+                         "generates each request as its own batch")
     max_rows = max_batch_size if max_rows is None else max_rows
     for flag, value in (("--max-batch-size", max_batch_size), ("--nb-instances", nb_instances),
                         ("--max-rows", max_rows)):
@@ -84,11 +89,16 @@ def write_generative_repository(output_dir: str | Path, name: str, model, max_ba
         from nndf.continuous import ContinuousBatcher
 
         ContinuousBatcher.check_model(model)  # refused here, not at the server's start
-    graph = Path(model.artifacts[-1])
-    files = {"model.py": MODEL_SOURCE, f"decoder/{graph.name}": graph}
-    files.update({f"decoder/{rel}": path for rel, path in external_data_files(graph).items()})
+    from nndf.backends.onnxrt import SEQ2SEQ_OVERRIDES  # graph -> the nndf.load keyword that runs a given file
+
+    files, graphs = {"model.py": MODEL_SOURCE}, {}
+    for role, session in model.decoder.graphs.items():  # each in a folder of its own, with its external data
+        graph = Path(session.artifacts[0])
+        files[f"{role}/{graph.name}"] = graph
+        files.update({f"{role}/{rel}": path for rel, path in external_data_files(graph).items()})
+        graphs[SEQ2SEQ_OVERRIDES[role]] = f"{role}/{graph.name}"
     settings = {"family": model.spec.family, "variant": model.variant.name, "backend": model.backend,
-                "graph": f"decoder/{graph.name}", "use_cache": model.settings.use_cache,
+                "graph": graphs["decoder_onnx"], "graphs": graphs, "use_cache": model.settings.use_cache,
                 "threads": model.options.threads, "scheduler": scheduler, "max_rows": max_rows,
                 "defaults": {"max_new_tokens": max_new_tokens, "num_beams": num_beams,
                              "sampling_stream": sampling_stream}}
