@@ -292,6 +292,8 @@ def test_gpu_seeded_sampling_equals_generate(tiny_gpt2_dir):
     (["--repetition-penalty", "0"], "repetition_penalty (--repetition-penalty) must be a number above 0"),
     (["--seed", "-1"], "seed (--seed) must be a whole number from 0 to 2**63 - 1"),
     (["--top-k", "x"], "argument --top-k: invalid int value: 'x'"),
+    (["--no-do-sample", "--temperature", "0.5", "--top-k", "4"],
+     "--temperature and --top-k shape sampled draws, and this run does not sample (--no-do-sample was given)"),
 ])
 def test_sampling_flags_are_checked_before_the_model_loads(capsys, argv, message):
     from nndf.cli import main
@@ -299,6 +301,18 @@ def test_sampling_flags_are_checked_before_the_model_loads(capsys, argv, message
     code = main(["benchmark", "GPT2", "frameworks", "--variant", "gpt2-xl", *argv])  # the hub is never asked
     err = capsys.readouterr().err
     assert code == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_draw_flags_on_a_model_that_does_not_sample_are_refused(capsys, tiny_gpt2_dir):
+    """generate() warns and decodes greedily when given a temperature without do_sample; the command line refuses
+    (the model's generation config is read after the load, before anything runs)."""
+    from nndf.cli import main
+
+    code = main(["benchmark", "GPT2", "frameworks", "--torch-dir", str(tiny_gpt2_dir), "--top-p", "0.9"])
+    out, err = capsys.readouterr()
+    assert code == 2 and ("--top-p shapes sampled draws, and this run does not sample (the model's generation "
+                          "config does not sample): add --do-sample, or leave it out") in err
+    assert "timing" not in err and "benchmark GPT2" not in out
 
 
 def test_benchmark_and_run_say_whether_they_sample(capsys, tiny_gpt2_dir):

@@ -55,6 +55,19 @@ def decoding_flags(args) -> dict:
     return dict(flags, seed=args.sampling_seed)
 
 
+def check_draw_flags_apply(decoding: dict, samples: bool | None) -> None:
+    """The flags that shape sampled draws (--temperature, --top-k, ...), refused when tokens are not sampled: with
+    --no-do-sample, or a model whose generation config does not sample and no --do-sample. generate() only warns
+    and goes on greedily; a user who set a temperature expects it to change something."""
+    given = [key for key in (*SAMPLING_KEYWORDS[1:], "sampling_stream") if decoding.get(key) is not None]
+    if given and not samples:
+        why = "--no-do-sample was given" if decoding.get("do_sample") is False else \
+            "the model's generation config does not sample"
+        flags = " and ".join(_flag(key) for key in given)
+        raise UsageError(f"{flags} shape{'s' if len(given) == 1 else ''} sampled draws, and this run does not "
+                         f"sample ({why}): add --do-sample, or leave {'it' if len(given) == 1 else 'them'} out")
+
+
 def check_decoding_flags(args) -> None:
     """The sampling flags' values, checked before any model loads (one sentence naming the flag)."""
     given = {key: getattr(args, key, None) for key in SAMPLING_KEYWORDS}
@@ -62,6 +75,8 @@ def check_decoding_flags(args) -> None:
                         **{key: value for key, value in given.items() if value is not None})
     if given.get("do_sample") and sampling.samples and (getattr(args, "num_beams", None) or 1) > 1:
         raise UsageError(BEAMS_WITH_SAMPLING)  # (a model whose generation config samples is told after its load)
+    if given.get("do_sample") is False:  # else the model's generation config decides, after its load
+        check_draw_flags_apply(dict(given, sampling_stream=getattr(args, "sampling_stream", None)), False)
     if getattr(args, "repetition_penalty", None) is not None:
         check_repetition_penalty(args.repetition_penalty)
 
@@ -70,6 +85,7 @@ def decoding_note(model: Model, decoding: dict, num_beams: int | None) -> str:
     """How tokens are picked, for a title: "greedy", "beams 4" or the sampling settings and seed (checked: beam
     search with sampling is refused here, before anything runs)."""
     options = model.generation_options(1, 0, num_beams, **decoding)
+    check_draw_flags_apply(decoding, options.sampling.do_sample)
     if options.num_beams > 1:
         return f"beams {options.num_beams}"
     return options.sampling.describe()
