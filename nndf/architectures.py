@@ -41,6 +41,8 @@ class TextInputs:
     takes_images = False
     has_encoder = False  # a module of its own that reads the input first (timed apart in benchmarks)
     reply_continues_prompt = True  # generated text continues the prompt's (a chat's turn is prompt + reply)
+    # LAMBADA's NVIDIA-demo metrics score the passage's last --tokens-to-generate tokens (else the target word's)
+    lambada_tokens_to_generate = True
 
     def prompt(self, loaded, input_ids, attention_mask, pixel_values):
         """The loop's `(input_ids, attention_mask, encoder inputs)` from what a caller of `generate()` gave."""

@@ -26,6 +26,7 @@ class EncoderDecoder(TextInputs):
     name = "encoder-decoder"
     has_encoder = True
     reply_continues_prompt = False  # the decoder answers the encoder's text (a chat's reply is a turn of its own)
+    lambada_tokens_to_generate = False  # the decoder scores the target word's own tokens, as lm-eval does
     graphs = TextGraphs()  # the three graphs' names, wrappers and tracing examples
 
     def derive_shapes(self, settings, spec, config) -> Seq2SeqShapeSpec:

@@ -326,6 +326,8 @@ def test_a_file_that_is_not_onnx_is_one_sentence(capsys, tiny_gpt2_dir, tmp_path
      "--input-seq-len does not apply to chat: its prompt is the conversation so far"),
     (["accuracy", "GPT2", "frameworks", "--random-weights", "--input-seq-len", "8"],
      "--input-seq-len does not apply to accuracy: it scores whole passages"),
+    (["accuracy", "T5", "frameworks", "--variant", "t5-small", "--random-weights", "--tokens-to-generate", "3"],
+     "--tokens-to-generate does not apply to T5: an encoder-decoder model's decoder scores the target word's own"),
     (["accuracy", "GPT2", "frameworks", "--random-weights", "--use-mask"],
      "--use-mask does not apply to accuracy: it always feeds a mask"),
     (["evaluate", "GPT2", "frameworks", "--random-weights", "--tasks", "lambada_openai", "--output-seq-len", "8"],
@@ -387,4 +389,4 @@ def test_a_top_n_over_the_vocabulary_is_refused_before_scoring(capsys, tiny_gpt2
     passages.write_text('{"text": "the cat sat on the mat"}\n')
     code, _, err = run_cli(capsys, "accuracy", "GPT2", "frameworks", "--torch-dir", tiny_gpt2_dir, "--dataset-file",
                            passages, "--topN", 50258)
-    assert code == 2 and "--topN 50258 is more than the 50257 tokens of" in err and "scoring" not in err
+    assert code == 2 and "--topN 50258 is more than the 50257 tokens of" in err and "loading" not in err

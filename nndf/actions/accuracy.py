@@ -48,19 +48,26 @@ def run(args) -> list[Result]:
     from nndf.architectures import architecture
     from nndf.evaluation import check_lambada_settings
     from nndf.lambada import load_lambada, sample_texts
+    from nndf.loading import load_config
     from nndf.registry import resolve
 
-    architecture(resolve(args.model, args.variant)[0]).check_lambada(resolve(args.model, args.variant)[0])
-
+    spec, variant = resolve(args.model, args.variant)
+    scores = architecture(spec)
+    scores.check_lambada(spec)
+    if args.tokens_to_generate != 1 and not scores.lambada_tokens_to_generate:
+        raise UsageError(f"--tokens-to-generate does not apply to {spec.family}: an encoder-decoder model's decoder "
+                         "scores the target word's own tokens (as lm-evaluation-harness does)")
     if args.num_samples is not None and args.num_samples < 0:
         raise UsageError(f"--num-samples must be 0 (all) or more, got {args.num_samples}")
     check_lambada_settings(args.tokens_to_generate, args.topN)
+    # the vocabulary from the config, read cheaply: a top-N covering it (100% says nothing) is refused before the load
+    vocab = spec.hooks.vocab_size(load_config(spec, variant, torch_dir=args.torch_dir,
+                                              random_weights=args.random_weights))
+    if args.topN > vocab:
+        raise UsageError(f"--topN {args.topN} is more than the {vocab} tokens of {variant.name}'s vocabulary")
     texts = load_lambada(args.dataset_file)
     chosen = [text for _, text in sample_texts(texts, args.num_samples, seed=data_seed(args))]
     models = open_models(args, needs_text=True)
-    vocab = models[0].shapes.vocab_size
-    if args.topN > vocab:  # every token would be in the top N: 100% says nothing
-        raise UsageError(f"--topN {args.topN} is more than the {vocab} tokens of {models[0].variant.name}'s vocabulary")
     rows = []
     for model in models:
         say(f"scoring {len(chosen)} LAMBADA passages on {label(model)}")
