@@ -8,13 +8,10 @@ stderr and exit code 2; known runtime failures are one sentence and exit code 1.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
-import signal
 import sys
-import threading
 
-from nndf.errors import HarnessError, OneSentenceParser, UsageError
+from nndf.errors import OneSentenceParser, UsageError, run_command
 from nndf.paths import check_output_file, check_output_folder
 
 # Action name -> (module in nndf.actions, one-line help). Each module has `add_arguments(parser)` and `run(args)`.
@@ -214,31 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class Terminated(BaseException):
-    """SIGTERM (`timeout`, `kill`, a job scheduler) as an exception, so that `finally` blocks remove temporary files."""
-
-
-def _raise_terminated(signum, frame) -> None:
-    raise Terminated()
-
-
-@contextlib.contextmanager
-def _sigterm_unwinds():
-    """Without this, SIGTERM ends the process at once and a half-built export stays behind as a `.tmp` folder."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    with _sigterm_unwinds():
-        return _main(argv)
+    return run_command(lambda: _main(argv))
 
 
 def _main(argv: list[str]) -> int:
@@ -246,29 +221,19 @@ def _main(argv: list[str]) -> int:
         from nndf.convert.cli import main as convert_main
 
         return convert_main(argv[1:])
-    try:
-        parser = build_parser()
-        if argv and argv[0] not in ACTIONS and not argv[0].startswith("-"):
-            raise UsageError(f"unknown action '{argv[0]}'; allowed: {', '.join([*ACTIONS, 'convert'])}")
-        args = parser.parse_args(argv)
-        check_unused_flags(args)
-        check_given_paths(args)
-        results = args.run_action(args)
-        from nndf.results import write_json
+    parser = build_parser()
+    if argv and argv[0] not in ACTIONS and not argv[0].startswith("-"):
+        raise UsageError(f"unknown action '{argv[0]}'; allowed: {', '.join([*ACTIONS, 'convert'])}")
+    args = parser.parse_args(argv)
+    check_unused_flags(args)
+    check_given_paths(args)
+    results = args.run_action(args)
+    from nndf.results import write_json
 
-        for result in results:
-            print(result.render(verbose=getattr(args, "info", False)))
-            print()
-        if getattr(args, "json", None):
-            write_json(results, args.json)
-            print(f"results written to {args.json}")
-        return 0
-    except (UsageError, HarnessError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except Terminated:
-        print("terminated", file=sys.stderr)
-        return 128 + signal.SIGTERM
+    for result in results:
+        print(result.render(verbose=getattr(args, "info", False)))
+        print()
+    if getattr(args, "json", None):
+        write_json(results, args.json)
+        print(f"results written to {args.json}")
+    return 0

@@ -2,10 +2,16 @@
 
 `UsageError` is the user's input being wrong (a flag, a name, a path): exit code 2, like argparse.
 `HarnessError` is a well-understood runtime failure (a model cannot be loaded offline, a backend is missing on
-this machine): exit code 1. Anything else is a bug and keeps its traceback.
+this machine): exit code 1. Anything else is a bug and keeps its traceback. `run_command` turns them, Ctrl-C and
+SIGTERM into what both command lines (run.py and convert_model) print and return.
 """
 
 import argparse
+import contextlib
+import signal
+import sys
+import threading
+from typing import Callable
 
 
 class UsageError(ValueError):
@@ -25,3 +31,42 @@ class OneSentenceParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         raise UsageError(message)
+
+
+class Terminated(BaseException):
+    """SIGTERM (`timeout`, `kill`, a job scheduler) as an exception, so that `finally` blocks remove temporary files."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def sigterm_unwinds():
+    """Without this, SIGTERM ends the process at once and a half-built export stays behind as a `.tmp` folder."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run_command(body: Callable[[], int]) -> int:
+    """A command's exit code: its own, or one line on stderr instead of a traceback for a failure the user can act
+    on (a UsageError or HarnessError: "error: ...", Ctrl-C: "interrupted", SIGTERM: "terminated"); temporary files
+    go with the unwinding."""
+    with sigterm_unwinds():
+        try:
+            return body()
+        except (UsageError, HarnessError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return exc.exit_code
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            return 130
+        except Terminated:
+            print("terminated", file=sys.stderr)
+            return 128 + signal.SIGTERM

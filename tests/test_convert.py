@@ -134,7 +134,9 @@ def test_missing_model_and_unfaithful_backend_are_errors_without_leftovers(minil
     assert code == 2 and f"-m/--model {tmp_path / 'nowhere'} does not exist" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
     code = convert_model(["-m", str(tmp_path / "empty"), "-o", str(tmp_path / "a")])
-    assert code == 2 and f"-m/--model {tmp_path / 'empty'}: cannot load its tokenizer" in capsys.readouterr().err
+    assert code == 2 and f"-m/--model {tmp_path / 'empty'} holds no config.json" in capsys.readouterr().err
+    code = convert_model(["-m", str(minilm_dir / "config.json"), "-o", str(tmp_path / "a")])
+    assert code == 2 and "config.json is a file; it takes a folder" in capsys.readouterr().err
     code = convert_model(["-m", str(minilm_dir), "-t", str(tmp_path / "empty"), "-o", str(tmp_path / "a")])
     assert code == 2 and f"-t/--tokenizer {tmp_path / 'empty'}: cannot load a tokenizer" in capsys.readouterr().err
     out = tmp_path / "b"
@@ -208,3 +210,15 @@ def test_static_qdq_int8_for_tensorrt_stays_close(minilm_dir, tmp_path):
     int8 = ort.InferenceSession(str(tmp_path / "qdq.onnx"), providers=["CPUExecutionProvider"]).run(None, held_out)
     cosine = (fp32[0] * int8[0]).sum(1) / (np.linalg.norm(fp32[0], axis=1) * np.linalg.norm(int8[0], axis=1))
     assert cosine.min() > 0.98, cosine
+
+
+def test_ctrl_c_is_one_line_without_a_traceback(minilm_dir, tmp_path, capsys, monkeypatch):
+    """As run.py's actions: Ctrl-C during a conversion prints "interrupted" and exits 130."""
+    import nndf.convert.cli
+
+    def interrupted(opts):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(nndf.convert.cli, "run", interrupted)
+    code = convert_model(["-m", str(minilm_dir), "-o", str(tmp_path / "out")])
+    assert code == 130 and capsys.readouterr().err.strip().splitlines()[-1] == "interrupted"

@@ -24,7 +24,7 @@ from nndf.convert import engines as eng
 from nndf.convert import graphs, report
 from nndf.convert.options import ConvertOptions, parse
 from nndf.convert.tasks import TASKS, TaskModule, load_task_model, model_inputs, transformer_of
-from nndf.errors import HarnessError, UsageError
+from nndf.errors import UsageError, run_command
 from nndf.measure import available_host_memory
 from nndf.progress import say
 from nndf.workspace import atomic_write_json
@@ -187,16 +187,16 @@ def _triton(opts: ConvertOptions, module: TaskModule, paths: dict[str, Path], to
 
 
 def main(argv: list[str] | None = None) -> int:
+    return run_command(lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> int:
     started = time.perf_counter()
-    try:
-        opts = parse(argv)
-        results = run(opts)
-        if opts.json:
-            atomic_write_json(opts.json, results)
-            print(f"results written to {opts.json}")
-    except (UsageError, HarnessError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
+    opts = parse(argv)
+    results = run(opts)
+    if opts.json:
+        atomic_write_json(opts.json, results)
+        print(f"results written to {opts.json}")
     say(f"done in {time.perf_counter() - started:.0f} s")
     return 0
 

@@ -26,11 +26,19 @@ class _DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def _check_local(flag: str, value: str) -> None:
-    """A value written as a path (absolute, or starting with . or ~) must exist: the hub's message for it is about
-    repository ids."""
-    if value.startswith(("/", ".", "~")) and not Path(value).expanduser().exists():
-        raise UsageError(f"{flag} {value} does not exist (it takes a local folder or a hub id)")
+def _check_local(flag: str, value: str, needs: str | None = None) -> None:
+    """A value written as a path (absolute, or starting with . or ~) must exist, and a local path must be a folder
+    (holding `needs`): the hub's or the tokenizer's message for it is about something else."""
+    path = Path(value).expanduser()
+    if not path.exists():
+        if value.startswith(("/", ".", "~")):
+            raise UsageError(f"{flag} {value} does not exist (it takes a local folder or a hub id)")
+        return  # a hub id
+    if not path.is_dir():
+        raise UsageError(f"{flag} {value} is a file; it takes a folder (what save_pretrained() writes) or a hub id")
+    if needs is not None and not (path / needs).is_file():
+        raise UsageError(f"{flag} {value} holds no {needs}; it takes a folder that save_pretrained() wrote (the "
+                         "config and the weights) or a hub id")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -119,7 +127,7 @@ def parse(argv: list[str] | None = None) -> ConvertOptions:
         raise UsageError(f"--atol must be positive, got {args.atol}")
     if not args.name or any(c in args.name for c in "/\\ "):
         raise UsageError(f"-n/--name '{args.name}' names Triton models: use letters, digits, - and _")
-    _check_local("-m/--model", args.model)
+    _check_local("-m/--model", args.model, needs="config.json")
     if args.tokenizer:
         _check_local("-t/--tokenizer", args.tokenizer)
     check_output_folder("-o/--output", args.output)
