@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -27,6 +28,7 @@ class Column:
     header: str
     fmt: str = "{}"
     unit: str = ""
+    width: int | None = None  # a longer cell is cut at a word, " ..." marking the cut (JSON keeps the whole value)
 
     @property
     def label(self) -> str:
@@ -46,7 +48,11 @@ class Column:
             text = self.fmt.format(value)
         except (ValueError, TypeError, IndexError, KeyError):
             text = str(value)
-        return text.replace("\r", "\\r").replace("\n", "\\n")
+        text = text.replace("\r", "\\r").replace("\n", "\\n")
+        if self.width is not None and len(text) > self.width:
+            cut = textwrap.shorten(text, self.width, placeholder=" ...")  # at a word, else (one long word) anywhere
+            text = cut if cut != "..." else text[:self.width - 4] + " ..."
+        return text
 
 
 def _is_number(value: object) -> bool:

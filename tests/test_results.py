@@ -137,3 +137,14 @@ def test_a_reply_with_line_breaks_stays_on_its_row() -> None:
                     [{"backend": "onnxrt", "text": "one\ntwo\r\nthree"}, {"backend": "trt", "text": "four"}])
     lines = result.render().splitlines()
     assert len(lines) == 5 and lines[3].endswith("one\\ntwo\\r\\nthree") and lines[4].endswith("four")
+
+
+def test_a_column_with_a_width_cuts_long_text_at_a_word_on_screen_only(tmp_path: Path) -> None:
+    """run's inputs (a paragraph of BART's checkpoint) made rows 700 characters wide; the JSON keeps them whole."""
+    paragraph = "NVIDIA TensorRT-based applications perform up to 36X faster than CPU-only platforms " * 5
+    result = Result("run", "outputs", [Column("input", "input", width=40), Column("output", "output")],
+                    [{"input": paragraph, "output": "x"}, {"input": "a" * 50, "output": "y"}])
+    cells = [line[:40].rstrip() for line in result.render().splitlines()[3:]]
+    assert cells == ["NVIDIA TensorRT-based applications ...", "a" * 36 + " ..."]
+    loaded = json.loads(write_json([result], tmp_path / "r.json").read_text())
+    assert loaded["results"][0]["rows"][0]["input"] == paragraph

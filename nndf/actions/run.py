@@ -77,7 +77,7 @@ def checkpoint_rows(args, models, samples: list[Sample]) -> tuple[list[dict], li
             label = first.label_ids(ids, sample.label) if sample.label else None
             new_tokens = len(label) if label else args.output_seq_len or DEFAULT_NEW_TOKENS
             shown = textwrap.shorten(_describe_sample(sample), 48, placeholder=" ...")  # whole words
-            say(f"{runner.label}: '{shown}' + {new_tokens} tokens")
+            say(f"{runner.label}: '{shown}' + up to {new_tokens} tokens")
             t = time_generation(runner, inputs, new_tokens, None, args.num_beams, timing, progress=False,
                                 decoding=decoding)
             new = first.new_tokens(t.output, ids)[0].tolist()
@@ -113,9 +113,11 @@ COLUMNS = [
 
 
 def outputs_result(title: str, outputs: list[dict], context: dict) -> Result:
-    columns = [Column("backend", "backend"), Column("input", "input"), Column("output", "output")]
+    columns = [Column("backend", "backend"), Column("input", "input", width=60), Column("output", "output")]
     return Result("outputs", title, columns, outputs, context,
-                  ["output: the generated tokens after the prompt (a caption after its text prefix), decoded."])
+                  ["output: the generated tokens after the prompt (a caption after its text prefix), decoded without "
+                   "special tokens: empty where the model ended at once (EOS first, as random weights often do); "
+                   "inputs cut to 60 characters here, whole in --json."])
 
 
 def run(args) -> list[Result]:
