@@ -60,6 +60,8 @@ def test_run_compare_and_export_caption_the_photos(blip_dir, onnx_work_dir, caps
     assert code == 0, err
     for graph in ("encoder", "cross", "decoder"):
         assert f"{graph}.onnx" in out
+    sizes = [line.split(".onnx")[1].strip() for line in out.splitlines() if line.startswith("onnxrt ")]
+    assert len(sizes) == 3 and len(set(sizes)) == 3, sizes  # each graph's own size, not their shared folder's
     assert "encoder: pixel_values" in out and "[1, 3, 32, 32] float" in out and "[1, 17, 48] float" in out
 
 

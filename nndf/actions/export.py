@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from nndf.actions.common import describe, label, open_models
+from nndf.export.graph_files import graph_bytes
 from nndf.measure import format_bytes
 from nndf.results import Column, Result
 
@@ -19,10 +20,16 @@ def run(args) -> list[Result]:
     for model in models:
         files = model.artifacts or [None]
         for artifact in files:
-            size = sum(p.stat().st_size for p in Path(artifact).parent.iterdir()) if artifact else None
+            size = _size(Path(artifact)) if artifact else None
             rows.append({"backend": label(model), "artifact": artifact or "(runs the PyTorch model; nothing to export)",
                          "size": format_bytes(size) if size else "-"})
-    columns = [Column("backend", "backend"), Column("artifact", "artifact"), Column("size", "folder size")]
+    columns = [Column("backend", "backend"), Column("artifact", "artifact"), Column("size", "size")]
     first = models[0]
-    notes = ["Artifacts are reused only when their metadata matches these settings, library versions and weights."]
+    notes = ["Artifacts are reused only when their metadata matches these settings, library versions and weights.",
+             "size: an ONNX graph's with its external data (the weights beside it), an engine's file."]
     return [Result("export", f"export {first.spec.family} {first.variant.name}", columns, rows, describe(first), notes)]
+
+
+def _size(artifact: Path) -> int:
+    """What one artifact weighs on disk: an encoder-decoder's three graphs share a folder, each counting its own."""
+    return graph_bytes(artifact) if artifact.suffix == ".onnx" else artifact.stat().st_size

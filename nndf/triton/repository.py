@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from nndf.errors import HarnessError, UsageError
+from nndf.export.graph_files import external_data_files
 from nndf.workspace import atomic_dir
 
 ENGINES = {"onnx": ("onnxruntime_onnx", "model.onnx"), "tensorrt": ("tensorrt_plan", "model.plan")}
@@ -140,23 +141,6 @@ def ensemble_config(names: Mapping[str, str], input_names: Sequence[str], output
     for out in outputs:
         engine.output_map[out] = out
     return config
-
-
-def external_data_files(onnx_file: Path) -> dict[str, Path]:
-    """{location as the graph names it: file} for the files an ONNX graph keeps its weights in, read without loading
-    the weights; they are copied under the same relative names so that the graph finds them in the repository."""
-    import onnx
-    from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data
-
-    model = onnx.load(str(onnx_file), load_external_data=False)
-    locations = {ExternalDataInfo(t).location for t in _get_all_tensors(model) if uses_external_data(t)}
-    files = {}
-    for location in sorted(locations):
-        path = onnx_file.parent / location
-        if not path.is_file() or ".." in Path(location).parts or Path(location).is_absolute():
-            raise UsageError(f"{onnx_file} keeps weights in {location!r}, which is not a file beside it")
-        files[location] = path
-    return files
 
 
 def _copy_tokenizer(tokenizer_dir: Path, target: Path) -> None:
