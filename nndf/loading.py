@@ -42,12 +42,19 @@ class LoadedModel:
     _model: torch.nn.Module | None = None
     _tokenizer: object = None
     _processor: object = None
+    folder: Path | None = None  # --torch-dir's folder
+
+    @property
+    def name(self) -> str:
+        """What titles call the model: the variant's name, or a local folder's (a --torch-dir model is its own
+        checkpoint; the variant is then the family's default unless --variant named one, and shapes nothing)."""
+        return self.folder.name if self.folder is not None else self.variant.name
 
     @property
     def model(self) -> torch.nn.Module:
         if self._model is None:
             started = time.perf_counter()
-            print(f"loading {self.variant.name} weights: {self.source} ...", file=sys.stderr, flush=True)
+            print(f"loading {self.name} weights: {self.source} ...", file=sys.stderr, flush=True)
             model = self.loader()
             model.eval()
             self._model = model
@@ -211,7 +218,8 @@ def load_model(
             return _from_hub(auto, variant, dtype).to(device)
     if dtype != torch.float32:  # exports are fp32 copies of the loaded weights: fp16-rounded ones are other weights
         weights_id += f":{str(dtype).replace('torch.', '')}"
-    return LoadedModel(spec, variant, config, source, tokenizer_source, weights_id, loader)
+    return LoadedModel(spec, variant, config, source, tokenizer_source, weights_id, loader,
+                       folder=Path(torch_dir).resolve() if torch_dir is not None else None)
 
 
 def _hub_config(variant: Variant):

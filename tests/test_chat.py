@@ -198,7 +198,7 @@ def test_a_terminal_sees_tokens_before_the_reply_ends_and_ctrl_c_stops_only_the_
         assert int(stopped.group(1)) < 900
         seen.clear()
         os.write(fd, b"/exit\n")
-        _read_until(fd, r"chat GPT2 gpt2: 1 reply,", 60, seen)
+        _read_until(fd, r"chat GPT2 gpt2-1024: 1 reply,", 60, seen)
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
     finally:

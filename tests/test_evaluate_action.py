@@ -37,7 +37,7 @@ def test_evaluate_prints_lm_eval_tables_and_each_metric_against_the_first_backen
     out, err = capsys.readouterr()
     assert code == 0, err
     for backend in ("frameworks", "onnxrt", "onnxrt int8"):
-        assert f"evaluate GPT2 gpt2 on {backend}: lm-evaluation-harness 0.4.13" in out
+        assert f"evaluate GPT2 lambada-tiny-gpt2 on {backend}: lm-evaluation-harness 0.4.13" in out
     # lm-eval's own table, once per backend
     assert out.count("|lambada_openai|") == 3 and out.count("|Version|Filter|n-shot|") == 3
     assert "bootstrapping" not in out and "evaluating lambada_openai on onnxrt int8 (3 of 3)" in err

@@ -328,4 +328,4 @@ def test_benchmark_and_run_say_whether_they_sample(capsys, tiny_gpt2_dir):
     assert main(["run", "GPT2", "frameworks", *fast, "--output-seq-len", "3"]) == 0
     assert "checkpoint samples, greedy" in capsys.readouterr().out
     assert main(["compare", "GPT2", "frameworks", *fast, "--output-seq-len", "3", "--num-beams", "2"]) == 0
-    assert "compare GPT2 gpt2: frameworks, frameworks (HF generate); beams 2" in capsys.readouterr().out
+    assert "compare GPT2 tiny-gpt2: frameworks, frameworks (HF generate); beams 2" in capsys.readouterr().out

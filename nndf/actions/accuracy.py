@@ -64,7 +64,7 @@ def run(args) -> list[Result]:
     vocab = spec.hooks.vocab_size(load_config(spec, variant, torch_dir=args.torch_dir,
                                               random_weights=args.random_weights))
     if args.topN > vocab:
-        raise UsageError(f"--topN {args.topN} is more than the {vocab} tokens of {variant.name}'s vocabulary")
+        raise UsageError(f"--topN {args.topN} is more than the {vocab} tokens of this model's vocabulary")
     texts = load_lambada(args.dataset_file)
     chosen = [text for _, text in sample_texts(texts, args.num_samples, seed=data_seed(args))]
     models = open_models(args, needs_text=True)
@@ -102,7 +102,7 @@ def run(args) -> list[Result]:
                      "KL vs PyTorch: mean KL(PyTorch || backend) per position. On random weights the logits are "
                      "nearly flat, so quantized agreement says little there: judge fidelity on trained weights.")
     first = models[0]
-    title = f"accuracy {first.spec.family} {first.variant.name}: LAMBADA, {len(chosen)} passages"
+    title = f"accuracy {first.spec.family} {first.loaded.name}: LAMBADA, {len(chosen)} passages"
     context = dict(describe(first), dataset=args.dataset_file or "EleutherAI/lambada_openai",
                    num_samples=len(chosen), tokens_to_generate=args.tokens_to_generate, topN=n)
     return [Result("accuracy", title, columns, rows, context, notes)]

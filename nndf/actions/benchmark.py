@@ -132,7 +132,7 @@ def run(args) -> list[Result]:
                      "cross-attention cache generator's too (Hugging Face computes the cross-attention keys and "
                      "values inside its first decoder step); first token includes it.")
     inputs = first.architecture.benchmark_inputs(prompt_len)
-    title = (f"benchmark {first.spec.family} {first.variant.name}: batch {batch}, {inputs} + "
+    title = (f"benchmark {first.spec.family} {first.loaded.name}: batch {batch}, {inputs} + "
              f"{new_tokens} new tokens, {picked}, {weights_and_cache(args)}")
     if args.plot:
         plot_bars(args.plot, title, rows, [("decode_ms", "decode step (ms, +- stdev over runs)", "decode_spread_ms"),

@@ -264,7 +264,7 @@ def run(args, stream=None) -> list[Result]:
     ask = ("type a text prefix (or an empty line) for the image" if given else "type IMAGE_PATH [text prefix]") \
         if takes_images else "type a prompt"
     memory = "" if chat.conversations[0] is None else f", {RESET} forgets the conversation"
-    print(f"chat with {first.variant.name} on {', '.join(label(m) for m in models)}, {chat.picked}; {ask}{memory}, "
+    print(f"chat with {first.loaded.name} on {', '.join(label(m) for m in models)}, {chat.picked}; {ask}{memory}, "
           "or 'exit' to end", flush=True)
     try:
         for line in _prompts(stream, keep_empty=given is not None):
@@ -296,5 +296,5 @@ def run(args, stream=None) -> list[Result]:
                Column("first_text_ms", "first text shown", "{:.1f}", "ms"), Column("new_tokens", "tokens"),
                Column("tokens_per_s", "speed", "{:.1f}", "tok/s"), Column("prompt", "prompt")]
     replies = counted(len(chat.rows), "reply", "replies")
-    title = f"chat {first.spec.family} {first.variant.name}: {replies}, {chat.picked}"
+    title = f"chat {first.spec.family} {first.loaded.name}: {replies}, {chat.picked}"
     return [Result("chat", title, columns, chat.rows, describe(first))]

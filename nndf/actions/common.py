@@ -232,7 +232,7 @@ def engine_plan_result(args, spec, variant, backend: str) -> Result:
     notes.append("These engines need a GPU with TensorRT; the ONNX files they read are what `run.py export "
                  f"{spec.family} onnxrt{layout}` (same flags) writes on any machine. Engine files are named here "
                  "after their graph; the backend's own names also hash the GPU they are built on.")
-    return Result("info", f"{spec.family} {variant.name}: the {backend} engines these settings build", columns, rows,
+    return Result("info", f"{spec.family} {loaded.name}: the {backend} engines these settings build", columns, rows,
                   context, notes)
 
 
@@ -271,7 +271,7 @@ def info_result(model: Model) -> Result:
         notes.append(model.shapes.kv_cache_note(2 if model.settings.fp16 else 4))
     return Result(
         action="info",
-        title=f"{model.spec.family} {model.variant.name}: decoder tensors",
+        title=f"{model.spec.family} {model.loaded.name}: decoder tensors",
         columns=[Column("tensor", "tensor"), Column("shape", "shape")],
         rows=rows,
         context=describe(model),

@@ -31,7 +31,7 @@ def run(args) -> list[Result]:
     for row in rows:
         row["speedup"] = base / row["generation_ms"]
     columns = COLUMNS + [Column("speedup", f"speed vs {rows[0]['backend']}", "{:.2f}", "x")]
-    title = (f"compare {first.spec.family} {first.variant.name}: {', '.join(r['backend'] for r in rows)}; "
+    title = (f"compare {first.spec.family} {first.loaded.name}: {', '.join(r['backend'] for r in rows)}; "
              f"{picked}, {weights_and_cache(args)}")
     notes = ["speed: full-generation time of the first row divided by each row's (higher is faster).",
              LENGTH_NOTE]
@@ -40,4 +40,4 @@ def run(args) -> list[Result]:
                                            ("decode_ms", "decode step (ms)", None)])
         notes.append(f"plot written to {args.plot}")
     return [Result("compare", title, columns, rows, describe(first), notes),
-            outputs_result(f"outputs {first.spec.family} {first.variant.name}", outputs, describe(first))]
+            outputs_result(f"outputs {first.spec.family} {first.loaded.name}", outputs, describe(first))]

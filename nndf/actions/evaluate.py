@@ -193,7 +193,7 @@ def backend_table(model, out: dict, seconds: float, context: dict) -> LmEvalResu
     if out.get("config", {}).get("limit") is not None:
         notes.append(f"--limit {out['config']['limit']}: the first documents of each task only (lm-eval: for checks, "
                      "not for reporting).")
-    title = (f"evaluate {model.spec.family} {model.variant.name} on {label(model)}: lm-evaluation-harness "
+    title = (f"evaluate {model.spec.family} {model.loaded.name} on {label(model)}: lm-evaluation-harness "
              f"{version('lm_eval')}, {seconds:.1f} s")
     columns = [Column("task", "task"), Column("filter", "filter"), Column("n_shot", "n-shot"),
                Column("metric", "metric"), Column("value", "value", "{:.6g}"), Column("stderr", "stderr", "{:.4g}")]
@@ -224,5 +224,5 @@ def difference_table(labels: list[str], outs: list[dict], first_model, context: 
     notes = [f"difference: the backend's value minus {labels[0]}'s on the same documents; relative: that over "
              f"{labels[0]}'s value, in percent. ↑ higher is better (a negative difference is what the backend "
              "costs), ↓ lower is better (a positive one is)."]
-    title = f"evaluate {first_model.spec.family} {first_model.variant.name}: each metric against {labels[0]}"
+    title = f"evaluate {first_model.spec.family} {first_model.loaded.name}: each metric against {labels[0]}"
     return Result("evaluate", title, columns, rows, context, notes)

@@ -27,7 +27,7 @@ def run(args) -> list[Result]:
     first = models[0]
     notes = ["Artifacts are reused only when their metadata matches these settings, library versions and weights.",
              "size: an ONNX graph's with its external data (the weights beside it), an engine's file."]
-    return [Result("export", f"export {first.spec.family} {first.variant.name}", columns, rows, describe(first), notes)]
+    return [Result("export", f"export {first.spec.family} {first.loaded.name}", columns, rows, describe(first), notes)]
 
 
 def _size(artifact: Path) -> int:

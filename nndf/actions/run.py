@@ -131,6 +131,6 @@ def run(args) -> list[Result]:
              "this variant."]
     notes.append(LENGTH_NOTE)
     source = "the given images" if getattr(args, "image", None) else "checkpoint samples"
-    title = f"run {first.spec.family} {first.variant.name}: {source}, {picked}, {weights_and_cache(args)}"
+    title = f"run {first.spec.family} {first.loaded.name}: {source}, {picked}, {weights_and_cache(args)}"
     return [Result("run", title, COLUMNS, rows, describe(first), notes),
-            outputs_result(f"outputs {first.spec.family} {first.variant.name}", outputs, describe(first))]
+            outputs_result(f"outputs {first.spec.family} {first.loaded.name}", outputs, describe(first))]

@@ -75,5 +75,5 @@ def run(args) -> list[Result]:
     if args.streaming:
         notes.append(f"{name}_stream streams each new piece of text (gRPC stream_infer; a final empty response "
                      f"flagged complete)")
-    return [Result("triton", f"triton {model.spec.family} {model.variant.name}", columns, rows, describe(model),
+    return [Result("triton", f"triton {model.spec.family} {model.loaded.name}", columns, rows, describe(model),
                    notes)]
