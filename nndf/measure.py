@@ -29,7 +29,7 @@ from nndf.errors import UsageError
 
 def _check_whole(flag: str, value: object, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise UsageError(f"{flag} was {value!r} but must be a whole number of at least {minimum}.")
+        raise UsageError(f"{flag} must be a whole number of at least {minimum}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -61,13 +61,13 @@ class TimingSettings:
             or not math.isfinite(self.duration)
             or self.duration < 0
         ):
-            raise UsageError(f"--duration was {self.duration!r} but must be a finite number of seconds >= 0.")
+            raise UsageError(f"--duration must be a finite number of seconds >= 0, got {self.duration!r}")
         if (
             isinstance(self.percentile, bool)
             or not isinstance(self.percentile, (int, float))
             or not 0 <= self.percentile <= 100
         ):
-            raise UsageError(f"--percentile was {self.percentile!r} but must be a number from 0 to 100.")
+            raise UsageError(f"--percentile must be a number from 0 to 100, got {self.percentile!r}")
 
 
 @dataclass
