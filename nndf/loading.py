@@ -47,8 +47,8 @@ class LoadedModel:
     @property
     def name(self) -> str:
         """What titles call the model: the variant's name, or a local folder's (a --torch-dir model is its own
-        checkpoint; the variant is then the family's default unless --variant named one, and shapes nothing)."""
-        return self.folder.name if self.folder is not None else self.variant.name
+        checkpoint; the variant is then the family's default unless --variant named one)."""
+        return (self.folder.name if self.folder is not None else "") or self.variant.name
 
     @property
     def model(self) -> torch.nn.Module:
@@ -136,26 +136,28 @@ def load_config(spec: ModelSpec, variant: Variant, *, torch_dir: str | None = No
     if torch_dir is not None:
         if not (Path(torch_dir) / "config.json").is_file():
             raise UsageError(f"--torch-dir {torch_dir} is not a Hugging Face model folder (no config.json in it)")
-        return AutoConfig.from_pretrained(torch_dir)
+        return check_architecture(spec, AutoConfig.from_pretrained(torch_dir), f"--torch-dir {torch_dir}")
     if not random_weights:
         try:
-            return check_architecture(spec, variant, AutoConfig.from_pretrained(variant.hub_id))
+            config = AutoConfig.from_pretrained(variant.hub_id)
+            return config if variant.has_known_config else check_architecture(spec, config, f"--variant {variant.hub_id}")
         except OSError as exc:
             if not variant.has_known_config:
                 _hub_failure(variant, exc)
     return known_config(variant)
 
 
-def check_architecture(spec: ModelSpec, variant: Variant, config):
-    """`config` when the hub's config of an unlisted hub id has one of the family's architectures (model types),
-    else a UsageError naming the family that runs it."""
-    if variant.has_known_config or not spec.model_types or config.model_type in spec.model_types:
+def check_architecture(spec: ModelSpec, config, source: str):
+    """`config` when it has one of the family's architectures (model types), else a UsageError naming the family
+    that runs it. `source` says where the config came from: an unlisted hub id (`--variant org/x`) or a local folder
+    (`--torch-dir DIR`, which would otherwise run, and be named, as the family's default variant)."""
+    if not spec.model_types or config.model_type in spec.model_types:
         return config
     from nndf.registry import family_of_model_type
 
     owner = family_of_model_type(config.model_type)
     hint = f"; run it as {owner}" if owner else ""
-    raise UsageError(f"--variant {variant.hub_id} is a {config.model_type} model, not one of the {spec.family} "
+    raise UsageError(f"{source} is a {config.model_type} model, not one of the {spec.family} "
                      f"family's ({', '.join(spec.model_types)}){hint}")
 
 
@@ -209,7 +211,9 @@ def load_model(
             model.generation_config = known_generation_config(variant, model.config)
             return model
     else:
-        config = check_architecture(spec, variant, _hub_config(variant))
+        config = _hub_config(variant)
+        if not variant.has_known_config:
+            config = check_architecture(spec, config, f"--variant {variant.hub_id}")
         source = f"hub {variant.hub_id}"
         weights_id = f"hub:{variant.hub_id}@{getattr(config, '_commit_hash', None)}"
         tokenizer_source = tokenizer_dir or variant.hub_id

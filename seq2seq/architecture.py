@@ -18,7 +18,7 @@ def start_token_id(loaded) -> int:
         token = getattr(source, "decoder_start_token_id", None)
         if token is not None:
             return int(token)
-    raise UsageError(f"{loaded.variant.name} names no decoder_start_token_id in its config; an encoder-decoder model "
+    raise UsageError(f"{loaded.name} names no decoder_start_token_id in its config; an encoder-decoder model "
                      "needs one to start generating")
 
 

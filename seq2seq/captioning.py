@@ -113,7 +113,7 @@ class ImageToText(EncoderDecoder):
         hooks, config = loaded.spec.hooks, loaded.config
         size = hooks.image_size(config)
         if pixel_values.dim() != 4 or tuple(pixel_values.shape[1:]) != (3, size, size):
-            raise UsageError(f"pixel_values of shape {tuple(pixel_values.shape)} do not fit {loaded.variant.name}, "
+            raise UsageError(f"pixel_values of shape {tuple(pixel_values.shape)} do not fit {loaded.name}, "
                              f"which reads (batch, 3, {size}, {size}) images: use its processor")
         batch = pixel_values.shape[0]
         if input_ids is not None and input_ids.shape[0] != batch:

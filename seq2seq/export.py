@@ -60,7 +60,7 @@ def _settings(loaded: LoadedModel, use_cache: bool) -> dict:
 
 def seq2seq_export_location(loaded: LoadedModel, use_cache: bool, working_dir: str | Path) -> Seq2SeqExport:
     """Where the three exported graphs for these settings live (built or not), and their names: no weights loaded."""
-    stem = f"{loaded.spec.family}-{loaded.variant.name}-{graph_set(loaded).kind}"
+    stem = f"{loaded.spec.family}-{loaded.name}-{graph_set(loaded).kind}"
     folder = Path(working_dir) / artifact_name(stem, _settings(loaded, use_cache), "")
     io = seq2seq_io(loaded, use_cache)
     return Seq2SeqExport(folder, {graph: DecoderExport(folder, i, o, f"{graph}.onnx") for graph, (i, o) in io.items()})
@@ -119,7 +119,7 @@ def export_seq2seq(loaded: LoadedModel, use_cache: bool, working_dir: str | Path
         hooks, graphs = loaded.spec.hooks, graph_set(loaded)
         model = fp32_cpu_model(loaded.model)
         wrappers = graphs.wrappers(model, hooks, use_cache)
-        say(f"exporting {loaded.variant.name} to ONNX: {graphs.encoder_role}, cross-attention cache generator and "
+        say(f"exporting {loaded.name} to ONNX: {graphs.encoder_role}, cross-attention cache generator and "
             f"decoder ({'with' if use_cache else 'without'} KV cache) ...")
         started = time.perf_counter()
 
@@ -131,7 +131,7 @@ def export_seq2seq(loaded: LoadedModel, use_cache: bool, working_dir: str | Path
                     continue
                 args, dynamic = examples[graph]
                 trace_to_onnx(wrappers[graph], args, dynamic, names[graph], tmp / f"{graph}.onnx", model,
-                              f"{loaded.variant.name} ({graph})")
+                              f"{loaded.name} ({graph})")
                 say(f"  {graph}.onnx exported ({time.perf_counter() - started:.1f} s)")
 
         build_dir_artifact(folder, build, metadata)

@@ -166,6 +166,14 @@ def test_a_hub_id_of_another_architecture_names_its_family(hub_cache):
         nndf.load("Llama", variant="someorg/tiny-qwen", device="cpu")
 
 
+def test_a_local_folder_of_another_architecture_names_its_family(family_dirs, capsys):
+    """A folder ran as the family's default variant under its name (a Qwen3 folder as "Qwen2 Qwen2.5-0.5B")."""
+    code, _, err = run_cli(capsys, "benchmark", "Qwen2", "frameworks", "--torch-dir", family_dirs["Qwen3"])
+    assert code == 2 and (f"--torch-dir {family_dirs['Qwen3']} is a qwen3 model, not one of the Qwen2 family's "
+                          "(qwen2); run it as Qwen3") in err
+    assert "loading" not in err
+
+
 def test_random_weights_of_an_unlisted_hub_id_is_one_sentence(capsys):
     code, _, err = run_cli(capsys, "benchmark", "Llama", "frameworks", "--variant", "someorg/some-llama-finetune",
                            "--random-weights")

@@ -241,7 +241,7 @@ def fp32_cpu_model(model):
 def _export_folder(loaded: LoadedModel, settings: dict, working_dir: str | Path) -> Path:
     """The folder of the export with these `export_settings`."""
     layout = settings["kv_layout"]
-    stem = f"{loaded.spec.family}-{loaded.variant.name}-decoder" + ("-shared-kv" if layout == SHARED else "")
+    stem = f"{loaded.spec.family}-{loaded.name}-decoder" + ("-shared-kv" if layout == SHARED else "")
     return Path(working_dir) / artifact_name(stem, settings, "")
 
 
@@ -292,11 +292,11 @@ def export_decoder(loaded: LoadedModel, use_cache: bool, working_dir: str | Path
         wrapper = DecoderWrapper(model, hooks.num_layers(model.config), use_cache, layout=layout)
         args, dynamic = _example_inputs(wrapper, model.config, hooks)
         cache = f"with {'a shared-buffer' if layout == SHARED else 'a'} KV cache" if use_cache else "without KV cache"
-        say(f"exporting {loaded.variant.name} to ONNX ({cache}) ...")
+        say(f"exporting {loaded.name} to ONNX ({cache}) ...")
         started = time.perf_counter()
 
         def build(tmp: Path) -> None:
-            trace_to_onnx(wrapper, args, dynamic, io, tmp / GRAPH_FILE, model, loaded.variant.name)
+            trace_to_onnx(wrapper, args, dynamic, io, tmp / GRAPH_FILE, model, loaded.name)
 
         build_dir_artifact(folder, build, dict(settings, **io))
         say(f"exported in {time.perf_counter() - started:.1f} s to {folder}")

@@ -114,7 +114,7 @@ def _open_engine(loaded: LoadedModel, settings: BuildSettings, options: BackendO
         return TrtSession(given, graph.input_names, graph.output_names, graph.profiles,
                           source=f"{graph.flag} {given}", **common), False
     request = EngineRequest(
-        stem=f"{loaded.spec.family}-{loaded.variant.name}-{graph.graph}",
+        stem=f"{loaded.spec.family}-{loaded.name}-{graph.graph}",
         graph=graph.graph,
         onnx_path=export.graph,
         onnx_id=export.folder.name,

@@ -36,7 +36,7 @@ def engine_plan(loaded: LoadedModel, settings: BuildSettings, options: BackendOp
         profiles = {"decoder": shapes.profiles(exports["decoder"].input_names)}
     plan = []
     for graph, export in exports.items():
-        stem = f"{loaded.spec.family}-{loaded.variant.name}-{graph}"
+        stem = f"{loaded.spec.family}-{loaded.name}-{graph}"
         request = EngineRequest(stem=stem, graph=graph, onnx_path=export.graph, onnx_id=export.folder.name,
                                 input_names=export.input_names, output_names=export.output_names,
                                 profiles=profiles[graph], fp16=settings.fp16, tf32=USE_TF32,
