@@ -82,9 +82,17 @@ class LoadedModel:
 
     @property
     def tokenizer(self):
-        """The tokenizer; a HarnessError names --tokenizer-dir when none can be found (offline random weights)."""
+        """The tokenizer; a HarnessError names --tokenizer-dir when none can be found (offline random weights), a
+        UsageError when it has more tokens than the model's vocabulary (a text whose ids run past it would fail in
+        the middle of a run, at the first such word)."""
         if self._tokenizer is None:
-            self._tokenizer = load_tokenizer(self.tokenizer_source, self.spec)
+            tokenizer = load_tokenizer(self.tokenizer_source, self.spec)
+            vocab = self.spec.hooks.vocab_size(self.config)
+            if len(tokenizer) > vocab:
+                raise UsageError(f"the tokenizer of {self.tokenizer_source} has {len(tokenizer)} tokens, more than "
+                                 f"the {vocab} of {self.name}'s vocabulary; is it this model's tokenizer "
+                                 "(--tokenizer-dir)?")
+            self._tokenizer = tokenizer
         return self._tokenizer
 
     @property
