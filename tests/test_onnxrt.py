@@ -122,11 +122,29 @@ def test_decoder_onnx_runs_a_given_file_after_checking_names(tiny_gpt2_dir, onnx
                   working_dir=str(tmp_path))
     assert m.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=3).shape == (1, 6)
     assert list(tmp_path.iterdir()) == [], "a given file is run as it is, nothing is exported"
-    with pytest.raises(UsageError, match="does not have the decoder's inputs and outputs"):
+    with pytest.raises(UsageError, match=r"does not have the decoder's inputs and outputs: \d+ tensors expected, "
+                                         r"\d+ found; not expected past_key_values.0.key, .* and \d+ more$"):
         nndf.load("GPT2", backend="onnxrt", torch_dir=str(tiny_gpt2_dir), decoder_onnx=str(given), use_cache=False,
                   device="cpu")
     with pytest.raises(UsageError, match="does not exist"):
         nndf.load("GPT2", backend="onnxrt", torch_dir=str(tiny_gpt2_dir), decoder_onnx=str(tmp_path / "x.onnx"),
+                  device="cpu")
+
+
+def test_a_given_graph_of_another_models_sizes_is_refused_before_it_runs(tiny_gpt2_dir, tmp_path):
+    """Same tensor names, other sizes (another model of the family): one sentence at the load, where ONNX Runtime
+    failed in the middle of the first run with "Got invalid dimensions for input"."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    past = helper.make_tensor_value_info("past_key_values.0.key", TensorProto.FLOAT, ["batch", 4, "cache", 24])
+    present = helper.make_tensor_value_info("present.0.key", TensorProto.FLOAT, ["batch", 4, "cache", 24])
+    graph = helper.make_graph([helper.make_node("Identity", ["past_key_values.0.key"], ["present.0.key"])], "other",
+                              [past], [present])
+    onnx.save(helper.make_model(graph), tmp_path / "other.onnx")
+    with pytest.raises(UsageError, match=r"--decoder-onnx .*other.onnx is another model's graph: its "
+                                         r"past_key_values.0.key has KV heads of 4 where tiny-gpt2 has 2$"):
+        nndf.load("GPT2", backend="onnxrt", torch_dir=str(tiny_gpt2_dir), decoder_onnx=str(tmp_path / "other.onnx"),
                   device="cpu")
 
 

@@ -70,10 +70,9 @@ class OrtSession:
         graph_inputs = tuple(i.name for i in self.session.get_inputs())
         graph_outputs = tuple(o.name for o in self.session.get_outputs())
         if set(graph_inputs) != set(input_names) or set(graph_outputs) != set(output_names):
-            raise UsageError(
-                f"{graph} does not have the {role}'s inputs and outputs: expected inputs {list(input_names)} and "
-                f"outputs {list(output_names)}, found {list(graph_inputs)} and {list(graph_outputs)}"
-            )
+            raise UsageError(f"{graph} does not have the {role}'s inputs and outputs: "
+                             + _name_difference(set(input_names) | set(output_names),
+                                                set(graph_inputs) | set(graph_outputs)))
         self.name = "onnxrt"
         self.device = torch.device("cpu")
         self.dtype = torch.float32
@@ -173,9 +172,10 @@ def check_fp16(settings: BuildSettings, options: BackendOptions) -> None:
                          "weights there, or the trt backend for fp16")
 
 
-def given_graph(path: str, flag: str) -> Path:
-    """A file the user gave for a graph, checked to be an ONNX model before ONNX Runtime reads it (whose refusal is
-    a page of C++ traceback); its tensor names are checked when it is opened."""
+def given_graph(path: str, flag: str, loaded: LoadedModel) -> Path:
+    """A file the user gave for a graph, checked to be an ONNX model of this model's sizes before ONNX Runtime reads
+    it (whose refusal is a page of C++ traceback, or, for another model's graph with the same tensor names, an
+    error in the middle of the first run); its tensor names are checked when it is opened."""
     import onnx
 
     graph = Path(path)
@@ -187,7 +187,28 @@ def given_graph(path: str, flag: str) -> Path:
         raise UsageError(f"{flag} {path} is not an ONNX model ({type(exc).__name__} while reading it)") from None
     if not model.graph.node:
         raise UsageError(f"{flag} {path} is not an ONNX model (it holds no graph)")
+    _check_sizes(model.graph, loaded, f"{flag} {path}")
     return graph
+
+
+def _check_sizes(graph, loaded: LoadedModel, given: str) -> None:
+    """The fixed sizes of a graph's cache tensors (KV heads, head size) and logits (vocabulary) against the model's."""
+    from nndf.spec import cache_dims
+
+    sizes = cache_dims(loaded.spec.hooks, loaded.config)
+    cache_axes = {1: ("KV heads", sizes["kv_heads"]), 3: ("head size", sizes["head_dim"])}
+    for value in [*graph.input, *graph.output]:
+        shape = [d.dim_value if d.HasField("dim_value") else None for d in value.type.tensor_type.shape.dim]
+        if value.name.startswith(("past_key_values.", "present.")):
+            axes = cache_axes
+        elif value.name == "logits" and shape:
+            axes = {len(shape) - 1: ("a vocabulary", sizes["vocab_size"])}
+        else:
+            continue
+        for axis, (what, size) in axes.items():
+            if axis < len(shape) and shape[axis] not in (None, size):
+                raise UsageError(f"{given} is another model's graph: its {value.name} has {what} of {shape[axis]} "
+                                 f"where {loaded.name} has {size}")
 
 
 def runnable_graph(export, loaded: LoadedModel, settings: BuildSettings, options: BackendOptions) -> Path:
@@ -213,7 +234,7 @@ def open_session(loaded: LoadedModel, settings: BuildSettings, options: BackendO
 
     check_fp16(settings, options)
     if options.decoder_onnx is not None:
-        path = given_graph(options.decoder_onnx, "--decoder-onnx")
+        path = given_graph(options.decoder_onnx, "--decoder-onnx", loaded)
         inputs, outputs = model_io(loaded, settings.use_cache)
         return OrtSession(path, inputs, outputs, options.threads, options.io_binding)
     on_cuda = _cuda_provider()
@@ -252,7 +273,7 @@ def open_seq2seq(loaded: LoadedModel, settings: BuildSettings, options: BackendO
     given = {graph: getattr(options, flag) for graph, flag in SEQ2SEQ_OVERRIDES.items()}
     for graph, path in given.items():
         if path is not None:
-            given_graph(path, f"--{SEQ2SEQ_OVERRIDES[graph].replace('_', '-')}")
+            given_graph(path, f"--{SEQ2SEQ_OVERRIDES[graph].replace('_', '-')}", loaded)
     io = seq2seq_io(loaded, settings.use_cache)
     export = None if all(given.values()) else export_seq2seq(loaded, settings.use_cache, options.working_dir)
     sessions = {}
@@ -261,3 +282,18 @@ def open_seq2seq(loaded: LoadedModel, settings: BuildSettings, options: BackendO
         sessions[graph] = OrtSession(path, inputs, outputs, options.threads, None if options.io_binding else False,
                                      torch_outputs=graph != "decoder", role=graph_roles(loaded)[graph])
     return sessions
+
+
+def _name_difference(expected: set[str], found: set[str], shown: int = 4) -> str:
+    """What a graph lacks and has too many, a few names of each (a 30-layer model has 120 cache tensors)."""
+    def some(names: set[str]) -> str:
+        ordered = sorted(names)
+        more = f" and {len(ordered) - shown} more" if len(ordered) > shown else ""
+        return ", ".join(ordered[:shown]) + more
+
+    parts = [f"{len(expected)} tensors expected, {len(found)} found"]
+    if expected - found:
+        parts.append(f"missing {some(expected - found)}")
+    if found - expected:
+        parts.append(f"not expected {some(found - expected)}")
+    return "; ".join(parts)
