@@ -16,6 +16,7 @@ Hugging Face `generate()` itself on the same PyTorch model, as the reference. Th
 
 from __future__ import annotations
 
+import warnings
 from typing import Callable
 
 import torch
@@ -174,6 +175,10 @@ class Model:
         `generate(stop_strings=..., tokenizer=...)` does (with this model's tokenizer)."""
         check_prompt_tensors(input_ids, attention_mask, image=pixel_values is not None)
         options = self.generation_options(max_new_tokens, min_new_tokens, num_beams, forced_bos_token_id, **decoding)
+        ignored = [key for key in SAMPLING_KEYWORDS[1:] if decoding.get(key) is not None]
+        if ignored and not options.sampling.do_sample:  # as generate() says it (the command line refuses them)
+            warnings.warn(f"the following generation flags are not valid and may be ignored: {ignored} (do_sample is "
+                          "off: pass do_sample=True to sample)", UserWarning, stacklevel=2)
         ids, mask, encoder_inputs = self.architecture.prompt(self.loaded, input_ids, attention_mask, pixel_values)
         self.architecture.check_length(ids.shape[1], max_new_tokens, self.shapes)
         self.architecture.check_token_ids(ids, self.shapes)

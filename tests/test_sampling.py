@@ -171,6 +171,14 @@ def test_bad_settings_are_one_sentence(model, settings, message):
     assert str(caught.value) == message
 
 
+def test_draw_keywords_without_sampling_warn_as_generate_does_and_decode_greedily(model):
+    ids = torch.tensor([[1, 2, 3]])
+    with pytest.warns(UserWarning, match=r"not valid and may be ignored: \['temperature', 'top_k'\] \(do_sample is "
+                                         r"off"):
+        warned = model.generate(ids, max_new_tokens=4, temperature=0.5, top_k=5)
+    assert torch.equal(warned, model.generate(ids, max_new_tokens=4))
+
+
 def test_beam_search_neither_streams_nor_stops_on_strings(model):
     ids = torch.tensor([[1, 2, 3]])
     with pytest.raises(UsageError, match="beam search"):
