@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from pathlib import Path
 
 from nndf.errors import OneSentenceParser, UsageError, run_command
 from nndf.paths import check_output_file, check_output_folder
@@ -165,6 +166,8 @@ def check_given_paths(args) -> None:
     check_output_folder("-o/--output", getattr(args, "output", None))
     check_output_file("--json", getattr(args, "json", None), "results.json")
     check_output_file("--plot", getattr(args, "plot", None), "bench.png")
+    if getattr(args, "plot", None) and Path(args.plot).suffix.lower() != ".png":
+        raise UsageError(f"--plot {args.plot}: the plot is a PNG image; give a file name ending in .png")
 
 
 def check_unused_flags(args) -> None:

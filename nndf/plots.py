@@ -29,27 +29,38 @@ def check_plotting(path: str | None) -> None:
 
 def plot_bars(path: str, title: str, rows: Sequence[dict], panels: Sequence[Panel]) -> Path:
     """A PNG at `path` with one panel per (key, label, spread key), a bar per row that has the figure."""
-    import matplotlib
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     # A Figure on its own Agg canvas, not pyplot: switching pyplot's backend would end a notebook's inline plots.
     fig = Figure(figsize=(4.6 * len(panels), 3.8))
     FigureCanvasAgg(fig)
+    draw_bars(fig, title, rows, panels)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    return Path(path)
+
+
+def draw_bars(fig, title: str, rows: Sequence[dict], panels: Sequence[Panel]) -> None:
+    """The panels on `fig`: a bar per row that has the panel's figure, or a line saying none has it."""
+    import matplotlib
+
     axes = fig.subplots(1, len(panels), squeeze=False)
     colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, (key, label, spread) in zip(axes[0], panels):
         shown = [r for r in rows if r.get(key) is not None]
+        ax.set_title(label, fontsize=10)
+        if not shown:  # e.g. decode steps of a run that generates one token: say so, not an empty axis
+            ax.text(0.5, 0.5, "not measured in this run", ha="center", va="center", transform=ax.transAxes)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            continue
         values = [r[key] for r in shown]
         errors = [r.get(spread) or 0.0 for r in shown] if spread else None
         bars = ax.bar(range(len(shown)), values, yerr=errors, capsize=4,
                       color=[colors[i % len(colors)] for i in range(len(shown))])
         ax.bar_label(bars, labels=[f"{v:.3g}" for v in values], padding=2, fontsize=8)
         ax.set_xticks(range(len(shown)), [r["backend"] for r in shown], rotation=20, ha="right", fontsize=8)
-        ax.set_title(label, fontsize=10)
         ax.margins(y=0.15)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
-    return Path(path)

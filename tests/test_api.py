@@ -63,3 +63,16 @@ def test_a_plot_file_leaves_pyplots_backend_alone(tmp_path):
         assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
     finally:
         plt.switch_backend("agg")
+
+
+def test_a_panel_no_backend_has_a_figure_for_says_so():
+    """--output-seq-len 1 has no decode step: its panel said nothing, over an axis of made-up ticks."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from nndf.plots import draw_bars
+
+    fig = Figure()
+    draw_bars(fig, "t", [{"backend": "a", "x": 1.0, "decode": None}], [("x", "x", None), ("decode", "decode", None)])
+    measured, empty = fig.axes
+    assert not measured.texts and [t.get_text() for t in empty.texts] == ["not measured in this run"]

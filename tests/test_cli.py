@@ -299,6 +299,8 @@ def test_a_file_that_is_not_onnx_is_one_sentence(capsys, tiny_gpt2_dir, tmp_path
      "--json /tmp is a folder; give a file name such as results.json"),
     (["list", "--json", "/etc/hostname/list.json"], "--json /etc/hostname/list.json is inside /etc/hostname, which is"),
     (["compare", "GPT2", "frameworks", "--random-weights", "--plot", "/tmp"], "--plot /tmp is a folder; give a file"),
+    (["benchmark", "GPT2", "frameworks", "--random-weights", "--plot", "bench.txt"],
+     "--plot bench.txt: the plot is a PNG image; give a file name ending in .png"),
     (["triton", "GPT2", "onnxrt", "--random-weights", "-o", "/etc/hostname"],
      "-o/--output /etc/hostname is a file; it takes a folder"),
     (["convert", "-m", "/nonexistent-model"], "-m/--model /nonexistent-model does not exist"),
