@@ -148,3 +148,15 @@ def test_a_column_with_a_width_cuts_long_text_at_a_word_on_screen_only(tmp_path:
     assert cells == ["NVIDIA TensorRT-based applications ...", "a" * 36 + " ..."]
     loaded = json.loads(write_json([result], tmp_path / "r.json").read_text())
     assert loaded["results"][0]["rows"][0]["input"] == paragraph
+
+
+def test_a_benchmark_row_that_spread_widely_is_named_in_a_note() -> None:
+    """A busy machine gave one row a 73% stdev and a total that did not fit its first token and steps: the table
+    now says which rows to read with care (one timed run has no spread: NaN, never noisy)."""
+    from nndf.actions.benchmark import noisy_note
+
+    rows = [{"backend": "frameworks", "spread_pct": 4.0}, {"backend": "frameworks (HF generate)", "spread_pct": 73.0},
+            {"backend": "onnxrt", "spread_pct": float("nan")}]
+    [note] = noisy_note(rows)
+    assert note.startswith("stdev above 30% (frameworks (HF generate)): other work on this machine")
+    assert noisy_note(rows[:1] + rows[2:]) == []

@@ -131,6 +131,7 @@ def run(args) -> list[Result]:
         notes.append("encoder: the encoder's run (a vision encoder's for images), and for our loop the "
                      "cross-attention cache generator's too (Hugging Face computes the cross-attention keys and "
                      "values inside its first decoder step); first token includes it.")
+    notes += noisy_note(rows)
     inputs = first.architecture.benchmark_inputs(prompt_len)
     title = (f"benchmark {first.spec.family} {first.loaded.name}: batch {batch}, {inputs} + "
              f"{new_tokens} new tokens, {picked}, {weights_and_cache(args)}")
@@ -139,6 +140,21 @@ def run(args) -> list[Result]:
                                            ("tokens_per_s", "throughput (tok/s)", None)])
         notes.append(f"plot written to {args.plot}")
     return [Result("benchmark", title, columns, rows, context, notes)]
+
+
+# A run's latency stdev over its mean above which its figures say more about the machine than about the backend
+# (quiet runs on the 2-core development machine stay under 10%).
+NOISY_SPREAD_PCT = 30
+
+
+def noisy_note(rows: list[dict]) -> list[str]:
+    """A note naming the rows whose runs spread so widely that their figures are the machine's more than theirs."""
+    noisy = [r["backend"] for r in rows if r["spread_pct"] is not None and r["spread_pct"] > NOISY_SPREAD_PCT]
+    if not noisy:
+        return []
+    return [f"stdev above {NOISY_SPREAD_PCT}% ({', '.join(noisy)}): other work on this machine was competing for its "
+            "cores, so compare those figures with care (more --iterations, fewer --threads than cores, or a quieter "
+            "machine)"]
 
 
 def _count(n: int, noun: str) -> str:
