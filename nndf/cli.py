@@ -234,7 +234,7 @@ def _main(argv: list[str]) -> int:
     from nndf.results import write_json
 
     for result in results:
-        print(result.render(verbose=getattr(args, "info", False)))
+        print(result.render(verbose=getattr(args, "info", False), shown=getattr(args, "info_context", None)))
         print()
     if getattr(args, "json", None):
         write_json(results, args.json)

@@ -160,3 +160,12 @@ def test_a_benchmark_row_that_spread_widely_is_named_in_a_note() -> None:
     [note] = noisy_note(rows)
     assert note.startswith("stdev above 30% (frameworks (HF generate)): other work on this machine")
     assert noisy_note(rows[:1] + rows[2:]) == []
+
+
+def test_info_shows_each_setting_once() -> None:
+    """--info printed the settings above the tensor shapes, then again above the results."""
+    result = Result("benchmark", "t", [Column("backend", "backend")], [{"backend": "onnxrt"}],
+                    context={"model": "GPT2", "settings": {"batch_size": 1}, "timing": {"iterations": 5}})
+    lines = result.render(verbose=True, shown={"model": "GPT2", "settings": {"batch_size": 1}}).splitlines()
+    assert lines[:2] == ["t", "timing: iterations=5"]
+    assert result.render(verbose=True).splitlines()[1:3] == ["model: GPT2", "settings: batch_size=1"]

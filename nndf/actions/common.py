@@ -208,8 +208,10 @@ def open_models(args, needs_text: bool = False, new_tokens_flag: str | None = No
     for model in models:
         model.forced_bos_token_id = forced_bos
     if getattr(args, "info", False):
-        print(info_result(models[0]).render(verbose=True))
+        info = info_result(models[0])
+        print(info.render(verbose=True))
         print()
+        args.info_context = info.context  # the results below show only what it did not
     return models
 
 
