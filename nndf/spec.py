@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     import torch
 
 from nndf.errors import UsageError
+from nndf.measure import format_bytes
 
 
 @dataclass(frozen=True)
@@ -334,7 +335,7 @@ class ShapeSpec:
         whole = per_token * self.rows.max * self.total.max
         return (f"KV cache: {per_token:,} bytes per token and sequence (2 x {self.num_layers} layers x "
                 f"{self.kv_heads} KV heads x {self.head_dim} head size x {bytes_per_value} bytes); "
-                f"{whole / 2**20:,.1f} MiB at {self.rows.max} rows x {self.total.max} positions")
+                f"{format_bytes(whole)} at {self.rows.max} rows x {self.total.max} positions")
 
     def kv_shape(self, rows: int, length: int) -> tuple[int, int, int, int]:
         """Shape of one layer's key or value cache: (rows, kv heads, length, head dim)."""

@@ -131,7 +131,8 @@ def test_info_shows_the_kv_cache_bytes_per_token(capsys, family_dirs):
     code, out, err = run_cli(capsys, "benchmark", "Llama", "frameworks", "--torch-dir", family_dirs["Llama"], "--info",
                              "--input-seq-len", "4", "--output-seq-len", "2", "--iterations", "1", "--warmup", "0")
     assert code == 0, err
-    assert "KV cache: 512 bytes per token and sequence (2 x 2 layers x 2 KV heads x 16 head size x 4 bytes)" in out
+    assert ("KV cache: 512 bytes per token and sequence (2 x 2 layers x 2 KV heads x 16 head size x 4 bytes); "
+            "3.0 KiB at 1 rows x 6 positions") in out  # not "0.0 MiB"
     assert "past_key_values.{0..1}.key|value  [1, 2, 0..5, 16]" in out
 
 
