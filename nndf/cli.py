@@ -52,7 +52,8 @@ def _model_arguments(p: argparse.ArgumentParser, batch_size: int = 1, batch_help
     g.add_argument("--seed", type=int,
                    help="seed for random weights, random prompts and the passages --num-samples picks (default 0) "
                    "and, where tokens are sampled, for the draws: --seed S draws what torch.manual_seed(S) before "
-                   "generate() draws (default: a fresh seed, shown in the output so that a run can be repeated)")
+                   "generate() draws (default: a fresh seed, shown in the output so that a run can be repeated). "
+                   "With --random-weights another seed is other weights, so a new export")
     g.add_argument("--working-dir", default="temp", help="where exported and built artifacts go (default: temp)")
     b = p.add_argument_group("build and generation")
     b.add_argument("--batch-size", type=int, default=batch_size, help=f"{batch_help} (default {batch_size})")
