@@ -324,6 +324,8 @@ def test_a_file_that_is_not_onnx_is_one_sentence(capsys, tiny_gpt2_dir, tmp_path
     (["run", "GPT2", "frameworks", "--random-weights", "--input-seq-len", "4"],
      "--input-seq-len does not apply to run"),
     (["chat", "GPT2", "frameworks", "--random-weights", "--batch-size", "4"], "--batch-size does not apply to chat"),
+    (["benchmark", "GPT2", "frameworks", "onnxrt", "frameworks", "--random-weights"],
+     "backend frameworks is named twice; name each backend once"),
     (["chat", "GPT2", "frameworks", "--random-weights", "--input-seq-len", "8"],
      "--input-seq-len does not apply to chat: its prompt is the conversation so far"),
     (["accuracy", "GPT2", "frameworks", "--random-weights", "--input-seq-len", "8"],

@@ -244,7 +244,7 @@ def _terminal_writer():
 
 
 def run(args, stream=None) -> list[Result]:
-    args.backends = list(dict.fromkeys(list(args.backends) + list(args.compare)))
+    args.backends = [*args.backends, *args.compare]  # a backend named twice is refused (open_models)
     spec, _ = resolve(args.model, args.variant)
     given = given_images(args, spec)
     if given is not None and len(given) > 1:

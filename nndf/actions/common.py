@@ -161,7 +161,10 @@ def open_models(args, needs_text: bool = False, new_tokens_flag: str | None = No
     spec, variant = resolve(args.model, args.variant)
     given_images(args, spec)
     check_decoding_flags(args)
-    named = [split_backend(name) for name in dict.fromkeys(args.backends)]
+    twice = sorted({name for name in args.backends if args.backends.count(name) > 1})
+    if twice:  # one row each: a second would be the same run under the same label
+        raise UsageError(f"backend {', '.join(twice)} is named twice; name each backend once")
+    named = [split_backend(name) for name in args.backends]
     backends = list(dict.fromkeys(name for name, _ in named))
     if any(quantize for _, quantize in named) and (args.int8 or args.int4):
         raise UsageError(f"--{'int8' if args.int8 else 'int4'} quantizes every onnxrt row; with a quantized backend "
