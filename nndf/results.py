@@ -101,6 +101,11 @@ class Result:
     context: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
+    def context_lines(self, shown: dict | None = None) -> list[str]:
+        """The context as `key: value` lines, less the entries `shown` prints above them already."""
+        return [f"{key}: {_context_text(value)}" for key, value in self.context.items()
+                if (shown or {}).get(key, object()) != value]
+
     def render(self, verbose: bool = False, shown: dict | None = None) -> str:
         """The table as text: title, (context when verbose, less the entries `shown` above it already, as --info's
         settings block), header, dashes, rows, then the notes.
@@ -108,10 +113,7 @@ class Result:
         A column whose values are all numbers is right-aligned, header included; any other column is
         left-aligned. Every column is padded to its widest cell.
         """
-        lines = [self.title]
-        if verbose:
-            lines += [f"{key}: {_context_text(value)}" for key, value in self.context.items()
-                      if (shown or {}).get(key, object()) != value]
+        lines = [self.title] + (self.context_lines(shown) if verbose else [])
         cells = [[col.format(row.get(col.key)) for col in self.columns] for row in self.rows]
         widths = [max([len(col.label)] + [len(r[i]) for r in cells]) for i, col in enumerate(self.columns)]
         numeric = [

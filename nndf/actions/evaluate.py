@@ -142,12 +142,10 @@ class LmEvalResult(Result):
 
     lm_eval: dict = field(default_factory=dict)
 
-    def render(self, verbose: bool = False) -> str:
+    def render(self, verbose: bool = False, shown: dict | None = None) -> str:
         from lm_eval.utils import make_table
 
-        lines = [self.title]
-        if verbose:
-            lines += [f"{key}: {value}" for key, value in self.context.items()]
+        lines = [self.title] + (self.context_lines(shown) if verbose else [])
         lines.append(make_table(self.lm_eval).rstrip())
         if self.lm_eval.get("groups"):
             lines.append(make_table(self.lm_eval, "groups").rstrip())
