@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from pathlib import Path
 
 from nndf.errors import OneSentenceParser, UsageError, run_command
 from nndf.paths import check_output_file, check_output_folder

@@ -211,7 +211,7 @@ def test_run_and_compare_on_checkpoint_samples(capsys, tiny_gpt2_dir, action):
                              "--iterations", 1, "--warmup", 0)
     assert code == 0, err
     assert "label accuracy" in out and "full generation (ms)" in out
-    summary, outputs = out.split(f"outputs GPT2")
+    summary, outputs = out.split("outputs GPT2")
     assert sum(line.startswith("frameworks") for line in summary.splitlines()) == 2
     from nndf.checkpoint import read_samples
     from nndf.registry import resolve
