@@ -330,6 +330,8 @@ def test_a_file_that_is_not_onnx_is_one_sentence(capsys, tiny_gpt2_dir, tmp_path
      "--input-seq-len does not apply to accuracy: it scores whole passages"),
     (["accuracy", "T5", "frameworks", "--variant", "t5-small", "--random-weights", "--tokens-to-generate", "3"],
      "--tokens-to-generate does not apply to T5: an encoder-decoder model's decoder scores the target word's own"),
+    (["accuracy", "BART", "frameworks", "--variant", "mbart-large-50", "--random-weights",
+      "--tgt-lang", "de_DE"], "--tgt-lang does not apply to accuracy: the decoder scores the target word's own"),
     (["accuracy", "GPT2", "frameworks", "--random-weights", "--use-mask"],
      "--use-mask does not apply to accuracy: it always feeds a mask"),
     (["evaluate", "GPT2", "frameworks", "--random-weights", "--tasks", "lambada_openai", "--output-seq-len", "8"],

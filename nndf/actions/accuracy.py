@@ -30,6 +30,7 @@ UNUSED_FLAGS = {  # nndf.cli.check_unused_flags
     "output_seq_len": "it scores each passage's next tokens in one forward pass and generates nothing",
     "input_seq_len": "it scores whole passages, each at its own length (up to the model's positions)",
     "use_mask": "it always feeds a mask (passages of one length are padded together)",
+    "tgt_lang": "the decoder scores the target word's own tokens, with no language code (as lm-evaluation-harness)",
 }
 
 
