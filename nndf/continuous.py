@@ -118,12 +118,17 @@ class ContinuousBatcher:
         self.steps = 0
 
     @staticmethod
+    def check_architecture(family: str, architecture) -> None:
+        """Refuse a family whose rows are not one decoder's (known before its load)."""
+        if architecture.name != "decoder-only":
+            raise UsageError(f"continuous batching serves decoder-only models; {family} is {architecture.name}: "
+                             "serve it with --scheduler sequential")
+
+    @staticmethod
     def check_model(model) -> None:
         """Refuse, with a sentence, a model whose batch rows cannot be at different positions."""
         decoder = model.decoder
-        if model.architecture.name != "decoder-only":
-            raise UsageError(f"continuous batching serves decoder-only models; {model.spec.family} is "
-                             f"{model.architecture.name}: serve it with --scheduler sequential")
+        ContinuousBatcher.check_architecture(model.spec.family, model.architecture)
         if not decoder.use_cache:
             raise UsageError("continuous batching needs the KV cache (drop --no-use-cache)")
         if isinstance(decoder.new_cache(1, 1), StaticKVCache):

@@ -48,7 +48,10 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> list[Result]:
-    from nndf.triton.generative import write_generative_repository
+    from nndf.architectures import architecture
+    from nndf.continuous import ContinuousBatcher
+    from nndf.registry import resolve
+    from nndf.triton.generative import check_serving, write_generative_repository
     from nndf.triton.validate import validate_config
 
     if list(dict.fromkeys(args.backends)) != ["onnxrt"]:
@@ -56,10 +59,15 @@ def run(args) -> list[Result]:
                          "onnxruntime-gpu): name only onnxrt")
     if args.max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    spec, variant = resolve(args.model, args.variant)
+    name = args.name or variant.name.lower()
+    check_serving(name, args.max_batch_size, args.nb_instances, args.scheduler, args.streaming, args.max_rows,
+                  args.max_queue_delay_us, args.sampling_stream)  # before the load
+    if args.scheduler == "continuous":
+        ContinuousBatcher.check_architecture(spec.family, architecture(spec))
     model = open_models(args, needs_text=True, new_tokens_flag="--max-new-tokens")[0]
     if model.architecture.takes_images:
         raise UsageError(f"triton serves text generation; {model.spec.family} captions images")
-    name = args.name or model.variant.name.lower()
     folders = write_generative_repository(args.output, name, model, args.max_batch_size, args.nb_instances,
                                           max_new_tokens=args.max_new_tokens, num_beams=args.num_beams,
                                           scheduler=args.scheduler, streaming=args.streaming,

@@ -56,6 +56,30 @@ def generative_config(name: str, max_batch_size: int, nb_instances: int, kind: s
     return config
 
 
+def check_serving(name: str, max_batch_size: int, nb_instances: int, scheduler: str, streaming: bool,
+                  max_rows: int | None, queue_delay_us: int, sampling_stream: str) -> int:
+    """The serving settings, checked before any model loads (`run.py triton`) and again when a folder is written
+    (the API); returns the rows of the continuous batch."""
+    if not name or "/" in name or name.startswith("."):
+        raise UsageError(f"--name must be a plain folder name, not {name!r}")
+    if scheduler not in SCHEDULERS:
+        raise UsageError(f"--scheduler must be one of {', '.join(SCHEDULERS)}, not {scheduler!r}")
+    if streaming and scheduler != "continuous":
+        raise UsageError("--streaming needs --scheduler continuous (the sequential model answers whole requests)")
+    if scheduler != "continuous" and (max_rows is not None or queue_delay_us):
+        flag = "--max-rows" if max_rows is not None else "--max-queue-delay-us"
+        raise UsageError(f"{flag} applies to --scheduler continuous (its running batch); the sequential model "
+                         "generates each request as its own batch")
+    rows = max_batch_size if max_rows is None else max_rows
+    for flag, value in (("--max-batch-size", max_batch_size), ("--nb-instances", nb_instances), ("--max-rows", rows)):
+        if value < 1:
+            raise UsageError(f"{flag} must be at least 1, got {value}")
+    Sampling(stream=sampling_stream)  # one sentence for a stream that does not exist
+    if queue_delay_us < 0:
+        raise UsageError(f"--max-queue-delay-us must be 0 or more, got {queue_delay_us}")
+    return rows
+
+
 def write_generative_repository(output_dir: str | Path, name: str, model, max_batch_size: int,
                                 nb_instances: int = 1, max_new_tokens: int = 32, num_beams: int = 1,
                                 scheduler: str = "continuous", streaming: bool = False, max_rows: int | None = None,
@@ -67,24 +91,8 @@ def write_generative_repository(output_dir: str | Path, name: str, model, max_ba
     if model.backend != "onnxrt":
         raise UsageError(f"Triton serves the onnxrt backend's graphs (CPU, or CUDA with onnxruntime-gpu); "
                          f"{model.backend} is not served yet")
-    if not name or "/" in name or name.startswith("."):
-        raise UsageError(f"--name must be a plain folder name, not {name!r}")
-    if scheduler not in SCHEDULERS:
-        raise UsageError(f"--scheduler must be one of {', '.join(SCHEDULERS)}, not {scheduler!r}")
-    if streaming and scheduler != "continuous":
-        raise UsageError("--streaming needs --scheduler continuous (the sequential model answers whole requests)")
-    if scheduler != "continuous" and (max_rows is not None or queue_delay_us):
-        flag = "--max-rows" if max_rows is not None else "--max-queue-delay-us"
-        raise UsageError(f"{flag} applies to --scheduler continuous (its running batch); the sequential model "
-                         "generates each request as its own batch")
-    max_rows = max_batch_size if max_rows is None else max_rows
-    for flag, value in (("--max-batch-size", max_batch_size), ("--nb-instances", nb_instances),
-                        ("--max-rows", max_rows)):
-        if value < 1:
-            raise UsageError(f"{flag} must be at least 1, got {value}")
-    Sampling(stream=sampling_stream)  # one sentence for a stream that does not exist
-    if queue_delay_us < 0:
-        raise UsageError(f"--max-queue-delay-us must be 0 or more, got {queue_delay_us}")
+    max_rows = check_serving(name, max_batch_size, nb_instances, scheduler, streaming, max_rows, queue_delay_us,
+                             sampling_stream)
     if scheduler == "continuous":
         from nndf.continuous import ContinuousBatcher
 
