@@ -13,6 +13,7 @@ import shutil
 
 import pytest
 import torch
+from conftest import TOKENIZER_DIR, needs_shared
 from fake_tensorrt import fake_gpu  # noqa: F401  (a fixture)
 from test_cli import run_cli
 
@@ -195,13 +196,10 @@ def test_building_a_known_config_leaves_the_registry_data_alone():
     assert repr(sorted(variant.config.items())) == before
 
 
+@needs_shared(TOKENIZER_DIR)
 def test_a_tokenizer_larger_than_the_vocabulary_is_refused_when_it_loads(family_dirs, capsys):
     """GPT-2's tokenizer (50257 tokens) on a 1000-token Llama: words whose ids run past the vocabulary failed in the
     middle of a chat or an accuracy run, after others had passed."""
-    from conftest import TOKENIZER_DIR
-
-    if not TOKENIZER_DIR.exists():
-        pytest.skip(f"{TOKENIZER_DIR} is absent (../shared/data is not beside this checkout)")
     code, _, err = run_cli(capsys, "run", "Llama", "frameworks", "--torch-dir", family_dirs["Llama"],
                            "--tokenizer-dir", TOKENIZER_DIR)
     assert code == 2 and (f"the tokenizer of {TOKENIZER_DIR} has 50257 tokens, more than the 1000 of Llama's "
