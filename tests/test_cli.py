@@ -236,6 +236,17 @@ def test_benchmark_and_export_with_onnxrt(capsys, tiny_gpt2_dir, onnx_work_dir, 
     assert "decoder.onnx" in out and str(onnx_work_dir) in out
 
 
+def test_export_of_frameworks_alone_is_refused_before_the_load(capsys, monkeypatch, tiny_gpt2_dir):
+    """frameworks has no artifact: `export` of it alone would load the weights only to say so."""
+    import nndf.actions.export as export_action
+
+    monkeypatch.setattr(export_action, "open_models", lambda args: pytest.fail("the model was loaded"))
+    code, _, err = run_cli(capsys, "export", "GPT2", "frameworks", "--torch-dir", tiny_gpt2_dir)
+    assert code == 2
+    assert ("export builds the ONNX graphs and engines of onnxrt and trt; frameworks runs the PyTorch model itself "
+            "and has nothing to export: name onnxrt or trt") in err
+
+
 def test_quantization_flags_need_an_onnx_backend(capsys):
     code, _, err = run_cli(capsys, "benchmark", "GPT2", "frameworks", "--random-weights", "--int8")
     assert code == 2 and "--int8 applies to the onnxrt backend(s); add one of them" in err

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from nndf.actions.common import describe, label, open_models
+from nndf.backends import split_backend
+from nndf.errors import UsageError
 from nndf.export.graph_files import graph_bytes
 from nndf.measure import format_bytes
 from nndf.results import Column, Result
@@ -15,6 +17,9 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> list[Result]:
+    if all(split_backend(name)[0] == "frameworks" for name in args.backends):  # before the (slow) load
+        raise UsageError("export builds the ONNX graphs and engines of onnxrt and trt; frameworks runs the PyTorch "
+                         "model itself and has nothing to export: name onnxrt or trt")
     models = open_models(args)
     rows = []
     for model in models:
