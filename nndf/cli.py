@@ -76,7 +76,8 @@ def _model_arguments(p: argparse.ArgumentParser, batch_size: int = 1, batch_help
     b.add_argument("--disable-preview-dynamic-shapes", action="store_true",
                    help="turn off TensorRT's faster-dynamic-shapes preview feature")
     r = p.add_argument_group("backends")
-    r.add_argument("--threads", type=int, help="intra-op threads for PyTorch and ONNX Runtime (default: one per core)")
+    r.add_argument("--threads", type=int, help="intra-op threads for PyTorch and ONNX Runtime (default: "
+                   "$OMP_NUM_THREADS where it is set, for both, else one per core)")
     r.add_argument("--decoder-onnx", metavar="PATH", help="onnxrt: run this decoder ONNX file instead of exporting")
     r.add_argument("--encoder-onnx", metavar="PATH",
                    help="onnxrt, encoder-decoder models: run this encoder ONNX file instead of exporting")

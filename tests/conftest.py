@@ -52,27 +52,15 @@ def pytest_configure(config):
     Why: with every worker's pools as wide as the machine, a worker's small parallel ops wait on threads that the
     other worker's export has taken off the core (ONNX Runtime's even spin for them). Measured on the 2-core
     development machine, the whole suite in a fresh clone: 19:07 with the default pools, 15:49 with one thread per
-    worker, the PyTorch-only tests 3-6x faster. Tests that give `threads` (the `--threads` flag) still set
-    their own; subprocesses the tests start (the CLI, notebooks, Triton) take PyTorch's share from OMP_NUM_THREADS."""
+    worker, the PyTorch-only tests 3-6x faster. OMP_NUM_THREADS is what PyTorch reads and what the harness gives ONNX
+    Runtime when no `threads` is named (`nndf.backends.onnxrt.default_threads`), in this worker and in the processes
+    its tests start (the CLI, notebooks, benchmark workers, Triton); tests that name `threads` keep theirs."""
     workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
     if workers < 2:
         return
     share = max(1, (os.cpu_count() or 1) // workers)
     os.environ["OMP_NUM_THREADS"] = str(share)
     torch.set_num_threads(share)
-    import onnxruntime
-
-    default_options = onnxruntime.SessionOptions
-
-    class SharedCoreOptions(default_options):
-        """ONNX Runtime's session options with this worker's share as the default intra-op thread count."""
-
-        def __init__(self, *args, **kwargs) -> None:
-            super().__init__(*args, **kwargs)
-            self.intra_op_num_threads = share
-            self.inter_op_num_threads = 1
-
-    onnxruntime.SessionOptions = SharedCoreOptions
 
 
 def pytest_collection_modifyitems(config, items):

@@ -166,3 +166,14 @@ def test_a_built_export_runs_without_loading_the_pytorch_weights(tiny_gpt2_dir, 
     assert out.shape == (1, 7)
     assert m.loaded._model is None, "the PyTorch weights were loaded although the export was reusable"
     assert "loading" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("omp, given, expected", [("1", None, 1), ("3", 2, 2), ("", None, 0), ("all", None, 0)])
+def test_sessions_take_omp_num_threads_as_pytorch_does(tiny_gpt2_dir, onnx_work_dir, monkeypatch, omp, given,
+                                                      expected):
+    """Without --threads, ONNX Runtime gets OMP_NUM_THREADS where it is a count, as PyTorch does, so that a run's
+    two runtimes get the same threads; --threads wins; otherwise ONNX Runtime's own default (0: one per core)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    model = nndf.load("GPT2", backend="onnxrt", torch_dir=str(tiny_gpt2_dir), working_dir=str(onnx_work_dir),
+                      device="cpu", threads=given)
+    assert model.decoder.session.session.get_session_options().intra_op_num_threads == expected

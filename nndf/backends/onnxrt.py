@@ -14,6 +14,7 @@ layout always binds (its point is that past and present are one buffer).
 
 from __future__ import annotations
 
+import os
 import weakref
 from pathlib import Path
 from typing import Mapping
@@ -43,6 +44,15 @@ def graph_layout(graph: Path) -> str:
     return SHARED if any(node.op_type == OP_TYPE for node in model.graph.node) else GROWING
 
 
+def default_threads() -> int | None:
+    """The intra-op thread count of a session not given `--threads`: OMP_NUM_THREADS where it is a positive whole
+    number, as PyTorch reads it, so that both runtimes of one run get the same count (a user who limits PyTorch with
+    it, or several processes sharing a machine, limit ONNX Runtime too); else None, ONNX Runtime's own default of
+    one thread per physical core."""
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
 class OrtSession:
     """An InferenceSession with the same call as every backend: named tensors in, named torch tensors out."""
 
@@ -52,6 +62,7 @@ class OrtSession:
         ort = ort_module()
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        threads = threads or default_threads()
         if threads:
             options.intra_op_num_threads = threads
         providers = ["CPUExecutionProvider"]
