@@ -73,6 +73,13 @@ FAMILY_EXAMPLES: dict[str, dict] = {
 # export still run under the family's own name.
 SAME_GRAPH_AS = {"CerebrasGPT": "GPT2"}
 
+# Families whose graph without cache is tested on another family's example alone: they build the attention mask and
+# positions of a cache-less pass as Llama does (a causal mask, rotary angles from the position ids), which Llama's
+# cache-less graph proves; what is their own (GPT-NeoX's partial and GPT-J's interleaved rotary, Qwen2's q/k/v
+# biases, Qwen3's q/k norms) is in every layer of their cached graphs, which the onnxrt and trt tests run, prompt
+# pass included. Why: each such export is about 16 s of the suite, which must stay under 15 minutes on 2 cores.
+CACHELESS_GRAPH_AS = {"GPTNeoX": "Llama", "GPTJ": "Llama", "Qwen2": "Llama", "Qwen3": "Llama"}
+
 # Families whose tiny models get random biases and norm weights (conftest.draw_constants): Qwen2's q/k/v biases,
 # Qwen3's q/k norms and Gemma's (1 + weight) norms would otherwise be identities at initialisation.
 CONSTANTS_DRAWN = {"Llama", "Mistral", "Qwen2", "Qwen3", "Phi3", "Gemma"}

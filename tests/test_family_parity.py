@@ -14,7 +14,7 @@ import torch
 
 import nndf
 from conftest import decoder_only_families
-from family_examples import SAME_GRAPH_AS
+from family_examples import CACHELESS_GRAPH_AS, SAME_GRAPH_AS
 from fake_tensorrt import fake_gpu  # noqa: F401  (a fixture)
 from sampling_checks import assert_samples_like_generate
 from nndf.spec import BuildSettings
@@ -31,10 +31,10 @@ def _prompts(seed: int = 3):
 
 
 # Every decoder family (encoder-decoder ones: tests/test_seq2seq.py) on both backends with and without cache, but
-# the onnxrt graph without cache of a family that has another's (family_examples.SAME_GRAPH_AS).
+# the onnxrt graph without cache of a family that has another's (family_examples.SAME_GRAPH_AS, CACHELESS_GRAPH_AS).
 PARITY_CASES = [pytest.param(family, backend, cache, id=f"{family}-{backend}-{'cache' if cache else 'no-cache'}")
                 for family in decoder_only_families() for backend in ("frameworks", "onnxrt") for cache in (True, False)
-                if cache or backend == "frameworks" or family not in SAME_GRAPH_AS]
+                if cache or backend == "frameworks" or family not in {*SAME_GRAPH_AS, *CACHELESS_GRAPH_AS}]
 
 
 @pytest.mark.parametrize("family, backend, use_cache", PARITY_CASES)
