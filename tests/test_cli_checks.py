@@ -1,0 +1,79 @@
+"""Every flag and path that could only fail after a (slow) load, or be silently ignored, is checked before anything
+loads: one sentence, exit code 2 (the rest of the command line's behaviour: tests/test_cli.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from test_cli import run_cli
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["accuracy", "GPT2", "frameworks", "--torch-dir", "/nonexistent"], "--torch-dir /nonexistent does not exist"),
+    (["run", "GPT2", "frameworks", "--tokenizer-dir", "/etc/hostname"],
+     "--tokenizer-dir /etc/hostname is a file; it takes a folder"),
+    (["accuracy", "GPT2", "frameworks", "--random-weights", "--dataset-file", "/tmp"],
+     "--dataset-file /tmp is a folder; it takes a file"),
+    (["benchmark", "GPT2", "onnxrt", "--random-weights", "--working-dir", "/etc/hostname"],
+     "--working-dir /etc/hostname is a file; it takes a folder (created if missing)"),
+    (["export", "GPT2", "onnxrt", "--random-weights", "--working-dir", "/etc/hostname/artifacts"],
+     "--working-dir /etc/hostname/artifacts is inside /etc/hostname, which is a file"),
+    # output files: found before the run, not after it when its results would be lost
+    (["benchmark", "GPT2", "frameworks", "--random-weights", "--json", "/tmp"],
+     "--json /tmp is a folder; give a file name such as results.json"),
+    (["list", "--json", "/etc/hostname/list.json"], "--json /etc/hostname/list.json is inside /etc/hostname, which is"),
+    (["compare", "GPT2", "frameworks", "--random-weights", "--plot", "/tmp"], "--plot /tmp is a folder; give a file"),
+    (["benchmark", "GPT2", "frameworks", "--random-weights", "--plot", "bench.txt"],
+     "--plot bench.txt: the plot is a PNG image; give a file name ending in .png"),
+    (["triton", "GPT2", "onnxrt", "--random-weights", "-o", "/etc/hostname"],
+     "-o/--output /etc/hostname is a file; it takes a folder"),
+    (["convert", "-m", "/nonexistent-model"], "-m/--model /nonexistent-model does not exist"),
+    (["convert", "-m", "a-hub-id", "--json", "/tmp"], "--json /tmp is a folder; give a file name such as report.json"),
+    (["convert", "-m", "a-hub-id", "-o", "/etc/hostname/repo"],
+     "-o/--output /etc/hostname/repo is inside /etc/hostname"),
+    # lengths and settings that could only fail (or give empty figures) after the load
+    (["chat", "GPT2", "frameworks", "--random-weights", "--output-seq-len", "1024"],
+     "--output-seq-len 1024 leaves no position for a prompt: this model has 1024 positions"),
+    (["triton", "GPT2", "onnxrt", "--random-weights", "--max-new-tokens", "5000"],
+     "--max-new-tokens 5000 leaves no position for a prompt: this model has 1024 positions"),
+    (["triton", "GPT2", "onnxrt", "--random-weights", "--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
+    (["accuracy", "GPT2", "frameworks", "--random-weights", "--topN", "0"], "--topN must be at least 1, got 0"),
+    (["accuracy", "GPT2", "frameworks", "--random-weights", "--tokens-to-generate", "0"],
+     "--tokens-to-generate must be at least 1, got 0"),
+    (["benchmark", "Llama", "frameworks", "--variant", "Qwen/Qwen2.5-0.5B", "--random-weights"],
+     "--variant Qwen/Qwen2.5-0.5B is listed under the Qwen2 family, not Llama; run it as Qwen2"),
+    # shared flags an action has no use for are refused, not silently ignored
+    (["accuracy", "GPT2", "frameworks", "--random-weights", "--num-beams", "4"],
+     "--num-beams does not apply to accuracy: it scores each passage's next tokens in one forward pass"),
+    (["run", "GPT2", "frameworks", "--random-weights", "--input-seq-len", "4"],
+     "--input-seq-len does not apply to run"),
+    (["chat", "GPT2", "frameworks", "--random-weights", "--batch-size", "4"], "--batch-size does not apply to chat"),
+    (["benchmark", "GPT2", "frameworks", "onnxrt", "frameworks", "--random-weights"],
+     "backend frameworks is named twice; name each backend once"),
+    (["chat", "GPT2", "frameworks", "--random-weights", "--input-seq-len", "8"],
+     "--input-seq-len does not apply to chat: its prompt is the conversation so far"),
+    (["accuracy", "GPT2", "frameworks", "--random-weights", "--input-seq-len", "8"],
+     "--input-seq-len does not apply to accuracy: it scores whole passages"),
+    (["accuracy", "T5", "frameworks", "--variant", "t5-small", "--random-weights", "--tokens-to-generate", "3"],
+     "--tokens-to-generate does not apply to T5: an encoder-decoder model's decoder scores the target word's own"),
+    (["accuracy", "BART", "frameworks", "--variant", "mbart-large-50", "--random-weights",
+      "--tgt-lang", "de_DE"], "--tgt-lang does not apply to accuracy: the decoder scores the target word's own"),
+    (["accuracy", "GPT2", "frameworks", "--random-weights", "--use-mask"],
+     "--use-mask does not apply to accuracy: it always feeds a mask"),
+    (["evaluate", "GPT2", "frameworks", "--random-weights", "--tasks", "lambada_openai", "--output-seq-len", "8"],
+     "--output-seq-len does not apply to evaluate: generation requests take the task's own limit, else --max-gen-toks"),
+    (["triton", "GPT2", "onnxrt", "--random-weights", "--output-seq-len", "8"],
+     "--output-seq-len does not apply to triton: a request's new tokens are its MAX_NEW_TOKENS input"),
+    (["benchmark", "GPT2", "frameworks", "--random-weights", "--num-beams", "2", "--do-sample"],
+     "sampling with beam search is not built"),
+    (["benchmark", "BART", "onnxrt", "--variant", "bart-base", "--random-weights", "--kv-layout", "growing"],
+     "--kv-layout applies to decoder-only models; BART's encoder-decoder graphs have their own cache inputs"),
+    (["benchmark", "GPT2", "frameworks", "--random-weights", "--kv-layout", "growing"],
+     "--kv-layout applies to the onnxrt backend's graph; add it"),
+    (["run", "GPT2", "frameworks", "--random-weights", "--tokenizer-dir", "/etc"],
+     "--tokenizer-dir /etc holds no tokenizer (no tokenizer.json"),
+])
+def test_every_given_path_is_checked_before_anything_loads(capsys, argv, needle):
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2 and needle in err
+    assert "loading" not in err and "LAMBADA" not in err
