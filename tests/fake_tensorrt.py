@@ -213,6 +213,7 @@ class FakeContext:
     def __init__(self, engine):
         self.engine = engine
         self.profile = 0
+        self.resources_pending = False
         self.shapes, self.addresses, self.calls = {}, {}, []
         path = engine.spec["onnx"]
         if path not in _ORT_SESSIONS:
@@ -225,8 +226,14 @@ class FakeContext:
         self.declared = {arg.name: arg.shape for arg in (*self.ort.get_inputs(), *self.ort.get_outputs())}
 
     def set_optimization_profile_async(self, index, stream):
+        """As TensorRT 10's binding: a RuntimeError for a profile the engine does not have, and the context's
+        resources for the new profile are updated by the next `execute_async_v3` (`resources_pending` until then:
+        a CUDA graph replayed meanwhile would run on the old profile's)."""
+        if not 0 <= index < len(self.engine.spec["profiles"]):
+            raise RuntimeError("Error in set optimization profile async.")
         self.profile = index
         self.shapes.clear()  # as in TensorRT: shapes must be set again after a switch
+        self.resources_pending = True
         self.calls.append(("profile", index))
         return True
 
@@ -249,6 +256,9 @@ class FakeContext:
         return tuple(d if isinstance(d, int) else int(eval(d, scope, dims)) for d in self.declared[name])
 
     def set_tensor_address(self, name, address):
+        """False for a name that is not one of the engine's inputs or outputs, as TensorRT's."""
+        if name not in self.engine.names:
+            return False
         self.addresses[name] = address
         return True
 
@@ -265,6 +275,7 @@ class FakeContext:
             assert tuple(value.shape) == tuple(self.get_tensor_shape(name)), name
             _array_at(self.addresses[name], value.shape, _NP[dtype])[...] = value
         self.calls.append(("execute", self.profile))
+        self.resources_pending = False
         return True
 
 

@@ -227,6 +227,7 @@ def _fake_graphs(monkeypatch, session, fail=False):
 
         def replay(self):
             assert dict(session._context.addresses) == self.bindings
+            assert not session._context.resources_pending, "replayed before an enqueue after a profile switch"
             replays.append(1)
             session._execute()
 
@@ -253,8 +254,16 @@ def test_fake_cuda_graphs_replay_the_decode_steps(fake_gpu, tiny_gpt2_dir, work,
         captured_before, replays_before = len(captured), len(replays)
         assert torch.equal(model.generate(ids, mask, max_new_tokens=6, num_beams=num_beams), reference)
         assert len(captured) == captured_before  # the second generation only replays ...
-        assert len(replays) - replays_before == 5  # ... its five decode steps
-    assert len(captured) == 10
+        # ... its decode steps after the first, which follows the switch from the prompt's profile and runs normally
+        assert len(replays) - replays_before == 4
+    assert len(captured) == 8
+
+
+def test_a_refused_profile_switch_is_one_sentence(fake_gpu, tiny_gpt2_dir, work):
+    """TensorRT 10's binding raises RuntimeError where the switch fails (it never returns False)."""
+    session = _load(tiny_gpt2_dir, work, input_seq_len=9, output_seq_len=6).decoder.session
+    with pytest.raises(HarnessError, match="TensorRT refused to switch to optimization profile 7: Error in set"):
+        session._set_profile(7)
 
 
 def test_fake_cuda_graph_capture_failure_falls_back(fake_gpu, tiny_gpt2_dir, work, reference_model, monkeypatch,

@@ -11,8 +11,10 @@ decoder gets unchanged at every step (an encoder's mask, cross-attention keys an
 through `as_feed` and then bound where they are, not copied per step.
 
 `--cuda-graph` captures each decode step's `execute_async_v3` once per set of shapes and addresses and replays it
-afterwards (the context is run once normally first, as TensorRT requires after a shape change); repeated
-generations of the same lengths, as in benchmarks, then replay every decode step.
+afterwards (the context is run once normally first, as TensorRT requires after a shape change). A step right
+after a profile switch always runs normally: TensorRT updates the context's resources for the new profile in the
+next `enqueueV3` (NvInferRuntime.h, `setOptimizationProfileAsync`), which a replay is not. Repeated generations of
+the same lengths, as in benchmarks, then replay every decode step but the first after the prompt's profile.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ class TrtSession:
         self.cuda_graph = bool(cuda_graph) and self.stream is not None
         self._graphs: dict[tuple, object] = {}
         self._profile: int | None = None
+        self._switched = False  # a profile switch not yet followed by a real enqueue (no replay until one)
         self._shapes_set: dict[str, tuple[int, ...]] = {}
         self._addresses_set: dict[str, int] = {}
         self._staging = Staging(self.device)
@@ -133,9 +136,14 @@ class TrtSession:
         return getattr(self.stream, "cuda_stream", 0)
 
     def _set_profile(self, index: int) -> None:
-        if not self._context.set_optimization_profile_async(index, self._stream_handle):
+        try:  # TensorRT's binding raises RuntimeError where the C++ call returns false; older ones return False
+            switched = self._context.set_optimization_profile_async(index, self._stream_handle)
+        except RuntimeError as exc:
+            raise HarnessError(f"TensorRT refused to switch to optimization profile {index}: {exc}") from exc
+        if switched is False:
             raise HarnessError(f"TensorRT refused to switch to optimization profile {index}")
         self._profile = index
+        self._switched = True
         self._shapes_set.clear()  # a profile switch invalidates the shapes set before it
         self._addresses_set.clear()
 
@@ -156,6 +164,7 @@ class TrtSession:
     def _execute(self) -> None:
         if not self._context.execute_async_v3(self._stream_handle):
             raise HarnessError("TensorRT failed to run the engine (execute_async_v3 returned false; see its log)")
+        self._switched = False
 
     def _capture(self):
         """Record one `execute_async_v3` on the session's stream as a CUDA graph (nothing runs meanwhile)."""
@@ -219,7 +228,7 @@ class TrtSession:
                 else:
                     bound[name] = self._staging.stage(name, value, dtype)  # cast to what the engine declares
             addresses = tuple(self._set_address(n, t) for n, t in (*bound.items(), *outputs.items()))
-            if self.cuda_graph and cache is not None and cache.length > 0:  # decode steps only
+            if self.cuda_graph and cache is not None and cache.length > 0 and not self._switched:  # decode steps
                 self._execute_with_graph((profile, tuple(shapes.values()), addresses))
             else:
                 self._execute()
