@@ -43,8 +43,10 @@ def fake_tensorrt(version="10.0.1", preview=False, progress=True):
     trt = types.ModuleType("tensorrt")
     trt.__version__ = version
     trt.TensorIOMode = types.SimpleNamespace(INPUT="INPUT", OUTPUT="OUTPUT", NONE="NONE")
-    # TensorRT 11 builds strongly typed networks only: its BuilderFlag has TF32 but no FP16 (read off its bindings)
-    trt.BuilderFlag = types.SimpleNamespace(TF32="tf32", **({} if version.startswith("11.") else {"FP16": "fp16"}))
+    # TensorRT 11 builds strongly typed networks only: its BuilderFlag has TF32 but no FP16 or INT8 (NvInfer.h)
+    trt.BuilderFlag = types.SimpleNamespace(TF32="tf32", **({} if version.startswith("11.") else
+                                                            {"FP16": "fp16", "INT8": "int8"}))
+    trt.MemoryPoolType = types.SimpleNamespace(WORKSPACE="WORKSPACE")
     trt.PreviewFeature = types.SimpleNamespace(**({"FASTER_DYNAMIC_SHAPES_0805": "fds"} if preview else
                                                   {"PROFILE_SHARING_0806": "ps"}))
     trt.float32, trt.float16, trt.bfloat16, trt.int32, trt.int64 = "float32", "float16", "bfloat16", "int32", "int64"
@@ -77,6 +79,18 @@ class FakeBuilderConfig:
         self.preview[feature] = enabled
 
 
+# Polygraphy 0.49-0.53's `CreateConfig` keyword arguments (backend/trt/config.py: CreateConfig and the common base)
+CREATE_CONFIG_PARAMETERS = {
+    "tf32", "fp16", "int8", "fp8", "bf16", "calibrator", "use_dla", "allow_gpu_fallback", "profiles",
+    "precision_constraints", "load_timing_cache", "algorithm_selector", "sparse_weights", "tactic_sources",
+    "restricted", "profiling_verbosity", "memory_pool_limits", "refittable", "strip_plan", "preview_features",
+    "engine_capability", "direct_io", "builder_optimization_level", "hardware_compatibility_level",
+    "max_aux_streams", "version_compatible", "exclude_lean_runtime", "quantization_flags",
+    "error_on_timing_cache_miss", "disable_compilation_cache", "progress_monitor", "weight_streaming",
+    "runtime_platform", "tiling_optimization_level",
+}
+
+
 def fake_polygraphy(result, seen, network="network"):
     """`polygraphy.backend.trt` whose build returns `result` (or raises it) and records what it got in `seen`;
     the config callback gets `network`."""
@@ -84,11 +98,17 @@ def fake_polygraphy(result, seen, network="network"):
 
     class Profile(dict):
         def add(self, name, min, opt, max):
+            """As TensorRT's `set_shape`: equal ranks, 0 <= min <= opt <= max in every dimension (ValueError)."""
+            if not len(min) == len(opt) == len(max) or not all(0 <= a <= b <= c for a, b, c in zip(min, opt, max)):
+                raise ValueError(f"invalid profile for {name}: min {min}, opt {opt}, max {max}")
             self[name] = (min, opt, max)
             return self
 
     class CreateConfig:
         def __init__(self, **kwargs):
+            unknown = set(kwargs) - CREATE_CONFIG_PARAMETERS
+            if unknown:  # Python's own error for a keyword the real signature does not have
+                raise TypeError(f"CreateConfig.__init__() got an unexpected keyword argument {sorted(unknown)[0]!r}")
             seen["create"] = kwargs
 
         def __call__(self, builder, network):

@@ -176,6 +176,7 @@ def test_tensorrt_engine_through_the_fake_tensorrt(fake_gpu, minilm_dir, tmp_pat
     assert request.profiles == [{name: ((1, 2), (2, 8), (3, 24))
                                  for name in ("input_ids", "token_type_ids", "attention_mask")}]
     assert request.onnx_path == tmp_path / "out" / "model-original.onnx" and request.fp16
+    assert request.workspace_mib == 10000 and not request.int8  # -w reaches the build (its default)
     assert "[TensorRT (FP16)] mean=" in capsys.readouterr().out
     run(opts)
     assert len(fake_gpu) == 1  # the engine was reused

@@ -244,6 +244,8 @@ def test_trtexec_command_from_the_same_profiles():
     assert "--layerPrecisions" not in engine_build.trtexec_command(_request(fp32_layers=("node_a",)), "e")
     assert engine_build.trtexec_command(_request(), "e", preview_feature_available=True).endswith(
         " --preview=+fasterDynamicShapes0805")
+    quantized = engine_build.trtexec_command(_request(int8=True, workspace_mib=2048), "e")
+    assert quantized.endswith(" --int8 --memPoolSize=workspace:2048M") and "--fp16" not in quantized
     (whole,) = _request(shape_settings={"use_cache": False}, input_names=NAMES[:4]).profiles
     single = engine_build.trtexec_command(_request(profiles=[whole], input_names=NAMES[:4]), "e")
     assert "--profile" not in single and "--minShapes=input_ids:1x1," in single
@@ -274,6 +276,25 @@ def test_build_engine_through_polygraphy(tmp_path, monkeypatch, preview):
     assert seen["config"].preview == ({"fds": False} if preview else {})
     assert (seen["config"].progress_monitor is not None) == (not preview)
     assert seen["onnx"] == str(request.onnx_path)
+
+
+@pytest.mark.parametrize("version", ["10.0.1", "11.1.0"])
+def test_int8_and_the_workspace_reach_polygraphy(tmp_path, monkeypatch, version):
+    """convert's -q (a Q/DQ graph) sets TensorRT 10's INT8 flag (TensorRT 11 has none: strongly typed), and -w
+    the workspace pool; both name the engine (a request without them keeps its name)."""
+    seen = {}
+    trt = fake_tensorrt(version)
+    monkeypatch.setitem(sys.modules, "tensorrt", trt)
+    monkeypatch.setitem(sys.modules, "polygraphy.backend.trt", fake_polygraphy(b"ENGINE-BYTES", seen))
+    request = _request(tmp_path, int8=True, workspace_mib=512)
+    engine_build.build_engine(request, tmp_path / "e.engine", tmp_path / "c", {}, lambda m: None)
+    create = seen["create"]
+    assert create.get("int8") is (True if version.startswith("10.") else None) and create["fp16"] is False
+    assert create["memory_pool_limits"] == {trt.MemoryPoolType.WORKSPACE: 512 << 20}
+    plain = engine_cache.engine_path(tmp_path, _request(tmp_path), DEVICE).name
+    assert "-int8-" in engine_cache.engine_path(tmp_path, request, DEVICE).name and "-tf32-" in plain
+    assert engine_cache.engine_path(tmp_path, _request(tmp_path, workspace_mib=512), DEVICE).name != plain
+    assert "int8" not in engine_cache.engine_settings(_request(tmp_path), DEVICE)
 
 
 @pytest.mark.parametrize("result", [None, RuntimeError("Invalid Engine. Please ensure the engine was built")],

@@ -88,8 +88,8 @@ def _tensorrt(opts: ConvertOptions, module: TaskModule, source: Path, out: Path)
     int8 = opts.quantization
     request = EngineRequest(stem=opts.name, onnx_path=source, onnx_id=f"{source.name}:{_digest(source)}",
                             input_names=module.graph_inputs, output_names=module.task.outputs,
-                            profiles=[profile], fp16=not int8, graph="encoder",
-                            extra={"int8": int8, "workspace_mib": opts.workspace_size})
+                            profiles=[profile], fp16=not int8, graph="encoder", int8=int8,
+                            workspace_mib=opts.workspace_size)
     params = sum(p.numel() for p in module.parameters())
     plan, _ = engine_cache.obtain_engine(request, gpu.info, out, params, free_gpu=_free_gpu_memory(gpu.device),
                                          free_host=available_host_memory(), report=say)

@@ -50,6 +50,10 @@ def trtexec_command(request: EngineRequest, engine: str | Path, timing_cache: st
         if request.fp32_layers:
             spec = shlex.quote(",".join(f"{name}:fp32" for name in request.fp32_layers))
             parts += ["--precisionConstraints=obey", f"--layerPrecisions={spec}", f"--layerOutputTypes={spec}"]
+    if request.int8:
+        parts.append("--int8")
+    if request.workspace_mib is not None:
+        parts.append(f"--memPoolSize=workspace:{request.workspace_mib}M")
     if preview_feature_available:
         parts.append(f"--preview={'+' if request.preview_dynamic_shapes else '-'}fasterDynamicShapes0805")
     if timing_cache is not None:
@@ -150,11 +154,12 @@ def build_engine(request: EngineRequest, path: Path, timing_cache: Path, metadat
                  report: Callable[[str], None] = say) -> float:
     """Build the engine with Polygraphy and publish it (and the grown timing cache) atomically; returns seconds.
 
-    Polygraphy's `CreateConfig` gets the profiles, TF32 (on unless asked otherwise) and fp16; the faster-dynamic-
-    shapes preview feature is set on the config, alone, where TensorRT has it (Polygraphy's own `preview_features`
-    list would switch every other preview feature off), and a progress monitor reports the phases. The timing
-    cache is read from the working dir and the grown one replaces it only after a successful build. In an fp16
-    build the request's `fp32_layers` are pinned to fp32 (`keep_layers_fp32`) and the builder obeys it.
+    Polygraphy's `CreateConfig` gets the profiles, TF32 (on unless asked otherwise), fp16, and when the request has
+    them int8 (a Q/DQ graph) and the workspace limit; the faster-dynamic-shapes preview feature is set on the config,
+    alone, where TensorRT has it (Polygraphy's own `preview_features` list would switch every other preview feature
+    off), and a progress monitor reports the phases. The timing cache is read from the working dir and the grown one
+    replaces it only after a successful build. In an fp16 build the request's `fp32_layers` are pinned to fp32
+    (`keep_layers_fp32`) and the builder obeys it.
     """
     try:
         import tensorrt as trt
@@ -174,9 +179,15 @@ def build_engine(request: EngineRequest, path: Path, timing_cache: Path, metadat
         profiles.append(profile)
     timing_cache = Path(timing_cache)
     fp32_layers = request.fp32_layers if request.fp16 else ()
+    optional = {}
+    if fp32_layers:
+        optional["precision_constraints"] = "obey"
+    if request.int8 and hasattr(trt.BuilderFlag, "INT8"):  # TensorRT 11 runs Q/DQ graphs strongly typed, no flag
+        optional["int8"] = True  # a Q/DQ graph needs no calibrator (Polygraphy's CreateConfig)
+    if request.workspace_mib is not None:
+        optional["memory_pool_limits"] = {trt.MemoryPoolType.WORKSPACE: request.workspace_mib << 20}
     create = CreateConfig(tf32=request.tf32, fp16=request.fp16, profiles=profiles,
-                          load_timing_cache=str(timing_cache) if timing_cache.is_file() else None,
-                          **({"precision_constraints": "obey"} if fp32_layers else {}))
+                          load_timing_cache=str(timing_cache) if timing_cache.is_file() else None, **optional)
     feature = faster_dynamic_shapes_feature(trt)
     monitor = progress_monitor(trt, report)
 

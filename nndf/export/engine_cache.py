@@ -69,7 +69,8 @@ def validate_postfix(postfix: str) -> None:
 def engine_settings(request: EngineRequest, device: DeviceInfo) -> dict:
     """Everything that shaped an engine and where it can run: its metadata, and (hashed) its name.
 
-    Layers kept in fp32 are named only when there are some, so engines without any keep the names they had.
+    Layers kept in fp32, int8 and a workspace limit are named only when set, so engines without them keep the names
+    they had.
     """
     return {
         "kind": f"trt-{request.graph}-engine",
@@ -82,6 +83,8 @@ def engine_settings(request: EngineRequest, device: DeviceInfo) -> dict:
         "preview_dynamic_shapes": request.preview_dynamic_shapes,
         "builder_revision": ENGINE_BUILDER_REVISION,
         **({"fp32_layers": list(request.fp32_layers)} if request.fp32_layers else {}),
+        **({"int8": True} if request.int8 else {}),
+        **({"workspace_mib": request.workspace_mib} if request.workspace_mib is not None else {}),
         **as_json(dict(request.extra)),
         **device.as_dict(),
     }
@@ -104,7 +107,7 @@ _LABELS = {
     "tensorrt_version": "TensorRT version", "gpu_name": "GPU", "compute_capability": "compute capability",
     "onnx": "ONNX export", "profiles": "set of optimization profiles", "fp16": "precision", "tf32": "TF32 setting",
     "preview_dynamic_shapes": "preview-dynamic-shapes setting", "builder_revision": "builder revision",
-    "fp32_layers": "set of layers kept in fp32",
+    "fp32_layers": "set of layers kept in fp32", "int8": "int8 setting", "workspace_mib": "workspace size",
 }
 
 

@@ -33,7 +33,9 @@ class EngineRequest:
     extra: Mapping[str, object] = field(default_factory=dict)  # anything else that shaped the engine
     graph: str = "decoder"
     fp32_layers: tuple[str, ...] = ()
+    int8: bool = False  # a graph with Q/DQ nodes (convert's -q): TensorRT 10's INT8 builder flag
+    workspace_mib: int | None = None  # the builder's workspace pool limit (convert's -w); None: TensorRT's default
 
     @property
     def precision(self) -> str:
-        return "fp16" if self.fp16 else ("tf32" if self.tf32 else "fp32")
+        return "int8" if self.int8 else "fp16" if self.fp16 else ("tf32" if self.tf32 else "fp32")
