@@ -164,6 +164,12 @@ def test_fp16_build_pins_the_named_layers_to_fp32(tmp_path, monkeypatch):
             continue
         assert marked == ["node_linear_5", "node_linear_5_17", "node_add"]
         assert [layer.output_types for layer in layers] == [{0: "float32"}, {0: "float32"}, {}, {}, {0: "float32"}]
+        # the engine records the layers it pinned, and the trtexec command names exactly those (trtexec matches
+        # layer names exactly, so the request's node names alone would miss node_linear_5_17)
+        pinned = read_metadata(tmp_path / "True.engine")[engine_build.PINNED_LAYERS_KEY]
+        assert pinned == marked
+        command = engine_build.trtexec_command(request, "e", fp32_layers=tuple(pinned))
+        assert "--layerPrecisions=node_linear_5:fp32,node_linear_5_17:fp32,node_add:fp32 " in command
 
 
 def test_module_nodes_from_exporter_metadata(tmp_path):

@@ -231,7 +231,8 @@ def engine_plan_result(args, spec, variant, backend: str) -> Result:
     columns = [Column("graph", "graph"), Column("onnx", "ONNX file"), Column("profiles", "profiles")]
     context = {"model": spec.family, "variant": variant.name, "weights": loaded.source,
                "settings": settings.as_dict()}
-    notes = [f"{row['graph']}: {row['trtexec']}" for row in rows]
+    notes = [f"{row['graph']}: {row['trtexec']}" + (f" ({row.pop('pending')})" if "pending" in row else "")
+             for row in rows]
     # TensorRT reads the growing-cache graph (past in, present out), which onnxrt on the CPU only uses when asked
     layout = "" if architecture(spec).has_encoder else " --kv-layout growing"
     notes.append("These engines need a GPU with TensorRT; the ONNX files they read are what `run.py export "

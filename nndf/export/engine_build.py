@@ -24,16 +24,20 @@ from nndf.workspace import write_artifact
 from nndf.progress import say
 
 INSTALL_HINT = "pip install -e '.[tensorrt]' (or pip install tensorrt polygraphy) on a machine with an NVIDIA GPU"
+PINNED_LAYERS_KEY = "fp32_layers_marked"  # an engine's metadata: the layers its build pinned to fp32
 
 
 def trtexec_command(request: EngineRequest, engine: str | Path, timing_cache: str | Path | None = None,
-                    preview_feature_available: bool = False) -> str:
+                    preview_feature_available: bool = False, fp32_layers: tuple[str, ...] | None = None) -> str:
     """The `trtexec` command that builds the same engine, from the same profiles (hence the same ShapeSpec).
 
     With several profiles, each set of --minShapes/--optShapes/--maxShapes follows its `--profile=N`, as in
     NVIDIA's demo. TF32 is trtexec's default (`--noTF32` turns it off); the faster-dynamic-shapes preview feature
-    is named only for TensorRT versions that have it (8.5 to 9.x). Layers kept in fp32 in an fp16 build are named
-    by their ONNX nodes (`--layerPrecisions`, `--layerOutputTypes`, obeyed with `--precisionConstraints=obey`).
+    is named only for TensorRT versions that have it (8.5 to 9.x). Layers kept in fp32 in an fp16 build
+    (`--layerPrecisions`, `--layerOutputTypes`, obeyed with `--precisionConstraints=obey`) are `fp32_layers`, the
+    layers a build marked (`PINNED_LAYERS_KEY` of its metadata), else the request's ONNX node names: before a build
+    the parser's helper layers of those nodes (`<node>_<n>`, see `keep_layers_fp32`) are not known, and trtexec
+    matches layer names exactly.
     """
     parts = ["trtexec", f"--onnx={shlex.quote(str(request.onnx_path))}", f"--saveEngine={shlex.quote(str(engine))}"]
     several = len(request.profiles) > 1
@@ -47,8 +51,9 @@ def trtexec_command(request: EngineRequest, engine: str | Path, timing_cache: st
         parts.append("--noTF32")
     if request.fp16:
         parts.append("--fp16")
-        if request.fp32_layers:
-            spec = shlex.quote(",".join(f"{name}:fp32" for name in request.fp32_layers))
+        layers = request.fp32_layers if fp32_layers is None else fp32_layers
+        if layers:
+            spec = shlex.quote(",".join(f"{name}:fp32" for name in layers))
             parts += ["--precisionConstraints=obey", f"--layerPrecisions={spec}", f"--layerOutputTypes={spec}"]
     if request.int8:
         parts.append("--int8")
@@ -191,10 +196,12 @@ def build_engine(request: EngineRequest, path: Path, timing_cache: Path, metadat
     feature = faster_dynamic_shapes_feature(trt)
     monitor = progress_monitor(trt, report)
 
+    pinned: list[str] = []
+
     def config(builder, network):
         if fp32_layers:
-            marked = keep_layers_fp32(network, fp32_layers, trt)
-            report(f"  {len(marked)} layers of {len(fp32_layers)} ONNX nodes kept in fp32")
+            pinned[:] = keep_layers_fp32(network, fp32_layers, trt)
+            report(f"  {len(pinned)} layers of {len(fp32_layers)} ONNX nodes kept in fp32")
         built = create(builder, network)
         if feature is not None:
             built.set_preview_feature(feature, bool(request.preview_dynamic_shapes))
@@ -219,8 +226,8 @@ def build_engine(request: EngineRequest, path: Path, timing_cache: Path, metadat
         if not engine_bytes:
             raise HarnessError(f"TensorRT built no engine from {request.onnx_path} (the log above says why)")
         seconds = time.perf_counter() - started
-        write_artifact(path, lambda tmp: _write_buffer(tmp, engine_bytes),
-                       dict(metadata, build_seconds=round(seconds, 1)))
+        recorded = dict(metadata, build_seconds=round(seconds, 1), **({PINNED_LAYERS_KEY: pinned} if pinned else {}))
+        write_artifact(path, lambda tmp: _write_buffer(tmp, engine_bytes), recorded)
         if new_cache.stat().st_size > 0:
             os.replace(new_cache, timing_cache)
     finally:

@@ -40,6 +40,7 @@ from nndf.measure import available_host_memory
 from nndf.progress import say
 from nndf.loading import LoadedModel
 from nndf.spec import BuildSettings, ShapeSpec
+from nndf.workspace import read_metadata
 
 __all__ = [
     "DESCRIPTION", "FP16_LOGIT_BOUND", "INSTALL_HINT", "USE_TF32", "EngineIO", "Fidelity", "PingPongCache", "Ranges",
@@ -131,8 +132,10 @@ def _open_engine(loaded: LoadedModel, settings: BuildSettings, options: BackendO
         request, gpu.info, options.working_dir, _num_params(export),
         free_gpu=_free_gpu_memory(gpu.device), free_host=available_host_memory(), report=say,
     )
+    pinned = (read_metadata(path) or {}).get(engine_build.PINNED_LAYERS_KEY)  # the layers its build pinned
     trtexec = engine_build.trtexec_command(request, path, engine_cache.timing_cache_path(options.working_dir, gpu.info),
-                                           engine_build.faster_dynamic_shapes_feature(gpu.trt) is not None)
+                                           engine_build.faster_dynamic_shapes_feature(gpu.trt) is not None,
+                                           tuple(pinned) if pinned else None)
     return TrtSession(path, export.input_names, export.output_names, graph.profiles, trtexec=trtexec, **common), built
 
 
@@ -159,7 +162,7 @@ def _check_fp16(session: TrtSession, built: bool, decoder, loaded: LoadedModel, 
     """The fp16 check of freshly built engines (or of engines whose metadata lacks it), through `decoder.logits`
     and `reference(model, *batch)`; stored in the decoder engine's metadata, and its warning repeated whenever the
     engines are reused."""
-    from nndf.workspace import atomic_write_json, metadata_path, read_metadata
+    from nndf.workspace import atomic_write_json, metadata_path
 
     path = session.artifacts[0]
     meta = read_metadata(path) or {}

@@ -17,8 +17,9 @@ from nndf.spec import BuildSettings
 
 def engine_plan(loaded: LoadedModel, settings: BuildSettings, options: BackendOptions) -> list[dict]:
     """One entry per graph: its name, ONNX file, profiles and the trtexec command that builds its engine (named
-    after the graph, since an engine's real name hashes the GPU it is built on)."""
-    from nndf.backends.trt import USE_TF32
+    after the graph, since an engine's real name hashes the GPU it is built on); `pending` says what the command
+    cannot name yet (an fp16 build's fp32 layers, read off a graph not exported yet)."""
+    from nndf.backends.trt import USE_TF32, _fp32_layers
     from nndf.export.engine_build import describe_profiles, trtexec_command
     from nndf.export.engine_request import EngineRequest
 
@@ -37,11 +38,18 @@ def engine_plan(loaded: LoadedModel, settings: BuildSettings, options: BackendOp
     plan = []
     for graph, export in exports.items():
         stem = f"{loaded.spec.family}-{loaded.name}-{graph}"
+        # an fp16 build's fp32 layers are read off the exported graph: named when it is already exported
+        exported = Path(export.graph).is_file()
         request = EngineRequest(stem=stem, graph=graph, onnx_path=export.graph, onnx_id=export.folder.name,
                                 input_names=export.input_names, output_names=export.output_names,
                                 profiles=profiles[graph], fp16=settings.fp16, tf32=USE_TF32,
-                                preview_dynamic_shapes=settings.preview_dynamic_shapes, postfix=settings.engine_postfix)
+                                preview_dynamic_shapes=settings.preview_dynamic_shapes, postfix=settings.engine_postfix,
+                                fp32_layers=_fp32_layers(loaded, settings, export.graph) if exported else ())
         engine = Path(options.working_dir) / f"{stem}{settings.engine_postfix}.engine"
-        plan.append({"graph": graph, "onnx": str(export.graph), "profiles": describe_profiles(profiles[graph]),
-                     "trtexec": trtexec_command(request, engine)})
+        row = {"graph": graph, "onnx": str(export.graph), "profiles": describe_profiles(profiles[graph]),
+               "trtexec": trtexec_command(request, engine)}
+        if not exported and settings.fp16 and loaded.spec.hooks.fp32_modules():
+            row["pending"] = (f"any layers of {', '.join(loaded.spec.hooks.fp32_modules())} in this graph stay fp32 in "
+                              "the build; their names join the command once the graph is exported")
+        plan.append(row)
     return plan
