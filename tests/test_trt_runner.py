@@ -145,8 +145,20 @@ def test_ping_pong_cache_copies_presents_from_elsewhere_and_reuses_storage():
     assert cache.length == 3 and torch.equal(cache.past_feeds()["past_key_values.0.value"], present["present.0.value"])
     again = PingPongCache(1, 2, 1, 2, 4, storage=cache.storage)
     assert again.storage is cache.storage and again.length == 0
-    bigger = PingPongCache(1, 2, 1, 2, 8, storage=cache.storage)
+    bigger = PingPongCache(1, 2, 1, 2, 40, storage=cache.storage)
     assert bigger.storage is not cache.storage
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_every_cache_buffer_starts_256_byte_aligned(dtype):
+    """TensorRT wants 256-byte aligned addresses: an odd rows x heads x length with head size 64 in fp16 put every
+    other buffer at 128 bytes before the buffers were padded."""
+    cache = PingPongCache(2, 3, 1, 64, 7, dtype=dtype)
+    base = cache.storage.data_ptr()
+    cache.store({name.replace("past_key_values", "present"): torch.zeros(3, 1, 5, 64, dtype=dtype)
+                 for name in cache.names}, 5)
+    views = [*cache.past_feeds().values(), *cache.present_targets(6).values()]
+    assert len(views) == 8 and all((v.data_ptr() - base) % 256 == 0 for v in views)
 
 
 def test_fidelity_and_fp16_warning():

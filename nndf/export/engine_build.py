@@ -15,6 +15,7 @@ import shlex
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -142,9 +143,11 @@ def keep_layers_fp32(network, node_names, trt) -> list[str]:
         outputs = [i for i in range(layer.num_outputs) if any(layer.get_output(i).dtype == f for f in floats)]
         if not outputs:
             continue
-        layer.precision = trt.float32
-        for i in outputs:
-            layer.set_output_type(i, trt.float32)
+        with warnings.catch_warnings():  # TensorRT 10.12+ deprecates both for strong typing; 10.x still obeys them
+            warnings.simplefilter("ignore", DeprecationWarning)
+            layer.precision = trt.float32
+            for i in outputs:
+                layer.set_output_type(i, trt.float32)
         marked.append(layer.name)
     return marked
 

@@ -47,6 +47,17 @@ class Staging:
         return target
 
 
+ALIGNMENT = 256  # bytes: TensorRT wants every bound address 256-byte aligned (NvInferRuntime.h, setTensorAddress)
+
+
+def aligned_count(count: int, dtype: torch.dtype) -> int:
+    """`count` elements of `dtype` rounded up to a whole number of ALIGNMENT bytes, so that buffers laid end to end
+    in one allocation (whose start PyTorch's CUDA allocator aligns to 512 bytes) each start aligned."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    per_block = ALIGNMENT // math.gcd(ALIGNMENT, itemsize)
+    return max(-(-count // per_block) * per_block, per_block)
+
+
 class PingPongCache:
     """KV cache for engines: two max-length buffers per past tensor, read and written alternately.
 
@@ -64,7 +75,7 @@ class PingPongCache:
         self.present_names = [present_name(layer, kind) for layer in range(num_layers) for kind in KINDS]
         self._dims = (rows, kv_heads, head_dim)
         self.max_len = max_len
-        needed = rows * kv_heads * max_len * head_dim
+        needed = aligned_count(rows * kv_heads * max_len * head_dim, dtype)
         device = torch.device(device)
         if (storage is None or storage.dtype != dtype or storage.device != device
                 or storage.shape[1] != len(self.names) or storage.shape[2] < max(needed, 1)):
