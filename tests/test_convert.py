@@ -4,12 +4,13 @@ every CPU backend, each checked against PyTorch; bad flags; what is written."""
 from __future__ import annotations
 
 import json
+import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import LAMBADA_FILE, needs_shared
+from conftest import LAMBADA_FILE, TOKENIZER_DIR, needs_shared
 from fake_tensorrt import fake_gpu  # noqa: F401  (a fixture)
 
 from nndf.cli import main as run_py
@@ -122,6 +123,7 @@ def test_tiny_architectures_convert_for_each_task(kind, task, minilm_dir, tmp_pa
     (["--backend", "tensorrt", "-d", "cpu"], "--backend tensorrt builds a TensorRT plan, which needs a CUDA GPU"),
     (["--nb-measures", "0"], "--nb-measures must be at least 1"),
     (["-s", "1", "8", "4096"], "-s/--seq-len MAX 4096 exceeds the 512 positions"),
+    (["--generative-model", "t5"], "--generative-model t5: convert_model converts decoder-only (gpt) text generation"),
 ])
 def test_bad_flags_are_one_sentence_and_exit_2(argv, needle, minilm_dir, tmp_path, capsys):
     code = convert_model(["-m", str(minilm_dir), "--task", "embedding", "-o", str(tmp_path / "out"), *argv])
@@ -139,13 +141,53 @@ def test_missing_model_and_unfaithful_backend_are_errors_without_leftovers(minil
     assert code == 2 and "config.json is a file; it takes a folder" in capsys.readouterr().err
     code = convert_model(["-m", str(minilm_dir), "-t", str(tmp_path / "empty"), "-o", str(tmp_path / "a")])
     assert code == 2 and f"-t/--tokenizer {tmp_path / 'empty'}: cannot load a tokenizer" in capsys.readouterr().err
-    out = tmp_path / "b"
+    code = convert_model(["-m", "nobody/no-such-model", "-o", str(tmp_path / "a")])  # offline: not on this machine
+    assert code == 2 and "-m/--model nobody/no-such-model: cannot load it from the Hugging Face hub (" in \
+        capsys.readouterr().err
+    out, report = tmp_path / "b", tmp_path / "report.json"
     code = convert_model(["-m", str(minilm_dir), "--task", "embedding", "-q", "-o", str(out), "--atol", "1e-6",
-                          *FAST])
+                          "--json", str(report), *FAST])
     err = capsys.readouterr().err
     assert code == 1
     assert "[ONNX Runtime (INT-8)] output 'output' differs from PyTorch's by up to" in err
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+    backends = json.loads(report.read_text())["backends"]  # what was measured before the failure is kept
+    assert backends["ONNX Runtime (FP32)"]["max_abs_diff"] < 1e-6
+    assert backends["ONNX Runtime (INT-8)"]["error"].startswith("[ONNX Runtime (INT-8)] output 'output' differs")
+
+
+@needs_shared(TOKENIZER_DIR)
+def test_the_tokenizer_must_fit_the_model_and_pad(minilm_dir, tmp_path, capsys):
+    """A tokenizer with ids past the model's vocabulary is refused before anything is written; one without a
+    padding token pads with its end token (the Triton tokenize model pads every request's texts)."""
+    from transformers import AutoTokenizer
+
+    from nndf.convert.cli import _check_tokenizer
+    from nndf.convert.options import parse
+    from nndf.errors import UsageError
+
+    out = tmp_path / "out"
+    code = convert_model(["-m", str(minilm_dir), "-t", str(TOKENIZER_DIR), "--task", "embedding", "-o", str(out)])
+    assert code == 2 and (f"-t/--tokenizer {TOKENIZER_DIR}: the tokenizer has 50257 tokens and the model's "
+                          "vocabulary 30522") in capsys.readouterr().err
+    assert not out.exists() or not any(out.iterdir())
+    opts = parse(["-m", str(minilm_dir), "-t", str(TOKENIZER_DIR), "-b", "1", "2", "4", "-o", str(out)])
+    gpt2 = AutoTokenizer.from_pretrained(TOKENIZER_DIR)
+    _check_tokenizer(opts, gpt2, types.SimpleNamespace(vocab_size=50257))
+    assert gpt2.pad_token == "<|endoftext|>"
+    assert gpt2(["a", "a b c"], padding=True)["attention_mask"][0] == [1, 0, 0]
+    gpt2.pad_token, gpt2.eos_token = None, None
+    with pytest.raises(UsageError, match="has no padding token .* batches of up to 4 texts"):
+        _check_tokenizer(opts, gpt2, types.SimpleNamespace(vocab_size=50257))
+
+
+def test_transformer_deploy_flags_are_accepted(minilm_dir, tmp_path):
+    from nndf.convert.options import parse
+
+    base = ["-m", str(minilm_dir), "-o", str(tmp_path / "out")]
+    assert parse([*base, "--auth-token", "true", "--load-external-data"]).auth_token is True
+    assert parse([*base, "--auth-token", "hf_abc", "--no-load-external-data"]).auth_token == "hf_abc"
+    assert parse([*base, "--generative-model", "gpt"]).auth_token is None
 
 
 def _tiny_classifier(folder: Path) -> Path:

@@ -24,31 +24,64 @@ from nndf.convert import engines as eng
 from nndf.convert import graphs, report
 from nndf.convert.options import ConvertOptions, parse
 from nndf.convert.tasks import TASKS, TaskModule, load_task_model, model_inputs, transformer_of
-from nndf.errors import UsageError, run_command
+from nndf.errors import HarnessError, UsageError, run_command
 from nndf.measure import available_host_memory
 from nndf.progress import say
 from nndf.workspace import atomic_write_json
 
 
 def _load(opts: ConvertOptions):
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(opts.tokenizer)
+        tokenizer = AutoTokenizer.from_pretrained(opts.tokenizer, token=opts.auth_token)
     except (OSError, ValueError) as exc:
         why = str(exc).splitlines()[0]
         if opts.tokenizer != opts.model:
             raise UsageError(f"-t/--tokenizer {opts.tokenizer}: cannot load a tokenizer ({why})") from None
+        if not Path(opts.model).expanduser().is_dir():  # a hub id the hub did not give
+            raise UsageError(f"-m/--model {opts.model}: cannot load it from the Hugging Face hub ({why}); give a "
+                             "local folder (what save_pretrained() writes), or a hub id with the hub reachable"
+                             ) from None
         raise UsageError(f"-m/--model {opts.model}: cannot load its tokenizer ({why}); -t/--tokenizer names one "
                          "elsewhere") from None
+    try:  # the config alone first: a wrong -s is said before the weights load
+        positions = getattr(AutoConfig.from_pretrained(opts.model, token=opts.auth_token), "max_position_embeddings",
+                            None)
+    except (OSError, ValueError):
+        positions = None  # the model's own load below says what is wrong
+    _check_positions(opts, positions)
     task = TASKS[opts.task]
-    model = load_task_model(task, opts.model, opts.device)
+    model = load_task_model(task, opts.model, opts.device, opts.auth_token)
     names = model_inputs(model, tokenizer)
     config = transformer_of(model).config
-    positions = getattr(config, "max_position_embeddings", None)
+    _check_positions(opts, getattr(config, "max_position_embeddings", None))
+    _check_tokenizer(opts, tokenizer, config)
+    return tokenizer, TaskModule(model, task, names), config
+
+
+def _check_positions(opts: ConvertOptions, positions: int | None) -> None:
     if positions and opts.seq_len[2] > positions:
         raise UsageError(f"-s/--seq-len MAX {opts.seq_len[2]} exceeds the {positions} positions of {opts.model}")
-    return tokenizer, TaskModule(model, task, names), config
+
+
+def _check_tokenizer(opts: ConvertOptions, tokenizer, config) -> None:
+    """The tokenizer must fit the model (its ids within the vocabulary) and pad batches: the Triton tokenize model
+    pads every request's texts, and the check inputs are random ids, which would never show either problem."""
+    vocab = getattr(config, "vocab_size", None)
+    if vocab and len(tokenizer) > vocab:
+        flag = f"-t/--tokenizer {opts.tokenizer}" if opts.tokenizer != opts.model else f"-m/--model {opts.model}"
+        raise UsageError(f"{flag}: the tokenizer has {len(tokenizer)} tokens and the model's vocabulary "
+                         f"{vocab}, so some of its ids have no embedding: give the model's own tokenizer")
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None and opts.batch_size[2] > 1:
+            raise UsageError(f"the tokenizer of {opts.tokenizer} has no padding token (nor an end token to pad "
+                             f"with), so batches of up to {opts.batch_size[2]} texts (-b) cannot be padded: use -b "
+                             "1 1 1, or a tokenizer that pads")
+        if tokenizer.eos_token is not None:
+            tokenizer.pad_token = tokenizer.eos_token  # as transformer-deploy's generative models do
+            say(f"the tokenizer has no padding token: padding with its end token {tokenizer.eos_token!r} (the "
+                "attention mask hides it)")
 
 
 def _graphs(opts: ConvertOptions, module: TaskModule, config, tokenizer, example, out: Path) -> dict[str, Path]:
@@ -145,7 +178,12 @@ def run(opts: ConvertOptions) -> dict:
                      "seq_len": opts.seq_len, "atol": opts.atol, "backends": {}}
     fidelity, lines = {}, []
     for engine in _engines(opts, module, paths, out):
-        fidelity[engine.name] = report.check(engine, checks, reference, module.task.outputs, opts.atol)
+        try:
+            fidelity[engine.name] = report.check(engine, checks, reference, module.task.outputs, opts.atol)
+        except HarnessError as exc:  # not faithful: the report still says what was measured before it
+            results["backends"][engine.name] = {"error": str(exc), "file": str(engine.artifact or "") or None}
+            _write_report(opts, results)
+            raise
         say(f"timing {engine.name} ({opts.nb_measures} calls at batch {shapes[1][0]}, {shapes[1][1]} tokens) ...")
         timing = report.timings(engine, opt_feeds, opts.warmup, opts.nb_measures, opts.device)
         lines.append(report.latency_line(engine.name, timing))
@@ -186,6 +224,12 @@ def _triton(opts: ConvertOptions, module: TaskModule, paths: dict[str, Path], to
     return [str(p) for p in served]
 
 
+def _write_report(opts: ConvertOptions, results: dict) -> None:
+    if opts.json:
+        atomic_write_json(opts.json, results)
+        print(f"results written to {opts.json}")
+
+
 def main(argv: list[str] | None = None) -> int:
     return run_command(lambda: _main(argv))
 
@@ -193,10 +237,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     started = time.perf_counter()
     opts = parse(argv)
-    results = run(opts)
-    if opts.json:
-        atomic_write_json(opts.json, results)
-        print(f"results written to {opts.json}")
+    _write_report(opts, run(opts))
     say(f"done in {time.perf_counter() - started:.0f} s")
     return 0
 

@@ -1,5 +1,7 @@
 """`convert_model`'s flags: every flag of transformer-deploy's `convert_model`, under the same names and defaults
-(`--backend` also takes `pytorch`, and `--json` writes the report), validated into one `ConvertOptions`."""
+(`--backend` also takes `pytorch`, and `--json` writes the report), validated into one `ConvertOptions`.
+`--load-external-data` is accepted and always in effect (graphs keep their weights in external data);
+`--generative-model t5` is refused: T5 generates through `run.py`."""
 
 from __future__ import annotations
 
@@ -73,6 +75,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=123, help="seed of the random inputs")
     p.add_argument("--atol", type=float, default=3e-1, help="largest difference allowed from PyTorch's outputs")
     p.add_argument("--json", metavar="FILE", help="also write the report (timings, differences, files) as JSON")
+    p.add_argument("--generative-model", default="gpt", choices=("gpt", "t5"),
+                   help="the kind of model --task text-generation converts: gpt (decoder-only; T5 runs with "
+                        "`run.py ... T5 onnxrt trt`)")
+    p.add_argument("--auth-token", help="Hugging Face Hub token for private models (true: the one stored by "
+                                        "`huggingface-cli login`)")
+    p.add_argument("--load-external-data", action="store_true",
+                   help="kept for transformer-deploy's scripts: graphs of any size (over 2 GB too) are always "
+                        "written and read with their weights in external data")
+    p.add_argument("--no-load-external-data", dest="load_external_data", action="store_false",
+                   help="kept for transformer-deploy's scripts (see --load-external-data)")
     return p
 
 
@@ -98,6 +110,7 @@ class ConvertOptions:
     seed: int
     atol: float
     json: str | None
+    auth_token: str | bool | None = None  # from_pretrained's `token`
 
 
 def _check_range(flag: str, values: list[int]) -> tuple[int, int, int]:
@@ -125,6 +138,9 @@ def parse(argv: list[str] | None = None) -> ConvertOptions:
             raise UsageError(f"{flag} must be at least {least}, got {value}")
     if args.atol <= 0:
         raise UsageError(f"--atol must be positive, got {args.atol}")
+    if args.generative_model == "t5":
+        raise UsageError("--generative-model t5: convert_model converts decoder-only (gpt) text generation; T5 "
+                         "generates with run.py (python run.py benchmark T5 frameworks onnxrt trt --variant t5-small)")
     if not args.name or any(c in args.name for c in "/\\ "):
         raise UsageError(f"-n/--name '{args.name}' names Triton models: use letters, digits, - and _")
     _check_local("-m/--model", args.model, needs="config.json")
@@ -138,4 +154,5 @@ def parse(argv: list[str] | None = None) -> ConvertOptions:
         backends=tuple(dict.fromkeys(args.backend)), quantization=args.quantization,
         workspace_size=args.workspace_size, output=args.output, name=args.name, verbose=args.verbose, fast=args.fast,
         device=device, nb_threads=args.nb_threads, nb_instances=args.nb_instances, warmup=args.warmup,
-        nb_measures=args.nb_measures, seed=args.seed, atol=args.atol, json=args.json)
+        nb_measures=args.nb_measures, seed=args.seed, atol=args.atol, json=args.json,
+        auth_token=True if (args.auth_token or "").lower() in ("true", "t") else args.auth_token)

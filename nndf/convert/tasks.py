@@ -64,17 +64,18 @@ def transformer_of(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(first, "auto_model", first)
 
 
-def load_task_model(task: Task, model_path: str, device: str) -> torch.nn.Module:
-    """The task's PyTorch model from a hub id or a local folder, in fp32 on `device`, in eval mode."""
+def load_task_model(task: Task, model_path: str, device: str, token: str | bool | None = None) -> torch.nn.Module:
+    """The task's PyTorch model from a hub id or a local folder, in fp32 on `device`, in eval mode (`token`: the
+    hub's, for private models)."""
     try:
         if task.auto_class is None:
             from sentence_transformers import SentenceTransformer
 
-            model = SentenceTransformer(model_path, device=device)
+            model = SentenceTransformer(model_path, device=device, token=token)
         else:
             import transformers
 
-            model = getattr(transformers, task.auto_class).from_pretrained(model_path).to(device)
+            model = getattr(transformers, task.auto_class).from_pretrained(model_path, token=token).to(device)
     except ImportError as exc:
         raise HarnessError(f"--task {task.name} needs {exc.name}, which is not installed: pip install "
                            f"{exc.name.replace('_', '-')}") from None
