@@ -55,16 +55,6 @@ def test_plain_run_and_io_binding_agree(tiny_gpt2_dir, onnx_work_dir):
     assert torch.equal(outputs[0], outputs[1])
 
 
-def _export_folder(work_dir, model_dir, use_cache=True):
-    """The folder of `model_dir`'s GPT-2 decoder export in `work_dir`, which may also hold other models' exports and
-    graphs derived from an export (int8, int4), and (shared by the test run's workers) folders still being built."""
-    folders = [p for p in work_dir.iterdir() if p.is_dir() and "decoder" in p.name and not p.name.startswith(".")]
-    meta = {p: read_metadata(p) or {} for p in folders}
-    return next(p for p, m in meta.items()
-                if m.get("kind") == "onnx-decoder" and m.get("use_cache") == use_cache and m.get("family") == "GPT2"
-                and str(model_dir.resolve()) in str(m.get("weights")))
-
-
 def _shared_export(tiny_gpt2_dir, onnx_work_dir) -> Path:
     """The folder of the tiny GPT-2's default export (with cache) in the session's shared working dir."""
     m = nndf.load("GPT2", backend="onnxrt", torch_dir=str(tiny_gpt2_dir), working_dir=str(onnx_work_dir),
@@ -119,7 +109,7 @@ def test_changed_weights_get_their_own_export(tiny_gpt2_dir, onnx_work_dir, tmp_
 
 
 def test_decoder_onnx_runs_a_given_file_after_checking_names(tiny_gpt2_dir, onnx_work_dir, tmp_path):
-    given = _export_folder(onnx_work_dir, tiny_gpt2_dir, use_cache=True) / "decoder.onnx"
+    given = _shared_export(tiny_gpt2_dir, onnx_work_dir) / "decoder.onnx"  # built here when run alone
     m = nndf.load("GPT2", backend="onnxrt", torch_dir=str(tiny_gpt2_dir), decoder_onnx=str(given), device="cpu",
                   working_dir=str(tmp_path))
     assert m.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=3).shape == (1, 6)
@@ -130,6 +120,10 @@ def test_decoder_onnx_runs_a_given_file_after_checking_names(tiny_gpt2_dir, onnx
                   device="cpu")
     with pytest.raises(UsageError, match="does not exist"):
         nndf.load("GPT2", backend="onnxrt", torch_dir=str(tiny_gpt2_dir), decoder_onnx=str(tmp_path / "x.onnx"),
+                  device="cpu")
+    with pytest.raises(UsageError, match=r"is a folder; it takes the .onnx file itself \(this folder holds "
+                                         r"decoder.onnx\)$"):
+        nndf.load("GPT2", backend="onnxrt", torch_dir=str(tiny_gpt2_dir), decoder_onnx=str(given.parent),
                   device="cpu")
 
 

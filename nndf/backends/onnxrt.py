@@ -190,6 +190,10 @@ def given_graph(path: str, flag: str, loaded: LoadedModel) -> Path:
     import onnx
 
     graph = Path(path)
+    if graph.is_dir():  # an export's folder, as Optimum takes: name the graph file in it
+        inside = sorted(p.name for p in graph.glob("*.onnx"))
+        raise UsageError(f"{flag} {path} is a folder; it takes the .onnx file itself"
+                         + (f" (this folder holds {', '.join(inside)})" if inside else ""))
     if not graph.is_file():
         raise UsageError(f"{flag} {path} does not exist")
     try:
