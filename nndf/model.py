@@ -8,7 +8,9 @@
 decoder's tokens from its start token for an encoder-decoder one such as T5), and `m.hf_generate(...)` runs
 Hugging Face `generate()` itself on the same PyTorch model, as the reference. The model's own generation config
 (beams, sampling, no-repeat n-grams, minimum length, forced tokens) applies unless an argument overrides it, as in
-`generate()`. Sampling takes `generate()`'s keywords plus a seed, and a streamer gets the tokens as they come:
+`generate()`; so do its length and special-token keywords (`max_new_tokens`, else `max_length`, else the
+generation config's: 20 tokens in all by default, `eos_token_id`, `pad_token_id`). Sampling takes `generate()`'s
+keywords plus a seed, and a streamer gets the tokens as they come:
 
     out = m.generate(input_ids, do_sample=True, temperature=0.8, top_k=40, top_p=0.9, repetition_penalty=1.1,
                      seed=4321, streamer=transformers.TextStreamer(m.tokenizer), stop_strings=["\n"])
@@ -28,41 +30,9 @@ from nndf.generation import GenerationOptions, generate
 from nndf.loading import LoadedModel, load_model
 from nndf.reference import pytorch_logits
 from nndf.registry import resolve
+from nndf.generate_arguments import check_decoding, check_prompt_tensors, new_token_budget, warn_right_padding
 from nndf.sampling import SAMPLING_KEYWORDS, Sampling
 from nndf.spec import BuildSettings
-
-
-# generate()'s keywords (and the seed) that choose how tokens are picked: Model.generate's `**decoding`.
-DECODING_KEYWORDS = (*SAMPLING_KEYWORDS, "repetition_penalty", "seed", "sampling_stream")
-
-
-def check_decoding(decoding: dict) -> None:
-    unknown = sorted(set(decoding) - set(DECODING_KEYWORDS))
-    if unknown:
-        raise UsageError(f"generate() got unknown keyword(s) {', '.join(unknown)}; besides input_ids, "
-                         "attention_mask, pixel_values, max_new_tokens, min_new_tokens, num_beams, streamer and "
-                         f"stop_strings, it takes the decoding keywords {', '.join(DECODING_KEYWORDS)}")
-
-
-def check_prompt_tensors(input_ids, attention_mask, image: bool = False) -> None:
-    """`generate()`'s prompt as it takes it (a batch x length tensor of token ids, a mask of the same shape), or one
-    sentence saying what was given instead; a deep error in the model's forward would say nothing useful."""
-    for name, value in (("input_ids", input_ids), ("attention_mask", attention_mask)):
-        if value is None:
-            continue
-        if not isinstance(value, torch.Tensor):
-            raise UsageError(f"{name} must be a torch tensor (batch x length), as generate() takes it; got a "
-                             f"{type(value).__name__} (torch.tensor([[...]]) makes one)")
-        if value.dim() != 2:
-            raise UsageError(f"{name} must be 2-D (batch x length); got shape {tuple(value.shape)} "
-                             "(.unsqueeze(0) makes a batch of one)")
-        if value.is_floating_point() or value.is_complex():
-            raise UsageError(f"{name} must hold integer token ids or 0/1 flags; got {value.dtype}")
-    if input_ids is not None and input_ids.shape[1] == 0 and not image:
-        raise UsageError("input_ids is empty: a prompt needs at least one token (a BOS token, say)")
-    if input_ids is not None and attention_mask is not None and attention_mask.shape != input_ids.shape:
-        raise UsageError(f"attention_mask has shape {tuple(attention_mask.shape)} and input_ids "
-                         f"{tuple(input_ids.shape)}; they must match")
 
 
 def default_device() -> torch.device:
@@ -119,7 +89,12 @@ class Model:
         seed = decoding.pop("seed", None)
         stream = decoding.pop("sampling_stream", None)
         penalty = decoding.pop("repetition_penalty", None)
+        decoding.pop("max_length", None)  # a length: `new_token_budget` turned it into max_new_tokens
         defaults = self.spec.hooks.generation_defaults(self.loaded.config)  # what the model's generate() passes
+        for key in ("eos_token_id", "pad_token_id"):  # the caller's, as generate(eos_token_id=...) takes them
+            given = decoding.pop(key, None)
+            if given is not None:
+                defaults = dict(defaults, **{key: given})
         eos = defaults.get("eos_token_id", gen.eos_token_id)
         if isinstance(eos, (list, tuple)):  # instruct checkpoints end at any of several tokens
             eos = tuple(eos) or None
@@ -144,7 +119,7 @@ class Model:
         self,
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        max_new_tokens: int = 32,
+        max_new_tokens: int | None = None,
         min_new_tokens: int | None = 0,
         num_beams: int | None = 1,
         on_token: Callable[[], None] | None = None,
@@ -174,6 +149,9 @@ class Model:
         `TextStreamer`, `TextIteratorStreamer`); `stop_strings` ends a row once its text ends with one of them, as
         `generate(stop_strings=..., tokenizer=...)` does (with this model's tokenizer)."""
         check_prompt_tensors(input_ids, attention_mask, image=pixel_values is not None)
+        warn_right_padding(self.architecture, attention_mask)
+        max_new_tokens = new_token_budget(self.architecture, self.loaded, input_ids, max_new_tokens,
+                                          decoding.get("max_length"))
         options = self.generation_options(max_new_tokens, min_new_tokens, num_beams, forced_bos_token_id, **decoding)
         ignored = [key for key in SAMPLING_KEYWORDS[1:] if decoding.get(key) is not None]
         if ignored and not options.sampling.do_sample:  # as generate() says it (the command line refuses them)
@@ -201,7 +179,7 @@ class Model:
         self,
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        max_new_tokens: int = 32,
+        max_new_tokens: int | None = None,
         min_new_tokens: int | None = 0,
         num_beams: int | None = 1,
         on_token: Callable[[], None] | None = None,
@@ -229,10 +207,13 @@ class Model:
                 on_token()
                 return scores
 
+        max_new_tokens = new_token_budget(self.architecture, self.loaded, input_ids, max_new_tokens,
+                                          decoding.pop("max_length", None))
         ids, _, encoder_inputs = self.architecture.prompt(self.loaded, input_ids, attention_mask, pixel_values)
         self.architecture.check_length(ids.shape[1], max_new_tokens, self.shapes)
         self.architecture.check_token_ids(ids, self.shapes)
         options = self.generation_options(max_new_tokens, min_new_tokens, num_beams, forced_bos_token_id, **decoding)
+        tokens = {key: decoding.pop(key) for key in ("eos_token_id", "pad_token_id") if decoding.get(key) is not None}
         seed = decoding.pop("seed", None)
         decoding.pop("sampling_stream", None)  # generate() draws from its own stream, whichever the loop's is
         if isinstance(seed, torch.Generator):
@@ -241,7 +222,7 @@ class Model:
         device = next(model.parameters()).device
         if input_ids is not None and attention_mask is None and not self.architecture.takes_images:
             attention_mask = torch.ones_like(input_ids)
-        given = {"min_new_tokens": min_new_tokens, "num_beams": num_beams,
+        given = {"min_new_tokens": min_new_tokens, "num_beams": num_beams, **tokens,
                  "forced_bos_token_id": options.forced_bos_token_id, "streamer": streamer,
                  **({"stop_strings": stop_strings, "tokenizer": self.tokenizer} if stop_strings else {})}
         # not sampling (temperature 0 included): of the decoding keywords only the repetition penalty applies
@@ -250,6 +231,8 @@ class Model:
         given["do_sample"] = options.sampling.samples
         inputs = self.architecture.hf_inputs(input_ids, attention_mask, encoder_inputs, options.pad)
         inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+        for key in inputs.keys() & given.keys():  # the inputs already carry the pad id (the caller's included)
+            given.pop(key)
         encoder = self.spec.hooks.encoder_module(model) if self.architecture.has_encoder else None
         hook = None
         if encoder is not None and on_encoded is not None:

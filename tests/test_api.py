@@ -77,3 +77,28 @@ def test_a_panel_no_backend_has_a_figure_for_says_so():
     measured, empty = fig.axes
     assert [t.get_text() for t in measured.texts] == ["1"]  # the bar's own label
     assert [t.get_text() for t in empty.texts] == ["not measured in this run"]
+
+
+def test_generate_takes_generates_lengths_and_special_tokens(tiny_gpt2_dir):
+    """`max_length`, the generation config's default length (20 tokens in all), `eos_token_id` and `pad_token_id`
+    mean what they mean to generate(): the same tokens as hf_generate (which passes them to generate() itself)."""
+    import warnings
+
+    import torch
+
+    m = nndf.load("GPT2", torch_dir=str(tiny_gpt2_dir), device="cpu")
+    ids = torch.tensor([[5, 6, 7, 8], [0, 9, 10, 11]])
+    mask = torch.tensor([[1, 1, 1, 1], [0, 1, 1, 1]])
+    default = m.generate(ids, mask)
+    assert default.shape[1] == 20 and torch.equal(default, m.hf_generate(ids, mask))
+    assert m.generate(ids, mask, max_length=9).shape[1] == 9
+    assert m.generate(ids, mask, max_length=3).shape[1] == 5  # one token even when the prompt fills max_length
+    eos = int(default[0, 6])  # a token the first row makes: ending there, with another pad id
+    ours = m.generate(ids, mask, max_new_tokens=8, eos_token_id=eos, pad_token_id=3)
+    assert torch.equal(ours, m.hf_generate(ids, mask, max_new_tokens=8, eos_token_id=eos, pad_token_id=3))
+    row = ours[0, 4:].tolist()  # the first row ends at its first eos; pads after it
+    assert eos in row and set(row[row.index(eos) + 1:]) <= {3} and len(row) > row.index(eos) + 1
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        m.generate(ids, torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]]), max_new_tokens=2)
+    assert any("right-padding was detected" in str(w.message) for w in caught)

@@ -146,9 +146,10 @@ def test_stop_strings_end_rows_like_generate(model):
     (dict(do_sample=True, num_beams=2), "sampling with beam search is not built: sample with num_beams=1 "
                                         "(--num-beams 1), or search beams with do_sample=False (--no-do-sample)"),
     (dict(top_kk=3), "generate() got unknown keyword(s) top_kk; besides input_ids, attention_mask, pixel_values, "
-                     "max_new_tokens, min_new_tokens, num_beams, streamer and stop_strings, it takes the decoding "
-                     "keywords do_sample, temperature, top_k, top_p, min_p, typical_p, repetition_penalty, seed, "
-                     "sampling_stream"),
+                     "max_new_tokens, min_new_tokens, num_beams, streamer, stop_strings, max_length, eos_token_id, "
+                     "pad_token_id, it takes the decoding keywords do_sample, temperature, top_k, top_p, min_p, "
+                     "typical_p, repetition_penalty, seed, sampling_stream (num_return_sequences, output_scores and "
+                     "return_dict_in_generate are not built: the result is generate()'s token tensor)"),
     (dict(do_sample="yes"), "do_sample (--do-sample) must be True or False, got 'yes'"),
     (dict(num_beams=1.5), "num_beams must be a whole number, got 1.5"),
     (dict(max_new_tokens=4.5), "max_new_tokens must be a whole number, got 4.5"),

@@ -1,0 +1,74 @@
+"""What `Model.generate` and `Model.hf_generate` take besides the backend's work: `generate()`'s keywords, checked
+(one sentence for a keyword it does not know, or a prompt it cannot read), and how many new tokens a call asks for
+by `generate()`'s own rule (`max_new_tokens`, else `max_length` counted with the output's prompt part, else the
+generation config's)."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from nndf.errors import UsageError
+from nndf.sampling import SAMPLING_KEYWORDS
+
+# generate()'s keywords (and the seed) that choose how tokens are picked: Model.generate's `**decoding`.
+DECODING_KEYWORDS = (*SAMPLING_KEYWORDS, "repetition_penalty", "seed", "sampling_stream")
+# generate()'s keywords for lengths and special tokens, with its meanings (they override the generation config)
+LENGTH_AND_TOKEN_KEYWORDS = ("max_length", "eos_token_id", "pad_token_id")
+
+
+def check_decoding(decoding: dict) -> None:
+    unknown = sorted(set(decoding) - set(DECODING_KEYWORDS) - set(LENGTH_AND_TOKEN_KEYWORDS))
+    if unknown:
+        raise UsageError(f"generate() got unknown keyword(s) {', '.join(unknown)}; besides input_ids, "
+                         "attention_mask, pixel_values, max_new_tokens, min_new_tokens, num_beams, streamer, "
+                         f"stop_strings, {', '.join(LENGTH_AND_TOKEN_KEYWORDS)}, it takes the decoding keywords "
+                         f"{', '.join(DECODING_KEYWORDS)} (num_return_sequences, output_scores and "
+                         "return_dict_in_generate are not built: the result is generate()'s token tensor)")
+
+
+def new_token_budget(architecture, loaded, input_ids, max_new_tokens: int | None, max_length: int | None) -> int:
+    """How many new tokens `generate()` would produce at most: `max_new_tokens` when given; else `max_length` (the
+    call's, else the generation config's `max_new_tokens`, else its `max_length`, 20 by default) less the part of
+    the output before the new tokens (the prompt of a decoder-only model, the start token of an encoder-decoder
+    one); at least one, as `generate()` makes one token even when the prompt already fills `max_length`."""
+    if max_new_tokens is not None:
+        return max_new_tokens
+    gen = loaded.generation_config
+    if max_length is None and getattr(gen, "max_new_tokens", None) is not None:
+        return int(gen.max_new_tokens)
+    total = max_length if max_length is not None else int(getattr(gen, "max_length", None) or 20)
+    return max(1, total - architecture.prompt_length(input_ids, loaded))
+
+
+def check_prompt_tensors(input_ids, attention_mask, image: bool = False) -> None:
+    """`generate()`'s prompt as it takes it (a batch x length tensor of token ids, a mask of the same shape), or one
+    sentence saying what was given instead; a deep error in the model's forward would say nothing useful."""
+    for name, value in (("input_ids", input_ids), ("attention_mask", attention_mask)):
+        if value is None:
+            continue
+        if not isinstance(value, torch.Tensor):
+            raise UsageError(f"{name} must be a torch tensor (batch x length), as generate() takes it; got a "
+                             f"{type(value).__name__} (torch.tensor([[...]]) makes one)")
+        if value.dim() != 2:
+            raise UsageError(f"{name} must be 2-D (batch x length); got shape {tuple(value.shape)} "
+                             "(.unsqueeze(0) makes a batch of one)")
+        if value.is_floating_point() or value.is_complex():
+            raise UsageError(f"{name} must hold integer token ids or 0/1 flags; got {value.dtype}")
+    if input_ids is not None and input_ids.shape[1] == 0 and not image:
+        raise UsageError("input_ids is empty: a prompt needs at least one token (a BOS token, say)")
+    if input_ids is not None and attention_mask is not None and attention_mask.shape != input_ids.shape:
+        raise UsageError(f"attention_mask has shape {tuple(attention_mask.shape)} and input_ids "
+                         f"{tuple(input_ids.shape)}; they must match")
+
+
+def warn_right_padding(architecture, attention_mask) -> None:
+    """`generate()`'s warning for a left-padding model (decoder-only) given right-padded rows: their new tokens
+    follow the pads, so such a row continues garbage (the tokens are still generate()'s own)."""
+    if architecture.pad_side != "left" or attention_mask is None or not attention_mask.shape[1]:
+        return
+    if bool((attention_mask[:, -1] == 0).any()):
+        warnings.warn("A decoder-only architecture is being used, but right-padding was detected! For correct "
+                      "generation results, please set `padding_side='left'` when initializing the tokenizer.",
+                      UserWarning, stacklevel=3)
