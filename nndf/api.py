@@ -21,7 +21,11 @@ def _argv(flags: dict, known: set[str]) -> list[str]:
     for key, value in flags.items():
         flag = "--" + key.replace("_", "-")
         if flag not in known:
-            raise UsageError(f"{key}= is not a flag of this action; see python run.py ACTION --help")
+            import difflib
+
+            close = difflib.get_close_matches(flag, sorted(known), n=1)
+            hint = f" (did you mean {close[0][2:].replace('-', '_')}=?)" if close else ""
+            raise UsageError(f"{key}= is not a flag of this action{hint}; see python run.py ACTION --help")
         if value is None:
             continue
         if value is True:

@@ -164,7 +164,14 @@ def check_architecture(spec: ModelSpec, config, source: str):
     from nndf.registry import family_of_model_type
 
     owner = family_of_model_type(config.model_type)
-    hint = f"; run it as {owner}" if owner else ""
+    if owner:
+        hint = f"; run it as {owner}"
+    elif not getattr(config, "is_encoder_decoder", False) and not getattr(config, "is_decoder", False) and \
+            any(a.endswith(("ForMaskedLM", "Model", "ForSequenceClassification", "ForTokenClassification",
+                             "ForQuestionAnswering")) for a in getattr(config, "architectures", None) or ()):
+        hint = "; an encoder model converts with: python run.py convert -m FOLDER (as transformer-deploy's)"
+    else:
+        hint = ""
     raise UsageError(f"{source} is a {config.model_type} model, not one of the {spec.family} "
                      f"family's ({', '.join(spec.model_types)}){hint}")
 

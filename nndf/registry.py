@@ -51,7 +51,8 @@ def get_spec(family: str) -> ModelSpec:
     for name, module in FAMILIES.items():
         if _key(name) == _key(family):
             return importlib.import_module(module).SPEC
-    raise UsageError(f"unknown model family '{family}'; allowed: {', '.join(FAMILIES)}")
+    raise UsageError(f"unknown model family '{family}'; allowed: {', '.join(FAMILIES)} (encoder models such as "
+                     f"BERT, RoBERTa or MiniLM convert with: python run.py convert -m MODEL)")
 
 
 def resolve(family: str, variant: str | None) -> tuple[ModelSpec, Variant]:

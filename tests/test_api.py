@@ -28,7 +28,9 @@ def test_chat_from_python_answers_the_given_lines(tiny_gpt2_dir):
 
 @pytest.mark.parametrize("call, message", [
     (lambda: nndf.run("fly", "GPT2", "frameworks"), "unknown action 'fly'"),
-    (lambda: nndf.run("benchmark", "GPT2", "frameworks", bogus=1), "bogus= is not a flag of this action"),
+    (lambda: nndf.run("benchmark", "GPT2", "frameworks", bogus=1), "bogus= is not a flag of this action; see"),
+    (lambda: nndf.run("benchmark", "GPT2", "frameworks", output_len=8),
+     r"output_len= is not a flag of this action \(did you mean output_seq_len=\?\)"),
     (lambda: nndf.run("benchmark", "GPT2", "frameworks", iterations="many"), "invalid int value: 'many'"),
     (lambda: nndf.run("benchmark", "GPT2", "frameworks", input="hi"), "input= is for chat"),
     (lambda: nndf.run("accuracy", "GPT2", "frameworks", num_beams=4), "--num-beams does not apply to accuracy"),

@@ -73,6 +73,8 @@ def test_info_prints_shapes(capsys, tiny_gpt2_dir):
     [
         (["fly", "GPT2", "frameworks"], "unknown action 'fly'; allowed: benchmark"),
         (["benchmark", "GPT9", "frameworks"], "unknown model family 'GPT9'; allowed: GPT2"),
+        (["export", "Bert", "onnxrt"], "(encoder models such as BERT, RoBERTa or MiniLM convert with: python run.py "
+                                       "convert -m MODEL)"),
         (["benchmark", "GPT2", "tensorflow"], "unknown backend 'tensorflow'; allowed: frameworks, onnxrt, trt"),
         (["benchmark", "GPT2", "frameworks", "--variant", "gpt5"], "unknown --variant 'gpt5' for GPT2; allowed: gpt2"),
         (["benchmark", "GPT2", "frameworks", "--dynamic-batch", "--min-dynamic-batch", "4",
@@ -245,6 +247,16 @@ def test_export_of_frameworks_alone_is_refused_before_the_load(capsys, monkeypat
     assert code == 2
     assert ("export builds the ONNX graphs and engines of onnxrt and trt; frameworks runs the PyTorch model itself "
             "and has nothing to export: name onnxrt or trt") in err
+
+
+def test_export_refuses_engine_flags_without_trt(capsys, monkeypatch, tiny_gpt2_dir):
+    """--num-beams, lengths and batch sizes shape TensorRT's profiles; onnxrt's graphs are the same without them."""
+    import nndf.actions.export as export_action
+
+    monkeypatch.setattr(export_action, "open_models", lambda args: pytest.fail("the model was loaded"))
+    code, _, err = run_cli(capsys, "export", "GPT2", "onnxrt", "--torch-dir", tiny_gpt2_dir, "--num-beams", "4")
+    assert code == 2 and ("--num-beams shapes TensorRT engines (their profiles); the ONNX graphs of onnxrt take any "
+                          "batch and length, so without trt it changes nothing: name trt or drop it") in err
 
 
 def test_quantization_flags_need_an_onnx_backend(capsys):

@@ -176,6 +176,12 @@ def test_a_local_folder_of_another_architecture_names_its_family(family_dirs, ca
     assert "loading" not in err
 
 
+def test_an_encoder_folder_points_to_convert(minilm_dir, capsys):
+    code, _, err = run_cli(capsys, "export", "GPT2", "onnxrt", "--torch-dir", minilm_dir)
+    assert code == 2 and f"--torch-dir {minilm_dir} is a bert model, not one of the GPT2 family's" in err
+    assert "; an encoder model converts with: python run.py convert -m FOLDER (as transformer-deploy's)" in err
+
+
 def test_random_weights_of_an_unlisted_hub_id_is_one_sentence(capsys):
     code, _, err = run_cli(capsys, "benchmark", "Llama", "frameworks", "--variant", "someorg/some-llama-finetune",
                            "--random-weights")

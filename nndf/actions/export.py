@@ -12,14 +12,25 @@ from nndf.measure import format_bytes
 from nndf.results import Column, Result
 
 
+# Flags that shape only TensorRT engines (their profiles and names): an export without trt is the same without them
+ENGINE_FLAGS = ("batch_size", "num_beams", "input_seq_len", "output_seq_len", "dynamic_batch", "min_dynamic_batch",
+                "max_dynamic_batch", "disable_preview_dynamic_shapes", "engine_postfix")
+
+
 def add_arguments(parser) -> None:
     """No flags of its own: the build flags say what to export."""
+    parser.set_defaults(engine_flag_defaults={dest: parser.get_default(dest) for dest in ENGINE_FLAGS})
 
 
 def run(args) -> list[Result]:
-    if all(split_backend(name)[0] == "frameworks" for name in args.backends):  # before the (slow) load
+    kinds = {split_backend(name)[0] for name in args.backends}
+    if kinds == {"frameworks"}:  # before the (slow) load
         raise UsageError("export builds the ONNX graphs and engines of onnxrt and trt; frameworks runs the PyTorch "
                          "model itself and has nothing to export: name onnxrt or trt")
+    changed = [dest for dest, default in args.engine_flag_defaults.items() if getattr(args, dest) != default]
+    if changed and "trt" not in kinds:
+        raise UsageError(f"--{changed[0].replace('_', '-')} shapes TensorRT engines (their profiles); the ONNX graphs "
+                         "of onnxrt take any batch and length, so without trt it changes nothing: name trt or drop it")
     models = open_models(args)
     rows = []
     for model in models:
