@@ -227,6 +227,7 @@ def test_stat_and_token_agreement():
     assert (s["median"], s["min"], s["max"]) == (35.0, 30.0, 40.0)
     assert s["spread_pct"] == pytest.approx(100 * 10 / 35)
     assert bench.stat([]) is None
+    assert render.spread(s) == "28.6%" and render.spread(bench.stat([30.0])) == "-"  # one round: nothing to spread
     ref = [[1, 2, 3, 4], [5, 6, 7, 8]]
     same = bench.token_agreement(ref, [ref, ref])
     assert same["identical"] and same["share"] == 1.0 and same["first_difference"] is None

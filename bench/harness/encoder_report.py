@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from harness.render import cpu_note, format_table
+from harness.render import cpu_note, format_table, spread
 from harness.stats import ratio, stat
 
 GOAL_WORDS = {"speedup": "throughput", "latency": "ms/call", "cosine": "mean cosine to"}
@@ -92,7 +92,7 @@ def evaluate_goals(report: dict, goals) -> list[dict]:
 
 def render_report(report: dict) -> str:
     s, env = report["settings"], report["environment"]
-    out = [f"encoder_cpu: {s['model']}, {s['inputs']}; {s['rounds']} interleaved rounds after 1 warm-up, each the "
+    out = [f"encoder_cpu: {s['model']}, {s['inputs']}; {s['rounds']} interleaved round{'s' if s['rounds'] != 1 else ''} after 1 warm-up, each the "
            f"median of >= 3 calls and >= {s['seconds']:g} s per engine and shape",
            "main env: " + ", ".join(f"{k} {v}" for k, v in env["main"].items())]
     if env.get("optimum"):
@@ -105,8 +105,8 @@ def render_report(report: dict) -> str:
         rows = []
         for e, entry in report["batches"].get(shape, {}).items():
             f, rss = entry.get("fidelity") or {}, report["engines"][e].get("peak_rss_bytes")
-            rows.append([e, f"{entry['call_ms']['median']:.2f}", f"{entry['call_ms']['spread_pct']:.1f}%",
-                         f"{entry['sent_s']['median']:.1f}", f"{entry['sent_s']['spread_pct']:.1f}%",
+            rows.append([e, f"{entry['call_ms']['median']:.2f}", spread(entry['call_ms']),
+                         f"{entry['sent_s']['median']:.1f}", spread(entry['sent_s']),
                          *(f"{f[k]:.{d}}" if k in f else "-" for k, d in (("mean_cosine", "6f"), ("min_cosine", "6f"),
                                                                           ("max_abs_diff", "2e"))),
                          f"{rss / 2**20:.0f}" if rss else "-"])

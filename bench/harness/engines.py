@@ -122,7 +122,8 @@ def venv_environment(venv: Path, log: Path, reqs: list[str], probe_imports: str,
             return python, ready["versions"]
     except (OSError, ValueError, KeyError):
         pass
-    say(f"{venv.name}: creating it (pip install {' '.join(reqs)}; log {log}) ...")
+    say(f"{venv.name}: creating it once, reused afterwards (pip install {' '.join(reqs)}: a few minutes and over 1 GB "
+        f"with torch; log {log}) ...")
     shutil.rmtree(venv, ignore_errors=True)
     env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1")
     env.pop("PYTHONPATH", None)
@@ -241,9 +242,11 @@ def start_engine(bench, engine: str, args, weights: Path, working_dir: Path, log
         argv += extra
     env = worker_env(str(python) != sys.executable)
     if engine not in bench.unprepared:
+        from nndf.progress import ticking  # the main process's environment has nndf (a worker's may not)
+
         quantization = ", quantization" if engine in bench.quantize else ""
-        say(f"{engine}: preparing (export{quantization}; reused when cached) ...")
-        with open(log, "a", encoding="utf-8") as f:
+        say(f"{engine}: preparing (export{quantization}; reused when cached; log {log}) ...")
+        with open(log, "a", encoding="utf-8") as f, ticking(f"{engine}: preparing"):
             done = subprocess.run([str(python), str(bench.script), *argv, "--prepare-only"], stdout=subprocess.PIPE,
                                   stderr=f, text=True, env=env)
         answers = [json.loads(t) for t in done.stdout.splitlines() if t.startswith("{")]

@@ -22,8 +22,9 @@ def _num(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _pct(s: dict | None) -> str:
-    return "-" if not s else f"{s['spread_pct']:.1f}%"
+def spread(s: dict | None) -> str:
+    """The spread over rounds; "-" with one round (nothing to spread)."""
+    return "-" if not s or s.get("n", 2) < 2 else f"{s['spread_pct']:.1f}%"
 
 
 def _x(value: float | None) -> str:
@@ -46,7 +47,8 @@ def _header(report: dict, bench) -> list[str]:
     s = report["settings"]
     inputs = s.get("inputs") or f"{s['input_len']} {bench.input_word}"  # "64 encoder", "random 384x384 images"
     out = [f"{bench.name}: {s['family']} {s['variant']} ({s['weights']}), {inputs} + "
-           f"{s['output_len']} new tokens, greedy, KV cache, {s['rounds']} interleaved rounds after 1 warm-up"]
+           f"{s['output_len']} new tokens, greedy, KV cache, "
+           f"{s['rounds']} interleaved round{'s' if s['rounds'] != 1 else ''} after 1 warm-up"]
     if s.get("generation"):
         out.append("generation config of the weights (applies to every engine): "
                    + ", ".join(f"{k} {v}" for k, v in s["generation"].items()))
@@ -87,7 +89,7 @@ def _batch_table(report: dict, bench, b: int) -> list[str]:
             continue
         row = [e]
         for name in bench.table_metrics:
-            row += [_num(metric(report, e, b, name), METRICS[name][2]), _pct(entry.get(name))]
+            row += [_num(metric(report, e, b, name), METRICS[name][2]), spread(entry.get(name))]
         rows.append(row + [_tokens_cell(bench, e, entry)])
     header = ["engine"] + [h for name in bench.table_metrics for h in (METRIC_LABELS[name], "spread")]
     if rows:
