@@ -207,12 +207,13 @@ def test_chat_ends_at_end_of_input(capsys, tiny_gpt2_dir, monkeypatch):
 
 
 @needs_shared(TOKENIZER_DIR)
-@pytest.mark.parametrize("action", ["run", "compare"])
-def test_run_and_compare_on_checkpoint_samples(capsys, tiny_gpt2_dir, action):
+@pytest.mark.parametrize("action, percentile", [("run", 50), ("compare", 99)])
+def test_run_and_compare_on_checkpoint_samples(capsys, tiny_gpt2_dir, action, percentile):
     code, out, err = run_cli(capsys, action, "GPT2", "frameworks", "--torch-dir", tiny_gpt2_dir,
-                             "--iterations", 1, "--warmup", 0)
+                             "--iterations", 1, "--warmup", 0, "--percentile", percentile)
     assert code == 0, err
-    assert "label accuracy" in out and "full generation (ms)" in out
+    header = "full generation (ms)" if percentile == 50 else "p99 full generation (ms)"  # --percentile applies
+    assert "label accuracy" in out and header in out
     summary, outputs = out.split("outputs GPT2")
     assert sum(line.startswith("frameworks") for line in summary.splitlines()) == 2
     from nndf.checkpoint import read_samples

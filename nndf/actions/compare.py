@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from nndf.actions.common import (add_image_argument, decoding_flags, decoding_note, describe, open_models,
                                  weights_and_cache)
-from nndf.actions.run import COLUMNS, LENGTH_NOTE, checkpoint_rows, checkpoint_samples, outputs_result
+from nndf.actions.run import LENGTH_NOTE, checkpoint_columns, checkpoint_rows, checkpoint_samples, outputs_result
 from nndf.plots import check_plotting, plot_bars
 from nndf.results import Column, Result
 
@@ -30,7 +30,7 @@ def run(args) -> list[Result]:
     base = rows[0]["generation_ms"]
     for row in rows:
         row["speedup"] = base / row["generation_ms"]
-    columns = COLUMNS + [Column("speedup", f"speed vs {rows[0]['backend']}", "{:.2f}", "x")]
+    columns = checkpoint_columns(args) + [Column("speedup", f"speed vs {rows[0]['backend']}", "{:.2f}", "x")]
     title = (f"compare {first.spec.family} {first.loaded.name}: {', '.join(r['backend'] for r in rows)}; "
              f"{picked}, {weights_and_cache(args)}")
     notes = ["speed: full-generation time of the first row divided by each row's (higher is faster).",

@@ -2,7 +2,8 @@
 
 Accuracy is the share of the label's new tokens that the backend reproduces at the same position (greedy, beam
 search with --num-beams, or sampling with the sampling flags: every backend draws with the same seed); runtimes
-are medians of the full generation and of one decode step. A second table shows what each backend generated for
+are the --percentile (default: the median) of the full generation and the median of one decode step, each over
+a sample's timed runs, then the median over samples. A second table shows what each backend generated for
 each sample. An image-to-text family (BLIP) captions the checkpoint's photos,
 or the files given with `--image`.
 """
@@ -84,7 +85,7 @@ def checkpoint_rows(args, models, samples: list[Sample]) -> tuple[list[dict], li
             if label:
                 matched += sum(a == b for a, b in zip(new, label))
                 total += len(label)
-            full.append(t.latency.median)
+            full.append(t.latency.percentile(timing.percentile))  # --percentile of each sample's runs
             if t.decode_step_median is not None:
                 step.append(t.decode_step_median)
             outputs.append({"backend": runner.label, "input": _describe_sample(sample),
@@ -103,13 +104,17 @@ def checkpoint_rows(args, models, samples: list[Sample]) -> tuple[list[dict], li
 LENGTH_NOTE = (f"new tokens: a sample with a label generates the label's length of tokens; one without, "
                f"--output-seq-len (default {DEFAULT_NEW_TOKENS}).")
 
-COLUMNS = [
-    Column("backend", "backend"),
-    Column("samples", "samples"),
-    Column("accuracy", "label accuracy", "{:.1%}"),
-    Column("generation_ms", "full generation", "{:.1f}", "ms"),
-    Column("decode_ms", "decode step", "{:.2f}", "ms"),
-]
+def checkpoint_columns(args) -> list[Column]:
+    """The table's columns; the full generation is the --percentile of each sample's runs (p50: the median)."""
+    pct = timing_settings(args).percentile
+    full = "full generation" if pct == 50 else f"p{pct:g} full generation"
+    return [
+        Column("backend", "backend"),
+        Column("samples", "samples"),
+        Column("accuracy", "label accuracy", "{:.1%}"),
+        Column("generation_ms", full, "{:.1f}", "ms"),
+        Column("decode_ms", "decode step", "{:.2f}", "ms"),
+    ]
 
 
 def outputs_result(title: str, outputs: list[dict], context: dict) -> Result:
@@ -132,5 +137,5 @@ def run(args) -> list[Result]:
     notes.append(LENGTH_NOTE)
     source = "the given images" if getattr(args, "image", None) else "checkpoint samples"
     title = f"run {first.spec.family} {first.loaded.name}: {source}, {picked}, {weights_and_cache(args)}"
-    return [Result("run", title, COLUMNS, rows, describe(first), notes),
+    return [Result("run", title, checkpoint_columns(args), rows, describe(first), notes),
             outputs_result(f"outputs {first.spec.family} {first.loaded.name}", outputs, describe(first))]
