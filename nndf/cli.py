@@ -30,20 +30,32 @@ ACTIONS: dict[str, tuple[str, str]] = {
 }
 
 
-_Parser = OneSentenceParser  # a usage error is one sentence and exit 2 without the usage dump
+class _Parser(OneSentenceParser):
+    """One sentence and exit 2 for a usage error, and for a flag of NVIDIA's demo what to write instead."""
+
+    def error(self, message: str):
+        from nndf.demo_flags import hint
+
+        super().error(hint(message))
 
 
-def _model_arguments(p: argparse.ArgumentParser, batch_size: int = 1, batch_help: str = "sequences per batch") -> None:
+def _model_arguments(p: argparse.ArgumentParser, batch_size: int = 1, batch_help: str = "sequences per batch",
+                     compare: bool = False) -> None:
+    """The model, backend and build flags every model action shares. `compare`: the backends may come as
+    positionals and/or with `--compare/-c`, as NVIDIA's demo's compare and chat take them."""
     from nndf.backends import BACKENDS, backend_names
 
     p.add_argument("model", metavar="MODEL", help="model family, e.g. GPT2 (see `run.py list`)")
     quantized = [name for name in backend_names() if name not in BACKENDS]
     p.add_argument(
-        "backends", metavar="BACKEND", nargs="+",
+        "backends", metavar="BACKEND", nargs="*" if compare else "+",
         help=f"one or more of: {', '.join(BACKENDS)}; {', '.join(quantized)} run quantized weights beside the "
-        "others (e.g. frameworks onnxrt onnxrt-int8 gives one table)")
+        "others (e.g. frameworks onnxrt onnxrt-int8 gives one table)" + (", here or after --compare" if compare else ""))
+    if compare:
+        p.add_argument("--compare", "-c", nargs="+", metavar="BACKEND", default=[],
+                       help="backends to run side by side, after those named before (NVIDIA's demo's --compare)")
     g = p.add_argument_group("model")
-    g.add_argument("--variant", help="variant of the family, e.g. gpt2-medium (default: the family's first)")
+    g.add_argument("--variant", "-m", help="variant of the family, e.g. gpt2-medium (default: the family's first)")
     g.add_argument("--torch-dir", help="load the PyTorch model from this local Hugging Face folder")
     g.add_argument("--random-weights", action="store_true",
                    help="build the variant from its known config with random weights (works offline)")
@@ -53,15 +65,19 @@ def _model_arguments(p: argparse.ArgumentParser, batch_size: int = 1, batch_help
                    "and, where tokens are sampled, for the draws: --seed S draws what torch.manual_seed(S) before "
                    "generate() draws (default: a fresh seed, shown in the output so that a run can be repeated). "
                    "With --random-weights another seed is other weights, so a new export")
-    g.add_argument("--working-dir", default="temp", help="where exported and built artifacts go (default: temp)")
+    g.add_argument("--working-dir", "-wd", default="temp",
+                   help="where exported and built artifacts go (default: temp)")
     b = p.add_argument_group("build and generation")
-    b.add_argument("--batch-size", type=int, default=batch_size, help=f"{batch_help} (default {batch_size})")
+    b.add_argument("--batch-size", "-b", type=int, default=batch_size, help=f"{batch_help} (default {batch_size})")
     b.add_argument("--num-beams", type=int, default=1, help="beam search width; 1 is greedy (default 1)")
     b.add_argument("--fp16", action="store_true",
                    help="run in half precision (for GPUs: on the CPU PyTorch computes it far slower than fp32 and "
                         "onnxrt refuses it)")
     b.add_argument("--use-cache", action=argparse.BooleanOptionalAction, default=True,
-                   help="reuse past keys and values between steps (default on)")
+                   help="reuse past keys and values between steps (default on; -kv and --enable-kv-cache, the names "
+                   "of NVIDIA's demo, turn it on too)")
+    b.add_argument("-kv", "--enable-kv-cache", dest="use_cache", action="store_const", const=True,
+                   default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     b.add_argument("--use-mask", action=argparse.BooleanOptionalAction, default=False,
                    help="feed an attention mask; needed for batches of prompts of different lengths (default off)")
     b.add_argument("--input-seq-len", type=int,
@@ -88,7 +104,7 @@ def _model_arguments(p: argparse.ArgumentParser, batch_size: int = 1, batch_help
                    help="trt, encoder-decoder models: run this encoder engine instead of building one")
     r.add_argument("--cache-generator-engine", metavar="PATH", help="trt, encoder-decoder models: run this "
                    "cross-attention cache generator engine instead of building one")
-    r.add_argument("--cuda-graph", action="store_true",
+    r.add_argument("--cuda-graph", "--use-cuda-graph", action="store_true",
                    help="frameworks and trt on a CUDA GPU: capture each decode step once as a CUDA graph and replay "
                    "it (one launch per token instead of hundreds). Worth it where launches dominate: small models, "
                    "batch 1-8; little gain on a large model at a large batch. frameworks needs a model that steps "
@@ -196,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
         action = importlib.import_module(f"nndf.actions.{module}")
         if getattr(action, "NEEDS_MODEL", True):
             _model_arguments(p, getattr(action, "DEFAULT_BATCH_SIZE", 1),
-                             getattr(action, "BATCH_HELP", "sequences per batch"))
+                             getattr(action, "BATCH_HELP", "sequences per batch"), getattr(action, "COMPARES", False))
         if getattr(action, "SAMPLES", False):
             _sampling_arguments(p)
         if getattr(action, "TIMED", False):

@@ -96,6 +96,11 @@ def test_info_prints_shapes(capsys, tiny_gpt2_dir):
         (["benchmark", "GPT2", "onnxrt", "--int4", "--block-size", "8"], "--block-size must be a power of two"),
         (["benchmark", "GPT2", "onnxrt", "--block-size", "64"], "--block-size applies to quantized weights; add --int8 "
                                                                 "or --int4"),
+        (["compare", "GPT2"], "compare needs the backends to run: name them after the model (compare GPT2 frameworks "
+                              "onnxrt) or after --compare, as NVIDIA's demo does"),
+        (["benchmark", "GPT2", "trt", "--output-profile-max-len", "64", "-o", "out.pkl"],
+         "unrecognized arguments: --output-profile-max-len 64 -o out.pkl (NVIDIA's demo's --output-profile-max-len: "
+         "--output-seq-len sets the TensorRT profile's generation range; NVIDIA's demo's -o: --json FILE writes"),
     ],
 )
 def test_usage_errors_are_one_sentence_and_exit_2(capsys, argv, message):
@@ -209,7 +214,9 @@ def test_chat_ends_at_end_of_input(capsys, tiny_gpt2_dir, monkeypatch):
 @needs_shared(TOKENIZER_DIR)
 @pytest.mark.parametrize("action, percentile", [("run", 50), ("compare", 99)])
 def test_run_and_compare_on_checkpoint_samples(capsys, tiny_gpt2_dir, action, percentile):
-    code, out, err = run_cli(capsys, action, "GPT2", "frameworks", "--torch-dir", tiny_gpt2_dir,
+    # compare as NVIDIA's demo writes it: the backends after --compare/-c, and its -kv
+    backends = ["frameworks"] if action == "run" else ["-c", "frameworks", "-kv"]
+    code, out, err = run_cli(capsys, action, "GPT2", *backends, "--torch-dir", tiny_gpt2_dir,
                              "--iterations", 1, "--warmup", 0, "--percentile", percentile)
     assert code == 0, err
     header = "full generation (ms)" if percentile == 50 else "p99 full generation (ms)"  # --percentile applies

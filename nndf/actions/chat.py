@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
-from nndf.actions.common import (add_image_argument, decoding_flags, decoding_note, describe, generation_inputs,
-                                 given_images, label, open_models)
+from nndf.actions.common import (add_image_argument, compared_backends, decoding_flags, decoding_note, describe,
+                                 generation_inputs, given_images, label, open_models)
 from nndf.architectures import architecture
 from nndf.conversation import Conversation
 from nndf.errors import UsageError
@@ -41,6 +41,7 @@ from nndf.results import Column, Result
 from nndf.streaming import ReplyStreamer, cleans_up_spaces
 
 SAMPLES = True
+COMPARES = True  # backends as positionals and/or --compare (nndf.cli)
 EXIT_WORDS = {"exit", "quit", "/exit", "/quit"}
 RESET = "/reset"
 UNUSED_FLAGS = {  # nndf.cli.check_unused_flags
@@ -52,10 +53,6 @@ UNUSED_FLAGS = {  # nndf.cli.check_unused_flags
 
 
 def add_arguments(parser) -> None:
-    from nndf.backends import BACKENDS
-
-    parser.add_argument("--compare", nargs="+", metavar="BACKEND", default=[],
-                        help=f"also answer with these backends, side by side ({', '.join(BACKENDS)})")
     add_image_argument(parser, "image-to-text families (BLIP): caption this image, reading text prefixes from stdin")
     c = parser.add_argument_group("conversation")
     c.add_argument("--system", metavar="TEXT", help="the system message (chat template), or the first paragraph of "
@@ -244,7 +241,7 @@ def _terminal_writer():
 
 
 def run(args, stream=None) -> list[Result]:
-    args.backends = [*args.backends, *args.compare]  # a backend named twice is refused (open_models)
+    compared_backends(args)
     spec, _ = resolve(args.model, args.variant)
     given = given_images(args, spec)
     if given is not None and len(given) > 1:

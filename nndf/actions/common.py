@@ -40,6 +40,15 @@ def build_settings(args) -> BuildSettings:
     )
 
 
+def compared_backends(args) -> None:
+    """`compare` and `chat` take their backends as positionals and/or after `--compare/-c` (NVIDIA's demo's way):
+    one list, before anything loads (a backend named twice is refused by `open_models`)."""
+    args.backends = [*args.backends, *args.compare]
+    if not args.backends:
+        raise UsageError(f"{args.action} needs the backends to run: name them after the model "
+                         f"({args.action} {args.model} frameworks onnxrt) or after --compare, as NVIDIA's demo does")
+
+
 def data_seed(args) -> int:
     """--seed for random weights, random inputs and samples of a data set (0 when not given)."""
     return 0 if args.seed is None else args.seed

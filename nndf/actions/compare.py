@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from nndf.actions.common import (add_image_argument, decoding_flags, decoding_note, describe, open_models,
-                                 weights_and_cache)
+from nndf.actions.common import (add_image_argument, compared_backends, decoding_flags, decoding_note, describe,
+                                 open_models, weights_and_cache)
 from nndf.actions.run import LENGTH_NOTE, checkpoint_columns, checkpoint_rows, checkpoint_samples, outputs_result
 from nndf.plots import check_plotting, plot_bars
 from nndf.results import Column, Result
 
 TIMED = True
 SAMPLES = True
+COMPARES = True  # backends as positionals and/or --compare (nndf.cli)
 
 
 def add_arguments(parser) -> None:
@@ -21,6 +22,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> list[Result]:
+    compared_backends(args)
     check_plotting(args.plot)
     samples = checkpoint_samples(args)
     models = open_models(args, needs_text=True)
