@@ -193,6 +193,34 @@ def check_unused_flags(args) -> None:
     for dest, (default, why) in getattr(args, "unused_flags", {}).items():
         if getattr(args, dest, default) != default:
             raise UsageError(f"--{dest.replace('_', '-')} does not apply to {args.action}: {why}")
+    _check_engine_flags(args)
+
+
+# Flags that shape only TensorRT engines (their profiles, features and names), with the value that leaves them off
+ENGINE_ONLY_FLAGS = {"dynamic_batch": False, "min_dynamic_batch": None, "max_dynamic_batch": None,
+                     "disable_preview_dynamic_shapes": False, "engine_postfix": ""}
+
+
+def _check_engine_flags(args) -> None:
+    """A TensorRT build flag without trt among the backends, or a dynamic-batch bound without --dynamic-batch,
+    would change nothing: one sentence instead."""
+    from nndf.backends import split_backend
+
+    if not hasattr(args, "backends"):
+        return
+    named = [*args.backends, *getattr(args, "compare", [])]
+    has_trt = any(split_backend(name)[0] == "trt" for name in named if isinstance(name, str))
+    for dest, off in ENGINE_ONLY_FLAGS.items():
+        if getattr(args, dest, off) != off and named and not has_trt:
+            raise UsageError(f"--{dest.replace('_', '-')} shapes TensorRT engines; without trt among the backends "
+                             "it changes nothing: name trt or drop it")
+    for dest in ("min_dynamic_batch", "max_dynamic_batch"):
+        if getattr(args, dest, None) is not None and not getattr(args, "dynamic_batch", False):
+            raise UsageError(f"--{dest.replace('_', '-')} bounds --dynamic-batch's range: add --dynamic-batch")
+    if getattr(args, "dynamic_batch", False):
+        from nndf.actions.common import build_settings
+
+        build_settings(args)  # its range checked now, before a backend (trt: the GPU) is looked for
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -77,7 +77,7 @@ def test_info_prints_shapes(capsys, tiny_gpt2_dir):
                                        "convert -m MODEL)"),
         (["benchmark", "GPT2", "tensorflow"], "unknown backend 'tensorflow'; allowed: frameworks, onnxrt, trt"),
         (["benchmark", "GPT2", "frameworks", "--variant", "gpt5"], "unknown --variant 'gpt5' for GPT2; allowed: gpt2"),
-        (["benchmark", "GPT2", "frameworks", "--dynamic-batch", "--min-dynamic-batch", "4",
+        (["benchmark", "GPT2", "trt", "--dynamic-batch", "--min-dynamic-batch", "4",
           "--max-dynamic-batch", "2"], "--min-dynamic-batch (4) must not exceed --max-dynamic-batch (2)"),
         (["benchmark", "GPT2", "frameworks", "--random-weights", "--input-seq-len", "1000",
           "--output-seq-len", "100"], "more than the 1024 positions of this model"),
@@ -96,6 +96,11 @@ def test_info_prints_shapes(capsys, tiny_gpt2_dir):
         (["benchmark", "GPT2", "onnxrt", "--int4", "--block-size", "8"], "--block-size must be a power of two"),
         (["benchmark", "GPT2", "onnxrt", "--block-size", "64"], "--block-size applies to quantized weights; add --int8 "
                                                                 "or --int4"),
+        (["benchmark", "GPT2", "onnxrt", "--dynamic-batch"], "--dynamic-batch shapes TensorRT engines; without trt "
+                                                             "among the backends it changes nothing"),
+        (["chat", "GPT2", "frameworks", "-c", "onnxrt", "--engine-postfix", "A100"], "--engine-postfix shapes TensorRT"),
+        (["benchmark", "GPT2", "trt", "--max-dynamic-batch", "4"], "--max-dynamic-batch bounds --dynamic-batch's "
+                                                                  "range: add --dynamic-batch"),
         (["compare", "GPT2"], "compare needs the backends to run: name them after the model (compare GPT2 frameworks "
                               "onnxrt) or after --compare, as NVIDIA's demo does"),
         (["benchmark", "GPT2", "trt", "--output-profile-max-len", "64", "-o", "out.pkl"],

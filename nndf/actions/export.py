@@ -12,9 +12,9 @@ from nndf.measure import format_bytes
 from nndf.results import Column, Result
 
 
-# Flags that shape only TensorRT engines (their profiles and names): an export without trt is the same without them
-ENGINE_FLAGS = ("batch_size", "num_beams", "input_seq_len", "output_seq_len", "dynamic_batch", "min_dynamic_batch",
-                "max_dynamic_batch", "disable_preview_dynamic_shapes", "engine_postfix")
+# Flags that shape an export only through TensorRT's profiles (onnxrt's graphs take any batch and length); the
+# flags that shape nothing but engines are refused without trt for every action (nndf.cli.ENGINE_ONLY_FLAGS)
+ENGINE_FLAGS = ("batch_size", "num_beams", "input_seq_len", "output_seq_len")
 
 
 def add_arguments(parser) -> None:
