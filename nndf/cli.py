@@ -48,11 +48,11 @@ def _model_arguments(p: argparse.ArgumentParser, batch_size: int = 1, batch_help
     p.add_argument("model", metavar="MODEL", help="model family, e.g. GPT2 (see `run.py list`)")
     quantized = [name for name in backend_names() if name not in BACKENDS]
     p.add_argument(
-        "backends", metavar="BACKEND", nargs="*" if compare else "+",
+        "backends", metavar="BACKEND", nargs="*" if compare else "+", type=str.lower,  # TRT, ONNXRT as well
         help=f"one or more of: {', '.join(BACKENDS)}; {', '.join(quantized)} run quantized weights beside the "
         "others (e.g. frameworks onnxrt onnxrt-int8 gives one table)" + (", here or after --compare" if compare else ""))
     if compare:
-        p.add_argument("--compare", "-c", nargs="+", metavar="BACKEND", default=[],
+        p.add_argument("--compare", "-c", nargs="+", metavar="BACKEND", default=[], type=str.lower,
                        help="backends to run side by side, after those named before (NVIDIA's demo's --compare)")
     g = p.add_argument_group("model")
     g.add_argument("--variant", "-m", help="variant of the family, e.g. gpt2-medium (default: the family's first)")

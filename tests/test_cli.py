@@ -101,6 +101,9 @@ def test_info_prints_shapes(capsys, tiny_gpt2_dir):
         (["chat", "GPT2", "frameworks", "-c", "onnxrt", "--engine-postfix", "A100"], "--engine-postfix shapes TensorRT"),
         (["benchmark", "GPT2", "trt", "--max-dynamic-batch", "4"], "--max-dynamic-batch bounds --dynamic-batch's "
                                                                   "range: add --dynamic-batch"),
+        (["export", "GPT2", "ONNX"], "unknown backend 'onnx'; allowed: frameworks, onnxrt, trt, and with quantized "
+                                     "weights onnxrt-int8, onnxrt-int4"),
+        (["export", "GPT2", "Frameworks"], "frameworks runs the PyTorch model itself"),  # names in any case
         (["compare", "GPT2"], "compare needs the backends to run: name them after the model (compare GPT2 frameworks "
                               "onnxrt) or after --compare, as NVIDIA's demo does"),
         (["benchmark", "GPT2", "trt", "--output-profile-max-len", "64", "-o", "out.pkl"],

@@ -94,5 +94,7 @@ def backend_names() -> list[str]:
 def backend_module(name: str):
     """The module of backend `name`, or a UsageError listing the known backends."""
     if name not in BACKENDS:
-        raise UsageError(f"unknown backend '{name}'; allowed: {', '.join(BACKENDS)}")
+        quantized = [b for b in backend_names() if b not in BACKENDS]
+        raise UsageError(f"unknown backend '{name}'; allowed: {', '.join(BACKENDS)}, and with quantized weights "
+                         f"{', '.join(quantized)}")
     return importlib.import_module(BACKENDS[name])
