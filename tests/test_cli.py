@@ -37,8 +37,9 @@ def test_benchmark_table_and_json(capsys, tiny_gpt2_dir, tmp_path):
     plot = tmp_path / "bench.png"
     code, out, err = run_cli(capsys, "benchmark", "GPT2", "frameworks", "--torch-dir", tiny_gpt2_dir,
                              "--input-seq-len", 8, "--output-seq-len", 5, "--batch-size", 2, *FAST,
-                             "--json", out_file, "--plot", plot)
+                             "--json", out_file, "--plot", plot, "--number", 2)
     assert code == 0, err
+    assert "per backend (each the mean of 2 generations, --number)" in " ".join(out.split())
     from PIL import Image
 
     with Image.open(plot) as image:  # one figure: decode ms/step and tokens/s, a bar per backend
@@ -101,9 +102,9 @@ def test_info_prints_shapes(capsys, tiny_gpt2_dir):
         (["chat", "GPT2", "frameworks", "-c", "onnxrt", "--engine-postfix", "A100"], "--engine-postfix shapes TensorRT"),
         (["benchmark", "GPT2", "trt", "--max-dynamic-batch", "4"], "--max-dynamic-batch bounds --dynamic-batch's "
                                                                   "range: add --dynamic-batch"),
-        (["export", "GPT2", "ONNX"], "unknown backend 'onnx'; allowed: frameworks, onnxrt, trt, and with quantized "
-                                     "weights onnxrt-int8, onnxrt-int4"),
+        (["export", "GPT2", "ONNX"], "unknown backend 'onnx'"),  # names in any case
         (["export", "GPT2", "Frameworks"], "frameworks runs the PyTorch model itself"),  # names in any case
+        (["benchmark", "GPT2", "frameworks", "--seed", "-1"], "--seed must be a whole number from 0 to 2**63 - 1, got -1"),
         (["compare", "GPT2"], "compare needs the backends to run: name them after the model (compare GPT2 frameworks "
                               "onnxrt) or after --compare, as NVIDIA's demo does"),
         (["benchmark", "GPT2", "trt", "--output-profile-max-len", "64", "-o", "out.pkl"],
@@ -173,7 +174,8 @@ def test_run_py_exit_code_without_traceback():
     proc = subprocess.run([sys.executable, str(REPO / "run.py"), "benchmark", "GPT2", "onnx"],
                           capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "error: unknown backend 'onnx'; allowed: frameworks, onnxrt, trt"
+    assert proc.stderr.strip() == ("error: unknown backend 'onnx'; allowed: frameworks, onnxrt, trt, and with "
+                                   "quantized weights onnxrt-int8, onnxrt-int4")
 
 
 def test_help_lists_actions_and_flags():

@@ -120,9 +120,12 @@ def run(args) -> list[Result]:
     context = dict(describe(first), timing=dataclasses.asdict(timing),
                    input_seq_len=prompt_len, output_seq_len=new_tokens)
     notes = [
-        f"{_count(len(t.latency.samples), 'timed run')} per backend after {_count(timing.warmup, 'warm-up run')}; "
-        "first token and decode step are medians over the same runs; peak memory is the process's "
-        "(resident set on the CPU, allocated on CUDA) while that backend ran.",
+        f"{_count(len(t.latency.samples), 'timed run')} per backend"
+        + (f" (each the mean of {timing.number} generations, --number)" if timing.number > 1 else "")
+        + f" after {_count(timing.warmup, 'warm-up run')}; first token and decode step are medians over the same "
+        "runs; peak memory is the whole process's at its highest while that backend ran (resident set on the CPU, "
+        "so every backend loaded before it counts too; allocated on CUDA): for one backend's own, run it alone, or "
+        "bench/decoder_cpu.py (a process per engine).",
     ]
     if hf_row is not None:
         notes.append(f"vs HF generate: throughput over that of {hf_row['backend']} (Hugging Face generate() on the "

@@ -27,7 +27,8 @@ from nndf.results import Column, Result
 TIMED = True
 SAMPLES = True
 UNUSED_FLAGS = {  # nndf.cli.check_unused_flags
-    "batch_size": "it generates each of the family's sample prompts on its own (models/<family>/checkpoint.toml)",
+    "batch_size": "it generates each of the family's sample prompts on its own (models/<family>/checkpoint.toml); "
+                  "benchmark --batch-size times batches",
     "input_seq_len": "its prompts are the family's sample prompts (models/<family>/checkpoint.toml)",
 }
 
@@ -121,7 +122,8 @@ def outputs_result(title: str, outputs: list[dict], context: dict) -> Result:
     columns = [Column("backend", "backend"), Column("input", "input", width=60), Column("output", "output")]
     return Result("outputs", title, columns, outputs, context,
                   ["output: the generated tokens after the prompt (a caption after its text prefix), decoded without "
-                   "special tokens: empty where the model ended at once (EOS first, as random weights often do); "
+                   "special tokens: empty where the model made only special tokens (EOS at once, or pad tokens, as random "
+                   "weights often do); "
                    "inputs cut to 60 characters here, whole in --json."])
 
 
