@@ -152,7 +152,9 @@ def time_calls(
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=settings.iterations, desc=desc, file=sys.stderr, leave=False)
+        # cleared from a terminal when done; kept, with its newline, in a log file (a cleared bar there leaves its
+        # text without one, and the report's first line would follow it on the same line with `2>&1`)
+        bar = tqdm(total=settings.iterations, desc=desc, file=sys.stderr, leave=not sys.stderr.isatty())
     samples: list[float] = []
     timed = 0.0
     try:

@@ -134,8 +134,8 @@ def run(args) -> list[Result]:
     picked = decoding_note(first, decoding_flags(args), args.num_beams)  # refuses beams with sampling up front
     rows, outputs = checkpoint_rows(args, models, samples)
     notes = ["label accuracy: share of the label's new tokens reproduced at the same position; labels are the "
-             "real weights' outputs, so random weights score near 0; '-' where checkpoint.toml has no labels for "
-             "this variant."]
+             "variant's real weights' outputs, so random weights, or other weights (--torch-dir), score near 0; "
+             "'-' where checkpoint.toml has no labels for this variant."]
     notes.append(LENGTH_NOTE)
     source = "the given images" if getattr(args, "image", None) else "checkpoint samples"
     title = f"run {first.spec.family} {first.loaded.name}: {source}, {picked}, {weights_and_cache(args)}"
