@@ -238,7 +238,7 @@ def engine_plan_result(args, spec, variant, backend: str) -> Result:
     architecture(spec).derive_shapes(settings, spec, loaded.config)  # the flags against the model first
     rows = engine_plan(loaded, settings, backend_options(args, [backend]))
     columns = [Column("graph", "graph"), Column("onnx", "ONNX file"), Column("profiles", "profiles")]
-    context = {"model": spec.family, "variant": variant.name, "weights": loaded.source,
+    context = {"model": spec.family, "variant": loaded.name, "weights": loaded.source,
                "settings": settings.as_dict()}
     notes = [f"{row['graph']}: {row['trtexec']}" + (f" ({row.pop('pending')})" if "pending" in row else "")
              for row in rows]
@@ -271,7 +271,7 @@ def describe(model: Model) -> dict:
     return {
         "backend_options": options,
         "model": model.spec.family,
-        "variant": model.variant.name,
+        "variant": model.loaded.name,  # a --torch-dir model is named after its folder
         "weights": model.loaded.source,
         "device": str(model.decoder.device),
         "settings": model.settings.as_dict(),
