@@ -104,3 +104,29 @@ def test_generate_takes_generates_lengths_and_special_tokens(tiny_gpt2_dir):
         warnings.simplefilter("always")
         m.generate(ids, torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]]), max_new_tokens=2)
     assert any("right-padding was detected" in str(w.message) for w in caught)
+
+
+def test_export_to_a_folder_runs_without_the_weights(tiny_gpt2_dir, onnx_work_dir, tmp_path):
+    """`export ... -o DIR` (Optimum's save_pretrained): nndf.load_exported(DIR) gives generate()'s tokens from the
+    folder alone (graph, config, tokenizer; no weight file in it), and writes nothing into it."""
+    import torch
+
+    folder = tmp_path / "exported"
+    [table] = nndf.run("export", "GPT2", "onnxrt", torch_dir=str(tiny_gpt2_dir), working_dir=str(onnx_work_dir),
+                       output=str(folder))
+    assert any(f"standalone folder: {folder}" in note for note in table.notes)
+    files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+    assert "nndf.json" in files and "hf/config.json" in files and "decoder/decoder.onnx" in files
+    assert not [f for f in files if f.endswith((".safetensors", ".bin"))]
+    m = nndf.load_exported(folder)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    reference = nndf.load("GPT2", torch_dir=str(tiny_gpt2_dir), device="cpu")
+    assert m.backend == "onnxrt" and torch.equal(m.generate(ids, max_new_tokens=6),
+                                                 reference.hf_generate(ids, max_new_tokens=6))
+    assert sorted(str(p.relative_to(folder)) for p in folder.rglob("*")) == files
+    with pytest.raises(UsageError, match="-o writes one onnxrt model"):
+        nndf.run("export", "GPT2", "onnxrt", "trt", torch_dir=str(tiny_gpt2_dir), output=str(tmp_path / "x"))
+    with pytest.raises(UsageError, match="is a folder of other files, which writing the export there would replace"):
+        nndf.run("export", "GPT2", "onnxrt", torch_dir=str(tiny_gpt2_dir), output=str(tmp_path))
+    with pytest.raises(UsageError, match="holds no nndf.json"):
+        nndf.load_exported(tmp_path)

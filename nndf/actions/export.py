@@ -9,6 +9,8 @@ from nndf.backends import split_backend
 from nndf.errors import UsageError
 from nndf.export.graph_files import graph_bytes
 from nndf.measure import format_bytes
+from nndf.export.standalone import check_replaceable
+from nndf.paths import check_output_folder
 from nndf.results import Column, Result
 
 
@@ -18,7 +20,10 @@ ENGINE_FLAGS = ("batch_size", "num_beams", "input_seq_len", "output_seq_len")
 
 
 def add_arguments(parser) -> None:
-    """No flags of its own: the build flags say what to export."""
+    """The build flags say what to export; -o also copies it into a folder of its own."""
+    parser.add_argument("-o", "--output", metavar="DIR",
+                        help="also write the onnxrt model as a standalone folder (graphs, config, tokenizer; no "
+                             "weights) that nndf.load_exported(DIR) runs anywhere, as Optimum's save_pretrained")
     parser.set_defaults(engine_flag_defaults={dest: parser.get_default(dest) for dest in ENGINE_FLAGS})
 
 
@@ -31,6 +36,12 @@ def run(args) -> list[Result]:
     if changed and "trt" not in kinds:
         raise UsageError(f"--{changed[0].replace('_', '-')} shapes TensorRT engines (their profiles); the ONNX graphs "
                          "of onnxrt take any batch and length, so without trt it changes nothing: name trt or drop it")
+    if args.output is not None:
+        if kinds != {"onnxrt"} or len(args.backends) != 1:
+            raise UsageError("-o writes one onnxrt model (onnxrt, onnxrt-int8 or onnxrt-int4) as a folder: name that "
+                             "one backend (trt engines are tied to the GPU they were built on)")
+        check_output_folder("-o/--output", args.output)
+        check_replaceable("-o/--output", args.output)
     models = open_models(args)
     rows = []
     for model in models:
@@ -43,6 +54,12 @@ def run(args) -> list[Result]:
     first = models[0]
     notes = ["Artifacts are reused only when their metadata matches these settings, library versions and weights.",
              "size: an ONNX graph's with its external data (the weights beside it), an engine's file."]
+    if args.output is not None:
+        from nndf.export.standalone import write_standalone
+
+        folder = write_standalone(first, args.output)
+        notes.append(f"standalone folder: {folder} (graphs, config, generation config and tokenizer; no weights): "
+                     f"nndf.load_exported({str(folder)!r}) runs it without the PyTorch checkpoint or the hub.")
     return [Result("export", f"export {first.spec.family} {first.loaded.name}", columns, rows, describe(first), notes)]
 
 

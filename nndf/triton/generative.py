@@ -21,7 +21,7 @@ from pathlib import Path
 
 from nndf.errors import UsageError
 from nndf.sampling import Sampling
-from nndf.triton.repository import DEVICES, add_tensor, config_schema, external_data_files, write_model_folder
+from nndf.triton.repository import DEVICES, add_tensor, config_schema, write_model_folder
 
 MODEL_SOURCE = Path(__file__).with_name("generation_model.py")
 
@@ -97,29 +97,16 @@ def write_generative_repository(output_dir: str | Path, name: str, model, max_ba
         from nndf.continuous import ContinuousBatcher
 
         ContinuousBatcher.check_model(model)  # refused here, not at the server's start
-    from nndf.backends.onnxrt import SEQ2SEQ_OVERRIDES  # graph -> the nndf.load keyword that runs a given file
+    from nndf.export.standalone import SETTINGS_FILE, standalone_files
 
-    files, graphs = {"model.py": MODEL_SOURCE}, {}
-    for role, session in model.decoder.graphs.items():  # each in a folder of its own, with its external data
-        graph = Path(session.artifacts[0])
-        files[f"{role}/{graph.name}"] = graph
-        files.update({f"{role}/{rel}": path for rel, path in external_data_files(graph).items()})
-        graphs[SEQ2SEQ_OVERRIDES[role]] = f"{role}/{graph.name}"
-    settings = {"family": model.spec.family, "variant": model.variant.name, "backend": model.backend,
-                "graph": graphs["decoder_onnx"], "graphs": graphs, "use_cache": model.settings.use_cache,
-                "threads": model.options.threads, "scheduler": scheduler, "max_rows": max_rows,
-                "defaults": {"max_new_tokens": max_new_tokens, "num_beams": num_beams,
-                             "sampling_stream": sampling_stream}}
     with tempfile.TemporaryDirectory() as tmp:
-        hf = Path(tmp) / "hf"
-        model.loaded.config.save_pretrained(hf)
-        generation = getattr(model.loaded.model, "generation_config", None)
-        if generation is not None:
-            generation.save_pretrained(hf)
-        model.tokenizer.save_pretrained(hf)
-        (Path(tmp) / "nndf.json").write_text(json.dumps(settings, indent=2))
-        files.update({f"hf/{f.name}": f for f in hf.iterdir()})
-        files["nndf.json"] = Path(tmp) / "nndf.json"
+        files, settings = standalone_files(model, Path(tmp))  # the graphs, hf/ and nndf.json of `export -o`
+        settings.update({"scheduler": scheduler, "max_rows": max_rows,
+                         "defaults": {"max_new_tokens": max_new_tokens, "num_beams": num_beams,
+                                      "sampling_stream": sampling_stream}})
+        files["model.py"] = MODEL_SOURCE
+        (Path(tmp) / SETTINGS_FILE).write_text(json.dumps(settings, indent=2))
+        files[SETTINGS_FILE] = Path(tmp) / SETTINGS_FILE
         Path(output_dir).mkdir(parents=True, exist_ok=True)
         names = [name] + ([name + STREAM_SUFFIX] if streaming else [])
         return [write_model_folder(Path(output_dir), folder,
