@@ -56,8 +56,11 @@ def test_run_compare_and_export_caption_the_photos(blip_dir, onnx_work_dir, caps
     assert code == 0, err
     assert "skimage_chelsea.png" in out and "coco_000000039769.png + 'a picture of'" in out and "speed vs" in out
     code, out, err = run_cli(capsys, "export", "BLIP", "onnxrt", "--torch-dir", blip_dir, "--working-dir",
-                             onnx_work_dir, "--info")
+                             onnx_work_dir, "--info", "-o", tmp_path / "standalone")
     assert code == 0, err
+    import nndf  # the standalone folder captions as the run did, from its graphs and processor alone
+
+    assert nndf.load_exported(tmp_path / "standalone").caption([PHOTOS[0]], max_new_tokens=5) == [captions["onnxrt"]]
     for graph in ("encoder", "cross", "decoder"):
         assert f"{graph}.onnx" in out
     sizes = [line.split(".onnx")[1].strip() for line in out.splitlines() if line.startswith("onnxrt ")]

@@ -3,9 +3,10 @@
 runs it, and a Triton generation model (`nndf.triton.generative`) is the same folder with its serving files.
 
     DIR/nndf.json       family, variant, backend, graphs (nndf.load keyword -> file), use_cache, threads
-    DIR/hf/             the model's config, generation config and tokenizer (no weights)
+    DIR/hf/             the model's config, generation config and tokenizer (an image model's processor; no weights)
     DIR/decoder/...     the decoder graph the onnxrt backend runs (fp32, int8 or int4), its external data beside it
-    DIR/encoder/, cross/  an encoder-decoder model's encoder and cross-attention cache generator graphs
+    DIR/encoder/, cross/  the encoder (BLIP's vision encoder) and cross-attention cache generator graphs of an
+                        encoder-decoder or image-to-text model
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ def standalone_files(model, scratch: Path) -> tuple[dict[str, Path], dict]:
     generation = getattr(model.loaded.model, "generation_config", None)
     if generation is not None:
         generation.save_pretrained(hf)
-    model.tokenizer.save_pretrained(hf)
+    # an image-to-text model's processor holds its image settings too (and saves its tokenizer with them)
+    (model.processor if model.architecture.takes_images else model.tokenizer).save_pretrained(hf)
     files.update({f"hf/{f.name}": f for f in hf.iterdir()})
     settings = {"family": model.spec.family, "variant": model.variant.name, "backend": model.backend,
                 "graph": graphs["decoder_onnx"], "graphs": graphs, "use_cache": model.settings.use_cache,
