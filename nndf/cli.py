@@ -50,7 +50,8 @@ def _model_arguments(p: argparse.ArgumentParser, batch_size: int = 1, batch_help
     p.add_argument(
         "backends", metavar="BACKEND", nargs="*" if compare else "+", type=str.lower,  # TRT, ONNXRT as well
         help=f"one or more of: {', '.join(BACKENDS)}; {', '.join(quantized)} run quantized weights beside the "
-        "others (e.g. frameworks onnxrt onnxrt-int8 gives one table)" + (", here or after --compare" if compare else ""))
+        "others (e.g. frameworks onnxrt onnxrt-int8 gives one table)"
+        + (", here or after --compare" if compare else ""))
     if compare:
         p.add_argument("--compare", "-c", nargs="+", metavar="BACKEND", default=[], type=str.lower,
                        help="backends to run side by side, after those named before (NVIDIA's demo's --compare)")

@@ -122,8 +122,8 @@ def outputs_result(title: str, outputs: list[dict], context: dict) -> Result:
     columns = [Column("backend", "backend"), Column("input", "input", width=60), Column("output", "output")]
     return Result("outputs", title, columns, outputs, context,
                   ["output: the generated tokens after the prompt (a caption after its text prefix), decoded without "
-                   "special tokens: empty where the model made only special tokens (EOS at once, or pad tokens, as random "
-                   "weights often do); "
+                   "special tokens: empty where the model made only special tokens (EOS at once, or pad tokens, "
+                   "as random weights often do); "
                    "inputs cut to 60 characters here, whole in --json."])
 
 
