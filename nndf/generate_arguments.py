@@ -35,6 +35,8 @@ def new_token_budget(architecture, loaded, input_ids, max_new_tokens: int | None
     one); at least one, as `generate()` makes one token even when the prompt already fills `max_length`."""
     if max_new_tokens is not None:
         return max_new_tokens
+    if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1):
+        raise UsageError(f"max_length must be a whole number of at least 1, got {max_length!r}")
     gen = loaded.generation_config
     if max_length is None and getattr(gen, "max_new_tokens", None) is not None:
         return int(gen.max_new_tokens)

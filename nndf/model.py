@@ -26,11 +26,11 @@ import torch
 from nndf.architectures import architecture
 from nndf.backends import RUNS_ONNX_FILES, BackendOptions, split_backend
 from nndf.errors import HarnessError, UsageError
+from nndf.generate_arguments import check_decoding, check_prompt_tensors, new_token_budget, warn_right_padding
 from nndf.generation import GenerationOptions, generate
 from nndf.loading import LoadedModel, load_model
 from nndf.reference import pytorch_logits
 from nndf.registry import resolve
-from nndf.generate_arguments import check_decoding, check_prompt_tensors, new_token_budget, warn_right_padding
 from nndf.sampling import SAMPLING_KEYWORDS, Sampling
 from nndf.spec import BuildSettings
 
