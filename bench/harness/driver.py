@@ -186,7 +186,9 @@ def run_benchmark(args, bench) -> dict:
                 del runs[b][engine]
     report = {
         "settings": {
-            "family": args.family, "variant": args.variant, "weights": weights_what, "weights_dir": str(weights),
+            # a local folder is named after itself, as run.py names it (the variant only gave it a known config)
+            "family": args.family, "variant": Path(args.torch_dir).name if getattr(args, "torch_dir", None)
+            else args.variant, "weights": weights_what, "weights_dir": str(weights),
             "inputs": describe(kind, config, args, bench.input_word),
             "input_len": args.input_len if kind == "tokens" else None, "output_len": args.output_len,
             "rounds": args.rounds,
