@@ -299,7 +299,7 @@ def test_gpu_seeded_sampling_equals_generate(tiny_gpt2_dir):
     (["--temperature", "-1"], "temperature (--temperature) must be a number >= 0 (0: greedy), got -1.0"),
     (["--top-p", "1.5"], "top_p (--top-p) must be a number from 0 to 1 (1: off), got 1.5"),
     (["--repetition-penalty", "0"], "repetition_penalty (--repetition-penalty) must be a number above 0"),
-    (["--seed", "-1"], "seed (--seed) must be a whole number from 0 to 2**63 - 1"),
+    (["--seed", "-1"], "--seed must be a whole number from 0 to 2**63 - 1, got -1"),  # the command line's terms
     (["--top-k", "x"], "argument --top-k: invalid int value: 'x'"),
     (["--no-do-sample", "--temperature", "0.5", "--top-k", "4"],
      "--temperature and --top-k shape sampled draws, and this run does not sample (--no-do-sample was given)"),
