@@ -45,12 +45,13 @@ def _load(opts: ConvertOptions):
                              ) from None
         raise UsageError(f"-m/--model {opts.model}: cannot load its tokenizer ({why}); -t/--tokenizer names one "
                          "elsewhere") from None
-    try:  # the config alone first: a wrong -s is said before the weights load
-        positions = getattr(AutoConfig.from_pretrained(opts.model, token=opts.auth_token), "max_position_embeddings",
-                            None)
+    try:  # the config alone first: a wrong -s or tokenizer is said before the weights load
+        early = AutoConfig.from_pretrained(opts.model, token=opts.auth_token)
     except (OSError, ValueError):
-        positions = None  # the model's own load below says what is wrong
-    _check_positions(opts, positions)
+        early = None  # the model's own load below says what is wrong
+    if early is not None:
+        _check_positions(opts, getattr(early, "max_position_embeddings", None))
+        _check_tokenizer(opts, tokenizer, early)
     task = TASKS[opts.task]
     model = load_task_model(task, opts.model, opts.device, opts.auth_token)
     names = model_inputs(model, tokenizer)
