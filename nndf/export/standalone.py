@@ -51,6 +51,7 @@ def standalone_files(model, scratch: Path) -> tuple[dict[str, Path], dict]:
 
 
 def copy_files(files: dict[str, Path], folder: Path) -> None:
+    """Each source file to its relative path under `folder` (a standalone folder's, a Triton model version's)."""
     for relative, source in files.items():
         (folder / relative).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, folder / relative)

@@ -20,12 +20,12 @@ TEXT is one string per batch row (dims [1]) and the ONNX/TensorRT model gets the
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from nndf.errors import HarnessError, UsageError
 from nndf.export.graph_files import external_data_files
+from nndf.export.standalone import copy_files
 from nndf.workspace import atomic_dir
 
 ENGINES = {"onnx": ("onnxruntime_onnx", "model.onnx"), "tensorrt": ("tensorrt_plan", "model.plan")}
@@ -162,9 +162,7 @@ def write_model_folder(output_dir: Path, folder: str, config, files: Mapping[str
         version = tmp / "1"
         version.mkdir()
         (tmp / "config.pbtxt").write_text(_render(config), encoding="utf-8")
-        for relative, source in (files or {}).items():
-            (version / relative).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source, version / relative)
+        copy_files(files or {}, version)
         if tokenizer_dir is not None:
             _copy_tokenizer(tokenizer_dir, version / TOKENIZER_FOLDER)
     return output_dir / folder

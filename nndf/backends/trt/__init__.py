@@ -93,7 +93,7 @@ def _num_params(export) -> int:
                if f.is_file() and f.name.startswith(export.graph_file)) // 4
 
 
-def _fp32_layers(loaded: LoadedModel, settings: BuildSettings, onnx_path: Path) -> tuple[str, ...]:
+def fp32_layer_nodes(loaded: LoadedModel, settings: BuildSettings, onnx_path: Path) -> tuple[str, ...]:
     """The ONNX nodes of the family's fp32 modules (T5's feed-forward output), pinned to fp32 in fp16 builds."""
     modules = loaded.spec.hooks.fp32_modules()
     if not (settings.fp16 and modules):
@@ -126,7 +126,7 @@ def _open_engine(loaded: LoadedModel, settings: BuildSettings, options: BackendO
         tf32=USE_TF32,
         preview_dynamic_shapes=settings.preview_dynamic_shapes,
         postfix=settings.engine_postfix,
-        fp32_layers=_fp32_layers(loaded, settings, export.graph),
+        fp32_layers=fp32_layer_nodes(loaded, settings, export.graph),
     )
     path, built = engine_cache.obtain_engine(
         request, gpu.info, options.working_dir, _num_params(export),

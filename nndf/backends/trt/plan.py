@@ -19,7 +19,7 @@ def engine_plan(loaded: LoadedModel, settings: BuildSettings, options: BackendOp
     """One entry per graph: its name, ONNX file, profiles and the trtexec command that builds its engine (named
     after the graph, since an engine's real name hashes the GPU it is built on); `pending` says what the command
     cannot name yet (an fp16 build's fp32 layers, read off a graph not exported yet)."""
-    from nndf.backends.trt import USE_TF32, _fp32_layers
+    from nndf.backends.trt import USE_TF32, fp32_layer_nodes
     from nndf.export.engine_build import describe_profiles, trtexec_command
     from nndf.export.engine_request import EngineRequest
 
@@ -44,7 +44,7 @@ def engine_plan(loaded: LoadedModel, settings: BuildSettings, options: BackendOp
                                 input_names=export.input_names, output_names=export.output_names,
                                 profiles=profiles[graph], fp16=settings.fp16, tf32=USE_TF32,
                                 preview_dynamic_shapes=settings.preview_dynamic_shapes, postfix=settings.engine_postfix,
-                                fp32_layers=_fp32_layers(loaded, settings, export.graph) if exported else ())
+                                fp32_layers=fp32_layer_nodes(loaded, settings, export.graph) if exported else ())
         engine = Path(options.working_dir) / f"{stem}{settings.engine_postfix}.engine"
         row = {"graph": graph, "onnx": str(export.graph), "profiles": describe_profiles(profiles[graph]),
                "trtexec": trtexec_command(request, engine)}
