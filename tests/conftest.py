@@ -175,16 +175,21 @@ def family_dirs(tmp_path_factory, tiny_gpt2_dir) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
-def seq2seq_dirs(tmp_path_factory) -> dict[str, Path]:
-    """One tiny random model per encoder-decoder architecture (tests/family_examples.py SEQ2SEQ_EXAMPLES)."""
+def seq2seq_dirs(tmp_path_factory, request) -> dict[str, Path]:
+    """One tiny random model per encoder-decoder architecture (tests/family_examples.py SEQ2SEQ_EXAMPLES). T5's is
+    `text_models`' T5 where ../shared/data is here (the same config, a vocabulary that holds its tokenizer's ids), so
+    that its three graphs are exported once for the seq2seq tests and LAMBADA's (tests/test_lm_eval.py)."""
     from family_examples import SEQ2SEQ_EXAMPLES
+
+    text_t5 = request.getfixturevalue("text_models")["T5"] if SHARED_DATA.exists() else None
 
     def build(root: Path) -> None:
         for name, (_family, config) in SEQ2SEQ_EXAMPLES.items():
-            build_tiny(root, name, config)
+            if not (name == "t5" and text_t5 is not None):
+                build_tiny(root, name, config)
 
     root = built_once(tmp_path_factory, "seq2seq", build)
-    return {name: root / name for name in SEQ2SEQ_EXAMPLES}
+    return {name: text_t5 if name == "t5" and text_t5 is not None else root / name for name in SEQ2SEQ_EXAMPLES}
 
 
 @pytest.fixture(scope="session")

@@ -51,10 +51,11 @@ FAMILY_EXAMPLES: dict[str, dict] = {
                   tie_word_embeddings=False, bos_token_id=1, eos_token_id=2),
     # fused qkv and gate_up projections, partial rotary (0.75: 6 of 8 frequency pairs), longrope whose original
     # length (16) the test sequences cross: short and long factors, and generate()'s cache restart between them;
-    # weights drawn wide, as Llama's
+    # weights drawn wide, as Llama's. Phi-3's and Gemma's vocabularies hold GPT-2's tokenizer's ids, so that LAMBADA
+    # scores on their family exports (tests/test_families.py) with no export of their own
     "Phi3": dict(model_type="phi3", num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
                  intermediate_size=96, max_position_embeddings=128, original_max_position_embeddings=16,
-                 partial_rotary_factor=0.75, vocab_size=1000, tie_word_embeddings=False, initializer_range=0.2,
+                 partial_rotary_factor=0.75, vocab_size=50272, tie_word_embeddings=False, initializer_range=0.2,
                  bos_token_id=1, eos_token_id=2, pad_token_id=0,
                  rope_scaling=dict(type="longrope", short_factor=[1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
                                    long_factor=[1.5, 3.0, 6.0, 12.0, 24.0, 48.0])),
@@ -63,7 +64,7 @@ FAMILY_EXAMPLES: dict[str, dict] = {
     "Gemma": dict(model_type="gemma2", num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=16, intermediate_size=64, max_position_embeddings=128,
                   sliding_window=6, query_pre_attn_scalar=16, attn_logit_softcapping=1.0,
-                  final_logit_softcapping=1.0, initializer_range=0.2, vocab_size=1000, bos_token_id=2,
+                  final_logit_softcapping=1.0, initializer_range=0.2, vocab_size=50272, bos_token_id=2,
                   eos_token_id=1, pad_token_id=0),
 }
 

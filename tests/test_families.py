@@ -55,15 +55,21 @@ def test_gpt2_family_name_reaches_the_families_nvidia_runs_under_it():
     assert resolve("gpt-neo", "gpt-neo-125m")[0].family == "GPTNeo"
 
 
+# The real GPT-2 tokenizer's ids run to 50256.
+GPT2_TOKENIZER_SIZE = 50257
+
+
 @pytest.fixture(scope="module")
-def family_dirs_with_tokenizer(tmp_path_factory):
-    """Tiny models whose vocabulary holds the real GPT-2 tokenizer's ids, so that text actions can run on them."""
+def family_dirs_with_tokenizer(tmp_path_factory, family_dirs):
+    """Tiny models whose vocabulary holds the real GPT-2 tokenizer's ids, so that text actions can run on them: a
+    family example whose vocabulary already does is its own folder (its exports are the family tests')."""
     from conftest import TOKENIZER_DIR
 
     if not TOKENIZER_DIR.exists():
         pytest.skip(f"{TOKENIZER_DIR} is absent (../shared/data is not beside this checkout)")
     root = tmp_path_factory.mktemp("families-text")
-    return {name: build_tiny(root, name, dict(config, vocab_size=max(50272, config["vocab_size"])))
+    return {name: family_dirs[name] if config["vocab_size"] >= GPT2_TOKENIZER_SIZE
+            else build_tiny(root, name, dict(config, vocab_size=50272))
             for name, config in FAMILY_EXAMPLES.items() if name in decoder_only_families()}
 
 
@@ -93,9 +99,11 @@ def test_every_action_runs_for_every_family(family, family_dirs_with_tokenizer, 
 
 
 @pytest.mark.parametrize("family", ["Phi3", "Gemma"])  # longrope past its switch; soft-capping and local windows
-def test_accuracy_on_onnxrt_gives_the_pytorch_figures(family, family_dirs_with_tokenizer, tmp_path, capsys):
+def test_accuracy_on_onnxrt_gives_the_pytorch_figures(family, family_dirs_with_tokenizer, onnx_work_dir, tmp_path,
+                                                      capsys):
     """`accuracy` on the exported graph: LAMBADA passages (longer than the tiny models' windows and longrope's
-    original length) score as on PyTorch, and the fidelity columns say so."""
+    original length) score as on PyTorch, and the fidelity columns say so. Both examples hold GPT-2's vocabulary, so
+    the graph is the family tests' export (the shared working dir)."""
     import json
 
     from conftest import LAMBADA_FILE
@@ -103,7 +111,7 @@ def test_accuracy_on_onnxrt_gives_the_pytorch_figures(family, family_dirs_with_t
 
     out = tmp_path / "accuracy.json"
     code = main(["accuracy", family, "frameworks", "onnxrt", "--torch-dir", str(family_dirs_with_tokenizer[family]),
-                 "--dataset-file", str(LAMBADA_FILE), "--num-samples", "4", "--working-dir", str(tmp_path),
+                 "--dataset-file", str(LAMBADA_FILE), "--num-samples", "4", "--working-dir", str(onnx_work_dir),
                  "--json", str(out)])
     assert code == 0, capsys.readouterr().err
     pytorch, onnxrt = json.loads(out.read_text())["results"][0]["rows"]

@@ -95,17 +95,45 @@ def test_export_is_reused_then_rebuilt_when_stale_or_truncated(tiny_gpt2_dir, on
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")], "no temporary folder left behind"
 
 
-def test_changed_weights_get_their_own_export(tiny_gpt2_dir, onnx_work_dir, tmp_path, capsys):
-    copy = tmp_path / "copy"
-    shutil.copytree(tiny_gpt2_dir, copy)
+def test_changed_weights_get_their_own_export(tiny_gpt2_dir, onnx_work_dir, tmp_path, capsys, monkeypatch):
+    """A checkpoint whose weights changed in place is exported anew, never served the export of the weights it had:
+    the export's name changes with the files, and the trace is intercepted (the export itself is tested above), so
+    only which weights reach it is checked."""
+    from safetensors.torch import load_file, save_file
+
+    import nndf.export.onnx as onnx_export
+
+    changed = tmp_path / "changed"
+    shutil.copytree(tiny_gpt2_dir, changed)
+    location = lambda: onnx_export.decoder_export_location(
+        nndf.load("GPT2", torch_dir=str(changed), device="cpu").loaded, True, tmp_path).folder
+    before = location()
+    weights = load_file(changed / "model.safetensors")
+    weights = {name: tensor + 0.01 if name.endswith("ln_f.weight") else tensor for name, tensor in weights.items()}
+    save_file(weights, changed / "model.safetensors", metadata={"format": "pt"})
+    assert location() != before
     work = tmp_path / "work"
     work.mkdir()
-    copy_artifact(_shared_export(tiny_gpt2_dir, onnx_work_dir), work)  # the original's, as if exported here
+    shared = _shared_export(tiny_gpt2_dir, onnx_work_dir)
+    copy_artifact(shared, work)  # the original's, as if exported here
     capsys.readouterr()
-    for source in (tiny_gpt2_dir, copy):
-        nndf.load("GPT2", backend="onnxrt", torch_dir=str(source), working_dir=str(work), device="cpu")
-    assert capsys.readouterr().err.count("to ONNX (") == 1  # the copy's weights only
-    assert len([p for p in work.iterdir() if p.is_dir()]) == 2
+    traced = []
+
+    class Traced(Exception):
+        pass
+
+    def trace(wrapper, *args, **kwargs):
+        traced.append(float(wrapper.model.transformer.ln_f.weight[0].detach()))
+        raise Traced
+
+    monkeypatch.setattr(onnx_export, "trace_to_onnx", trace)
+    nndf.load("GPT2", backend="onnxrt", torch_dir=str(tiny_gpt2_dir), working_dir=str(work), device="cpu")
+    assert traced == [] and "to ONNX (" not in capsys.readouterr().err  # the original's export is reused
+    with pytest.raises(Traced):
+        nndf.load("GPT2", backend="onnxrt", torch_dir=str(changed), working_dir=str(work), device="cpu")
+    assert traced == [pytest.approx(float(weights["transformer.ln_f.weight"][0]))]  # the changed weights are traced
+    assert sorted(p.name for p in work.iterdir()) == [shared.name, metadata_path(shared).name], \
+        "the failed export leaves nothing behind"
 
 
 def test_decoder_onnx_runs_a_given_file_after_checking_names(tiny_gpt2_dir, onnx_work_dir, tmp_path):
