@@ -110,7 +110,7 @@ def _model_arguments(p: argparse.ArgumentParser, batch_size: int = 1, batch_help
                    "it (one launch per token instead of hundreds). Worth it where launches dominate: small models, "
                    "batch 1-8; little gain on a large model at a large batch. frameworks needs a model that steps "
                    "over a static KV cache (all families but GPT-Neo)")
-    r.add_argument("--kv-layout", choices=("shared", "growing"), default="shared",
+    r.add_argument("--kv-layout", choices=("shared", "growing"),
                    help="onnxrt: the decoder graph's KV cache: 'shared' (default): one buffer per layer of the "
                    "generation's length that ONNX Runtime's GroupQueryAttention writes in place, or 'growing': "
                    "past/present tensors concatenated in the graph at every step. A model whose attention cannot "

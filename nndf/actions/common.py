@@ -140,7 +140,7 @@ def backend_options(args, backends: list[str]) -> BackendOptions:
     if args.cuda_graph and default_device().type != "cuda":
         raise UsageError("--cuda-graph replays decode steps on a CUDA GPU, and none is visible to PyTorch here")
     return BackendOptions(working_dir=args.working_dir, threads=args.threads, quantize=quantize, block_size=block_size,
-                          cuda_graph=args.cuda_graph, kv_layout=getattr(args, "kv_layout", "shared"),
+                          cuda_graph=args.cuda_graph, kv_layout=getattr(args, "kv_layout", None) or "shared",
                           **{f: getattr(args, f) for f in (*GIVEN_ONNX, *GIVEN_ENGINES)})
 
 
@@ -188,7 +188,10 @@ def open_models(args, needs_text: bool = False, new_tokens_flag: str | None = No
                     print(engine_plan_result(args, spec, variant, name).render(verbose=True))
                     print()
                 raise
-    if getattr(args, "kv_layout", "shared") != "shared":  # asked for: it must change something
+    if getattr(args, "kv_layout", None) is not None:  # asked for: it must change something
+        if not getattr(args, "use_cache", True):
+            raise UsageError(f"--kv-layout {args.kv_layout} lays out the decoder's KV cache, and --no-use-cache "
+                             "exports a graph without one; drop one of them")
         if architecture(spec).has_encoder:
             raise UsageError(f"--kv-layout applies to decoder-only models; {spec.family}'s encoder-decoder graphs "
                              "have their own cache inputs")
