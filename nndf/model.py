@@ -18,6 +18,8 @@ keywords plus a seed, and a streamer gets the tokens as they come:
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import warnings
 from typing import Callable
 
@@ -28,6 +30,7 @@ from nndf.backends import RUNS_ONNX_FILES, BackendOptions, split_backend
 from nndf.errors import HarnessError, UsageError
 from nndf.generate_arguments import check_decoding, check_prompt_tensors, new_token_budget, warn_right_padding
 from nndf.generation import GenerationOptions, generate
+from nndf.keyword_terms import speaks_keywords
 from nndf.loading import LoadedModel, load_model
 from nndf.reference import pytorch_logits
 from nndf.registry import resolve
@@ -331,7 +334,7 @@ def load(
     cache_generator_onnx: str | None = None,
     tgt_lang: str | None = None,
     cuda_graph: bool = False,
-    kv_layout: str = "shared",
+    kv_layout: str | None = None,
 ) -> Model:
     """Load a model family's variant on a backend. `settings` overrides use_cache/fp16 when given.
 
@@ -341,7 +344,8 @@ def load(
     `cache_generator_onnx`, as their flags; all three given: nothing is exported). `loaded` lets several backends share one PyTorch model.
     `tgt_lang` (mBART-50, e.g. "de_DE") makes every generation start with that language's token. `cuda_graph`
     replays decode steps as CUDA graphs (frameworks and trt on a CUDA GPU). `kv_layout` ("shared" or "growing") is
-    the onnxrt decoder graph's KV cache layout (`nndf.export.fused_attention`; shared where the model allows).
+    the onnxrt decoder graph's KV cache layout (`nndf.export.fused_attention`; default shared where the model allows).
+    An option the backend would not use is refused, as on the command line; usage errors name the keywords.
     """
     backend, named_quantization = split_backend(backend)  # "onnxrt-int8" as on the command line
     if named_quantization is not None and quantize not in (None, named_quantization):
@@ -352,12 +356,13 @@ def load(
                          f"graph), not {backend}")
     if block_size is not None and quantize is None:
         raise UsageError("block_size applies to quantized weights; give quantize='int8' or 'int4' too")
-    options = BackendOptions(working_dir=working_dir, threads=threads, decoder_onnx=decoder_onnx,
-                             encoder_onnx=encoder_onnx, cache_generator_onnx=cache_generator_onnx, quantize=quantize,
-                             block_size=block_size, cuda_graph=cuda_graph, kv_layout=kv_layout)
+    given = {"decoder_onnx": decoder_onnx, "encoder_onnx": encoder_onnx, "cache_generator_onnx": cache_generator_onnx}
+    options = BackendOptions(working_dir=working_dir, threads=threads, quantize=quantize, block_size=block_size,
+                             cuda_graph=cuda_graph, kv_layout=kv_layout or "shared", **given)
     spec, var = resolve(family, variant)
     if settings is None:
         settings = BuildSettings(use_cache=use_cache, fp16=fp16)
+    _check_used(backend, spec, settings, given, cuda_graph, kv_layout)
     if loaded is None:
         device = torch.device(device) if device is not None else default_device()
         dtype = torch.float16 if settings.fp16 else torch.float32
@@ -369,3 +374,27 @@ def load(
     if tgt_lang is not None:
         model.forced_bos_token_id = target_language_token(loaded, tgt_lang)
     return model
+
+
+# Its usage errors name its keywords and BuildSettings' fields, not the command line's flags.
+load = speaks_keywords(set(inspect.signature(load).parameters) | {f.name for f in dataclasses.fields(BuildSettings)})(
+    load)
+
+
+def _check_used(backend: str, spec, settings: BuildSettings, given: dict, cuda_graph: bool, kv_layout) -> None:
+    """One sentence for an option of `load` that `backend` would ignore (the command line refuses the same)."""
+    for name, path in given.items():
+        if path is not None and backend not in RUNS_ONNX_FILES:
+            raise UsageError(f"{name}= runs a given ONNX file on the {', '.join(RUNS_ONNX_FILES)} backend; "
+                             f"{backend} does not run ONNX files")
+    if cuda_graph and backend not in ("frameworks", "trt"):
+        raise UsageError(f"cuda_graph=True applies to the frameworks and trt backends, not {backend}")
+    if kv_layout is not None:
+        if backend not in RUNS_ONNX_FILES:
+            raise UsageError(f"kv_layout= applies to the {', '.join(RUNS_ONNX_FILES)} backend's graph, not {backend}")
+        if architecture(spec).has_encoder:
+            raise UsageError(f"kv_layout= applies to decoder-only models; {spec.family}'s encoder-decoder graphs "
+                             "have their own cache inputs")
+        if not settings.use_cache:
+            raise UsageError(f"kv_layout='{kv_layout}' lays out the decoder's KV cache, and use_cache=False exports "
+                             "a graph without one; drop one of them")

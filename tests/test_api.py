@@ -6,6 +6,7 @@ import pytest
 
 import nndf
 from nndf.errors import UsageError
+from nndf.spec import BuildSettings
 
 FAST = dict(iterations=1, warmup=0)
 
@@ -49,6 +50,29 @@ def test_load_takes_the_quantized_backend_names(tiny_gpt2_dir):
         nndf.load("GPT2", backend="frameworks", quantize="int8", torch_dir=str(tiny_gpt2_dir))
     with pytest.raises(UsageError, match="a quantized backend is one of: onnxrt-int8, onnxrt-int4"):
         nndf.load("GPT2", backend="frameworks-int8", loaded=reference.loaded)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    # the command line's checks, in the keywords' terms
+    (dict(settings=BuildSettings(output_seq_len=100000)),
+     "^output_seq_len=100000 leaves no position for a prompt: this model has 128 positions"),
+    (dict(backend="onnxrt", fp16=True), "^fp16=True on the onnxrt backend .* use quantize='int8' or quantize='int4' "),
+    (dict(tokenizer_dir="/etc"), r"^tokenizer_dir='/etc' holds no tokenizer"),
+    # options the backend would not use
+    (dict(decoder_onnx="/x.onnx"), "^decoder_onnx= runs a given ONNX file on the onnxrt backend; frameworks does not"),
+    (dict(backend="onnxrt", cuda_graph=True), "^cuda_graph=True applies to the frameworks and trt backends, not onnxrt"),
+    (dict(kv_layout="growing"), "^kv_layout= applies to the onnxrt backend's graph, not frameworks$"),
+    (dict(backend="onnxrt", kv_layout="shared", use_cache=False),
+     "^kv_layout='shared' lays out the decoder's KV cache, and use_cache=False exports a graph without one"),
+])
+def test_load_refuses_in_its_keywords_terms(tiny_gpt2_dir, kwargs, message):
+    with pytest.raises(UsageError, match=message):
+        nndf.load("GPT2", **dict(dict(torch_dir=str(tiny_gpt2_dir), device="cpu"), **kwargs))
+
+
+def test_load_refuses_a_kv_layout_for_an_encoder_decoder_model():
+    with pytest.raises(UsageError, match="^kv_layout= applies to decoder-only models; BART's encoder-decoder graphs"):
+        nndf.load("BART", variant="bart-base", backend="onnxrt", random_weights=True, kv_layout="growing")
 
 
 def test_a_plot_file_leaves_pyplots_backend_alone(tmp_path):

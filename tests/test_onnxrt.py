@@ -166,7 +166,7 @@ def test_a_given_graph_of_another_models_sizes_is_refused_before_it_runs(tiny_gp
     graph = helper.make_graph([helper.make_node("Identity", ["past_key_values.0.key"], ["present.0.key"])], "other",
                               [past], [present])
     onnx.save(helper.make_model(graph), tmp_path / "other.onnx")
-    with pytest.raises(UsageError, match=r"--decoder-onnx .*other.onnx is another model's graph: its "
+    with pytest.raises(UsageError, match=r"decoder_onnx=.*other.onnx. is another model's graph: its "
                                          r"past_key_values.0.key has KV heads of 4 where tiny-gpt2 has 2$"):
         nndf.load("GPT2", backend="onnxrt", torch_dir=str(tiny_gpt2_dir), decoder_onnx=str(tmp_path / "other.onnx"),
                   device="cpu")
@@ -176,7 +176,7 @@ def test_onnxrt_fp16_needs_the_cuda_provider(tiny_gpt2_dir, tmp_path):
     """fp16 graphs are for ONNX Runtime's CUDA provider (tests/test_seq2seq.py checks the conversion on the CPU)."""
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: the fp16 path runs there")
-    with pytest.raises(UsageError, match="--fp16 on the onnxrt backend needs ONNX Runtime's CUDA provider"):
+    with pytest.raises(UsageError, match="fp16=True on the onnxrt backend needs ONNX Runtime's CUDA provider"):
         nndf.load("GPT2", backend="onnxrt", torch_dir=str(tiny_gpt2_dir), fp16=True, device="cpu",
                   working_dir=str(tmp_path))
 

@@ -118,11 +118,11 @@ def test_tgt_lang_forces_the_target_language(tmp_path_factory, onnx_work_dir):
     ours = m.generate(ids, mask, max_new_tokens=6, num_beams=2)
     assert bool((ours[:, 1] == de).all())
     assert torch.equal(ours, m.hf_generate(ids, mask, max_new_tokens=6, num_beams=2))
-    with pytest.raises(UsageError, match="--tgt-lang xx_XX is not an mBART-50 language"):
+    with pytest.raises(UsageError, match="tgt_lang=.xx_XX. is not an mBART-50 language"):
         nndf.load("BART", torch_dir=str(folder), tgt_lang="xx_XX", device="cpu")
-    with pytest.raises(UsageError, match="--tgt-lang de_DE applies to multilingual translation models"):
+    with pytest.raises(UsageError, match="tgt_lang=.de_DE. applies to multilingual translation models"):
         nndf.load("GPT2", variant="gpt2", random_weights=True, tgt_lang="de_DE", device="cpu")
-    with pytest.raises(UsageError, match="--tgt-lang de_DE applies to mBART-50 .* this bart model has no target"):
+    with pytest.raises(UsageError, match="tgt_lang=.de_DE. applies to mBART-50 .* this bart model has no target"):
         nndf.load("BART", variant="bart-base", random_weights=True, tgt_lang="de_DE", device="cpu")
 
 
@@ -277,7 +277,7 @@ def test_fp16_graphs_keep_t5_feed_forward_output_in_fp32(seq2seq_dirs, onnx_work
 def test_fp16_on_onnxrt_without_a_gpu_is_one_clear_error(seq2seq_dirs, onnx_work_dir):
     if onnxrt._cuda_provider():
         pytest.skip("ONNX Runtime here runs on a GPU: the fp16 path runs (tests marked gpu)")
-    with pytest.raises(UsageError, match="--fp16 on the onnxrt backend needs ONNX Runtime's CUDA provider"):
+    with pytest.raises(UsageError, match="fp16=True on the onnxrt backend needs ONNX Runtime's CUDA provider"):
         _load("t5", "onnxrt", seq2seq_dirs, onnx_work_dir, fp16=True)
 
 
