@@ -190,16 +190,20 @@ def test_help_lists_actions_and_flags():
 
 
 @needs_shared(LAMBADA_FILE)
-def test_accuracy_end_to_end_on_shared_lambada(capsys, tiny_gpt2_dir, tmp_path):
+def test_accuracy_end_to_end_on_shared_lambada(capsys, tiny_gpt2_dir, onnx_work_dir, tmp_path):
     out_file = tmp_path / "acc.json"
-    code, out, err = run_cli(capsys, "accuracy", "GPT2", "frameworks", "--torch-dir", tiny_gpt2_dir,
-                             "--dataset-file", LAMBADA_FILE, "--num-samples", 12, "--topN", 3, "--json", out_file)
+    code, out, err = run_cli(capsys, "accuracy", "GPT2", "frameworks", "onnxrt", "--torch-dir", tiny_gpt2_dir,
+                             "--dataset-file", LAMBADA_FILE, "--num-samples", 12, "--topN", 3, "--json", out_file,
+                             "--working-dir", onnx_work_dir, "--no-fidelity")
     assert code == 0, err
     assert "top-3" in out and "lm-eval acc" in out
-    row = json.loads(out_file.read_text())["results"][0]["rows"][0]
+    row, onnxrt = json.loads(out_file.read_text())["results"][0]["rows"]
     assert row["samples"] == 12
     assert 0 <= row["top1"] <= row["topN"] <= row["top10"] <= 1
     assert row["token_perplexity"] > 1 and row["lm_eval_perplexity"] > 1
+    # --no-fidelity: the onnxrt figures, without the second (PyTorch) pass that compares its logits
+    assert onnxrt["lm_eval_perplexity"] == pytest.approx(row["lm_eval_perplexity"], rel=1e-4)
+    assert "top1_agreement" not in onnxrt and "top-1 = PyTorch" not in out and "comparing" not in err
 
 
 @needs_shared(TOKENIZER_DIR)

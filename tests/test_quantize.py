@@ -184,7 +184,7 @@ def test_unknown_kind_and_bad_parameters_are_errors(tiny, tmp_path):
         quantized_decoder(export, "int4", tmp_path, block_size=48)
     with pytest.raises(UsageError, match="quantized embeddings need symmetric weights"):
         quantized_decoder(export, "int8", tmp_path, dict(KINDS["int8"], is_symmetric=False))
-    with pytest.raises(UsageError, match="--block-size must be a power of two"):
+    with pytest.raises(UsageError, match="^block_size must be a power of two"):
         nndf.load("GPT2", backend="onnxrt-int8", loaded=tiny[0], working_dir=str(tmp_path), block_size=24)
     with pytest.raises(UsageError, match="block_size applies to quantized weights"):
         nndf.load("GPT2", backend="onnxrt", loaded=tiny[0], working_dir=str(tmp_path), block_size=64)

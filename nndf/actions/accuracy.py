@@ -7,6 +7,7 @@ the target word's own tokens on the decoder); the note under the table says it t
 
 from __future__ import annotations
 
+import argparse
 import math
 
 from nndf.actions.common import data_seed, describe, label, open_models, say
@@ -43,6 +44,9 @@ def add_arguments(parser) -> None:
     a.add_argument("--tokens-to-generate", type=int, default=1,
                    help="target tokens at the end of each passage for the NVIDIA-demo metrics (default 1)")
     a.add_argument("--topN", type=int, default=5, help="N of the top-N accuracy besides top-1 and top-10 (default 5)")
+    a.add_argument("--fidelity", action=argparse.BooleanOptionalAction, default=True,
+                   help="score every backend but frameworks against PyTorch too (its top-1 agreement and KL on the "
+                   "same passages): a second, PyTorch pass over them (default on; --no-fidelity skips it)")
 
 
 def run(args) -> list[Result]:
@@ -74,7 +78,7 @@ def run(args) -> list[Result]:
         say(f"scoring {len(chosen)} LAMBADA passages on {label(model)}")
         metrics = model.architecture.lambada(chosen, model, args.tokens_to_generate, args.topN, args.batch_size)
         row = dict(backend=label(model), **metrics.as_dict())
-        if not model.is_reference:
+        if args.fidelity and not model.is_reference:
             say(f"comparing {label(model)} logits with PyTorch on the same passages")
             fidelity = model.architecture.fidelity(chosen, model, args.batch_size)
             row.update(top1_agreement=fidelity.top1_agreement, mean_kl=fidelity.mean_kl)
