@@ -16,7 +16,8 @@ from nndf.errors import UsageError
 # Flags that are switches: written as keyword=True (or the value they stand for).
 SWITCHES = {"--int8": "quantize='int8'", "--int4": "quantize='int4'", "--no-use-cache": "use_cache=False"}
 _SWITCH_NAMES = {"fp16", "use_cache", "random_weights", "cuda_graph", "dynamic_batch", "use_mask"}
-_WORD_VALUED = {"kv_layout", "tgt_lang"}  # flags whose value is a word the sentence quotes
+# Flags whose value is a word, and the words that are their values (a sentence goes on after the flag with others).
+_WORD_VALUES = {"kv_layout": r"shared|growing", "tgt_lang": r"[a-z]{2}_[A-Z]{2}"}
 # A flag, and the value after it: a number, a path or a word.
 _FLAG = re.compile(r"--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)(?: (-?\d[\w.]*|[/~.][^\s,;:()]*|[A-Za-z_]+))?")
 
@@ -34,7 +35,7 @@ def in_keyword_terms(message: str, keywords: set[str]) -> str:
             return match.group(0)
         if value is not None and (value[0].isdigit() or value[0] == "-"):
             return f"{name}={value}"
-        if value is not None and (value[0] in "/~." or name in _WORD_VALUED):
+        if value is not None and (value[0] in "/~." or re.fullmatch(_WORD_VALUES.get(name, "(?!)"), value)):
             return f"{name}={value!r}"
         rest = f" {value}" if value is not None else ""
         return (f"{name}=True" if name in _SWITCH_NAMES else name) + rest

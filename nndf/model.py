@@ -389,12 +389,20 @@ def _check_used(backend: str, spec, settings: BuildSettings, given: dict, cuda_g
                              f"{backend} does not run ONNX files")
     if cuda_graph and backend not in ("frameworks", "trt"):
         raise UsageError(f"cuda_graph=True applies to the frameworks and trt backends, not {backend}")
-    if kv_layout is not None:
-        if backend not in RUNS_ONNX_FILES:
-            raise UsageError(f"kv_layout= applies to the {', '.join(RUNS_ONNX_FILES)} backend's graph, not {backend}")
-        if architecture(spec).has_encoder:
-            raise UsageError(f"kv_layout= applies to decoder-only models; {spec.family}'s encoder-decoder graphs "
-                             "have their own cache inputs")
-        if not settings.use_cache:
-            raise UsageError(f"kv_layout='{kv_layout}' lays out the decoder's KV cache, and use_cache=False exports "
-                             "a graph without one; drop one of them")
+    check_kv_layout(kv_layout, [backend], spec, settings.use_cache)
+
+
+def check_kv_layout(kv_layout: str | None, backends: list[str], spec, use_cache: bool) -> None:
+    """A KV layout asked for (not None) must change something: a cached decoder-only graph on a backend that runs
+    ONNX files. In the command line's terms; `load` says them in its keywords'."""
+    if kv_layout is None:
+        return
+    if not use_cache:
+        raise UsageError(f"--kv-layout {kv_layout} lays out the decoder's KV cache, and --no-use-cache exports a "
+                         "graph without one; drop one of them")
+    if architecture(spec).has_encoder:
+        raise UsageError(f"--kv-layout applies to decoder-only models; {spec.family}'s encoder-decoder graphs have "
+                         "their own cache inputs")
+    if not set(RUNS_ONNX_FILES) & set(backends):
+        raise UsageError(f"--kv-layout lays out the {', '.join(RUNS_ONNX_FILES)} backend's graph, and no "
+                         f"{' or '.join(RUNS_ONNX_FILES)} backend is asked for")

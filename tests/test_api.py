@@ -61,7 +61,7 @@ def test_load_takes_the_quantized_backend_names(tiny_gpt2_dir):
     # options the backend would not use
     (dict(decoder_onnx="/x.onnx"), "^decoder_onnx= runs a given ONNX file on the onnxrt backend; frameworks does not"),
     (dict(backend="onnxrt", cuda_graph=True), "^cuda_graph=True applies to the frameworks and trt backends, not onnxrt"),
-    (dict(kv_layout="growing"), "^kv_layout= applies to the onnxrt backend's graph, not frameworks$"),
+    (dict(kv_layout="growing"), "^kv_layout lays out the onnxrt backend's graph, and no onnxrt backend is asked for$"),
     (dict(backend="onnxrt", kv_layout="shared", use_cache=False),
      "^kv_layout='shared' lays out the decoder's KV cache, and use_cache=False exports a graph without one"),
 ])
@@ -71,7 +71,7 @@ def test_load_refuses_in_its_keywords_terms(tiny_gpt2_dir, kwargs, message):
 
 
 def test_load_refuses_a_kv_layout_for_an_encoder_decoder_model():
-    with pytest.raises(UsageError, match="^kv_layout= applies to decoder-only models; BART's encoder-decoder graphs"):
+    with pytest.raises(UsageError, match="^kv_layout applies to decoder-only models; BART's encoder-decoder graphs"):
         nndf.load("BART", variant="bart-base", backend="onnxrt", random_weights=True, kv_layout="growing")
 
 

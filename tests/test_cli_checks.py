@@ -69,7 +69,7 @@ from test_cli import run_cli
     (["benchmark", "BART", "onnxrt", "--variant", "bart-base", "--random-weights", "--kv-layout", "growing"],
      "--kv-layout applies to decoder-only models; BART's encoder-decoder graphs have their own cache inputs"),
     (["benchmark", "GPT2", "frameworks", "--random-weights", "--kv-layout", "growing"],
-     "--kv-layout applies to the onnxrt backend's graph; add it"),
+     "--kv-layout lays out the onnxrt backend's graph, and no onnxrt backend is asked for"),
     (["run", "GPT2", "onnxrt", "--random-weights", "--kv-layout", "shared", "--no-use-cache"],
      "--kv-layout shared lays out the decoder's KV cache, and --no-use-cache exports a graph without one"),
     (["run", "GPT2", "frameworks", "--random-weights", "--tokenizer-dir", "/etc"],

@@ -14,7 +14,7 @@ from nndf.errors import HarnessError, UsageError
 from nndf.generation import BEAMS_WITH_SAMPLING
 from nndf.images import caption_inputs, image_files
 from nndf.measure import TimingSettings
-from nndf.model import Model, default_device, target_language_token
+from nndf.model import Model, check_kv_layout, default_device, target_language_token
 from nndf.progress import say  # noqa: F401 - the actions' progress lines
 from nndf.loading import load_config, load_model
 from nndf.registry import resolve
@@ -188,15 +188,7 @@ def open_models(args, needs_text: bool = False, new_tokens_flag: str | None = No
                     print(engine_plan_result(args, spec, variant, name).render(verbose=True))
                     print()
                 raise
-    if getattr(args, "kv_layout", None) is not None:  # asked for: it must change something
-        if not getattr(args, "use_cache", True):
-            raise UsageError(f"--kv-layout {args.kv_layout} lays out the decoder's KV cache, and --no-use-cache "
-                             "exports a graph without one; drop one of them")
-        if architecture(spec).has_encoder:
-            raise UsageError(f"--kv-layout applies to decoder-only models; {spec.family}'s encoder-decoder graphs "
-                             "have their own cache inputs")
-        if not set(RUNS_ONNX_FILES) & set(backends):
-            raise UsageError(f"--kv-layout applies to the {', '.join(RUNS_ONNX_FILES)} backend's graph; add it")
+    check_kv_layout(getattr(args, "kv_layout", None), backends, spec, getattr(args, "use_cache", True))
     settings = build_settings(args)
     options = backend_options(args, backends)  # its flags checked before the slow load
     for name in backends:
