@@ -31,6 +31,7 @@ from nndf.errors import HarnessError, UsageError
 from nndf.generate_arguments import check_decoding, check_prompt_tensors, new_token_budget, warn_right_padding
 from nndf.generation import GenerationOptions, generate
 from nndf.keyword_terms import speaks_keywords
+from nndf.option_checks import check_unused_options
 from nndf.loading import LoadedModel, load_model
 from nndf.reference import pytorch_logits
 from nndf.registry import resolve
@@ -362,7 +363,7 @@ def load(
     spec, var = resolve(family, variant)
     if settings is None:
         settings = BuildSettings(use_cache=use_cache, fp16=fp16)
-    _check_used(backend, spec, settings, given, cuda_graph, kv_layout)
+    check_unused_options(backend, spec, settings, given, cuda_graph, kv_layout)
     if loaded is None:
         device = torch.device(device) if device is not None else default_device()
         dtype = torch.float16 if settings.fp16 else torch.float32
@@ -380,29 +381,3 @@ def load(
 load = speaks_keywords(set(inspect.signature(load).parameters) | {f.name for f in dataclasses.fields(BuildSettings)})(
     load)
 
-
-def _check_used(backend: str, spec, settings: BuildSettings, given: dict, cuda_graph: bool, kv_layout) -> None:
-    """One sentence for an option of `load` that `backend` would ignore (the command line refuses the same)."""
-    for name, path in given.items():
-        if path is not None and backend not in RUNS_ONNX_FILES:
-            raise UsageError(f"{name}= runs a given ONNX file on the {', '.join(RUNS_ONNX_FILES)} backend; "
-                             f"{backend} does not run ONNX files")
-    if cuda_graph and backend not in ("frameworks", "trt"):
-        raise UsageError(f"cuda_graph=True applies to the frameworks and trt backends, not {backend}")
-    check_kv_layout(kv_layout, [backend], spec, settings.use_cache)
-
-
-def check_kv_layout(kv_layout: str | None, backends: list[str], spec, use_cache: bool) -> None:
-    """A KV layout asked for (not None) must change something: a cached decoder-only graph on a backend that runs
-    ONNX files. In the command line's terms; `load` says them in its keywords'."""
-    if kv_layout is None:
-        return
-    if not use_cache:
-        raise UsageError(f"--kv-layout {kv_layout} lays out the decoder's KV cache, and --no-use-cache exports a "
-                         "graph without one; drop one of them")
-    if architecture(spec).has_encoder:
-        raise UsageError(f"--kv-layout applies to decoder-only models; {spec.family}'s encoder-decoder graphs have "
-                         "their own cache inputs")
-    if not set(RUNS_ONNX_FILES) & set(backends):
-        raise UsageError(f"--kv-layout lays out the {', '.join(RUNS_ONNX_FILES)} backend's graph, and no "
-                         f"{' or '.join(RUNS_ONNX_FILES)} backend is asked for")

@@ -60,7 +60,8 @@ def test_load_takes_the_quantized_backend_names(tiny_gpt2_dir):
     (dict(tokenizer_dir="/etc"), r"^tokenizer_dir='/etc' holds no tokenizer"),
     # options the backend would not use
     (dict(decoder_onnx="/x.onnx"), "^decoder_onnx= runs a given ONNX file on the onnxrt backend; frameworks does not"),
-    (dict(backend="onnxrt", cuda_graph=True), "^cuda_graph=True applies to the frameworks and trt backends, not onnxrt"),
+    (dict(backend="onnxrt", cuda_graph=True),
+     "^cuda_graph=True applies to the frameworks and trt backends, not onnxrt"),
     (dict(kv_layout="growing"), "^kv_layout lays out the onnxrt backend's graph, and no onnxrt backend is asked for$"),
     (dict(backend="onnxrt", kv_layout="shared", use_cache=False),
      "^kv_layout='shared' lays out the decoder's KV cache, and use_cache=False exports a graph without one"),

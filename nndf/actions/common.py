@@ -14,7 +14,8 @@ from nndf.errors import HarnessError, UsageError
 from nndf.generation import BEAMS_WITH_SAMPLING
 from nndf.images import caption_inputs, image_files
 from nndf.measure import TimingSettings
-from nndf.model import Model, check_kv_layout, default_device, target_language_token
+from nndf.model import Model, default_device, target_language_token
+from nndf.option_checks import check_kv_layout
 from nndf.progress import say  # noqa: F401 - the actions' progress lines
 from nndf.loading import load_config, load_model
 from nndf.registry import resolve
