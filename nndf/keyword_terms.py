@@ -3,7 +3,9 @@ where the command line says "--output-seq-len 100000 leaves no position ...".
 
 Why here and not in each message: the checks behind a load (build settings, paths, backend options) are the
 command line's own, shared so that both front ends refuse the same things, and their sentences name the flags. A
-Python user has no flags to look up, so `nndf.load` rewrites each flag into the keyword it took.
+Python user has no flags to look up, so `nndf.load` rewrites each flag into the keyword it took. The other way
+round for `BuildSettings`, which a Python user builds directly: its checks name its fields, and the command line
+rewrites them into its flags (`in_flag_terms`).
 """
 
 from __future__ import annotations
@@ -41,6 +43,18 @@ def in_keyword_terms(message: str, keywords: set[str]) -> str:
         return (f"{name}=True" if name in _SWITCH_NAMES else name) + rest
 
     return _FLAG.sub(keyword, message)
+
+
+def in_flag_terms(message: str, names: set[str]) -> str:
+    """`message` with each of `names` (keywords, as `batch_size` or `batch_size=8`) written as the command line's
+    flag (`--batch-size`, `--batch-size 8`)."""
+    alternatives = "|".join(sorted(map(re.escape, names), key=len, reverse=True))
+
+    def flag(match: re.Match) -> str:
+        value = match.group(2)
+        return "--" + match.group(1).replace("_", "-") + (f" {value}" if value is not None else "")
+
+    return re.sub(rf"\b({alternatives})\b(?:=([^\s,;:()]+))?", flag, message)
 
 
 def speaks_keywords(keywords: set[str]):

@@ -198,20 +198,23 @@ class BuildSettings:
     engine_postfix: str = ""
 
     def __post_init__(self) -> None:
-        for flag, value in (("--batch-size", self.batch_size), ("--num-beams", self.num_beams)):
-            if value < 1:
-                raise UsageError(f"{flag} must be at least 1, got {value}")
-        for flag, value in (("--input-seq-len", self.input_seq_len), ("--output-seq-len", self.output_seq_len)):
+        """Refuse settings no build can have, in the fields' own names (`batch_size must be at least 1`): a Python
+        user builds these directly; the command line's `build_settings` rewrites the names into its flags."""
+        for name in ("batch_size", "num_beams"):
+            if getattr(self, name) < 1:
+                raise UsageError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("input_seq_len", "output_seq_len"):
+            value = getattr(self, name)
             if value is not None and value < 1:
-                raise UsageError(f"{flag} must be at least 1, got {value}")
+                raise UsageError(f"{name} must be at least 1, got {value}")
         lo, hi = self.batch_range
         if lo < 1:
-            raise UsageError(f"--min-dynamic-batch must be at least 1, got {lo}")
+            raise UsageError(f"min_dynamic_batch must be at least 1, got {lo}")
         if lo > hi:
-            raise UsageError(f"--min-dynamic-batch ({lo}) must not exceed --max-dynamic-batch ({hi})")
+            raise UsageError(f"min_dynamic_batch ({lo}) must not exceed max_dynamic_batch ({hi})")
         if self.dynamic_batch and not lo <= self.batch_size <= hi:
             raise UsageError(
-                f"--batch-size {self.batch_size} must lie within --min-dynamic-batch {lo} and --max-dynamic-batch {hi}"
+                f"batch_size={self.batch_size} must lie within min_dynamic_batch={lo} and max_dynamic_batch={hi}"
             )
 
     @property

@@ -69,13 +69,13 @@ def test_shape_spec_from_settings():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(batch_size=0), "--batch-size must be at least 1"),
-        (dict(num_beams=0), "--num-beams must be at least 1"),
+        (dict(batch_size=0), "^batch_size must be at least 1, got 0$"),
+        (dict(num_beams=0), "^num_beams must be at least 1"),
         (dict(dynamic_batch=True, min_dynamic_batch=5, max_dynamic_batch=3, batch_size=4),
-         r"--min-dynamic-batch \(5\) must not exceed --max-dynamic-batch \(3\)"),
+         r"^min_dynamic_batch \(5\) must not exceed max_dynamic_batch \(3\)$"),
         (dict(dynamic_batch=True, min_dynamic_batch=2, max_dynamic_batch=3, batch_size=8),
-         "--batch-size 8 must lie within"),
-        (dict(input_seq_len=0), "--input-seq-len must be at least 1"),
+         "^batch_size=8 must lie within min_dynamic_batch=2 and max_dynamic_batch=3$"),
+        (dict(input_seq_len=0), "^input_seq_len must be at least 1"),
     ],
 )
 def test_build_settings_validation(kwargs, message):

@@ -13,6 +13,7 @@ from nndf.backends import RUNS_ONNX_FILES, BackendOptions, backend_module, split
 from nndf.errors import HarnessError, UsageError
 from nndf.generation import BEAMS_WITH_SAMPLING
 from nndf.images import caption_inputs, image_files
+from nndf.keyword_terms import in_flag_terms
 from nndf.measure import TimingSettings
 from nndf.model import Model, default_device, target_language_token
 from nndf.option_checks import check_kv_layout
@@ -25,6 +26,15 @@ from nndf.spec import BuildSettings
 
 
 def build_settings(args) -> BuildSettings:
+    """The flags' BuildSettings; its refusals name the flags (it names its own fields)."""
+    try:
+        return _build_settings(args)
+    except UsageError as exc:
+        exc.args = (in_flag_terms(str(exc), {f.name for f in dataclasses.fields(BuildSettings)}),)
+        raise
+
+
+def _build_settings(args) -> BuildSettings:
     return BuildSettings(
         batch_size=args.batch_size,
         num_beams=args.num_beams,
