@@ -13,25 +13,27 @@ from nndf.errors import UsageError
 from nndf.results import Result
 
 
-def _argv(flags: dict, known: set[str]) -> list[str]:
+def _argv(flags: dict, options: dict, action: str, flags_of: dict[str, set[str]]) -> list[str]:
     """Keywords as command-line flags: `output_seq_len=32` -> `--output-seq-len 32`, `random_weights=True` ->
     `--random-weights` (False: left out), `use_cache=False` -> `--no-use-cache` (a flag with a `--no-` form), a list
-    -> the flag followed by each value, None -> left out. `known`: the action's option strings."""
+    -> the flag followed by each value, None -> left out. `options`: the action's option strings and their argparse
+    actions; `flags_of`: every action's option strings (a flag of another action is named as such)."""
     argv: list[str] = []
     for key, value in flags.items():
         flag = "--" + key.replace("_", "-")
-        if flag not in known:
-            import difflib
-
-            close = difflib.get_close_matches(flag, sorted(known), n=1)
-            hint = f" (did you mean {close[0][2:].replace('-', '_')}=?)" if close else ""
-            raise UsageError(f"{key}= is not a flag of this action{hint}; see python run.py ACTION --help")
+        if flag not in options:
+            raise UsageError(f"{key}= is not a flag of {action}{_elsewhere(flag, options, action, flags_of)}; see "
+                             f"python run.py {action} --help")
+        switch = options[flag].nargs == 0  # store_true and --x/--no-x take no value
         if value is None:
             continue
+        if switch != isinstance(value, bool):
+            wanted = "True or False" if switch else "a value (a number, a word or a path; a list for several)"
+            raise UsageError(f"{key}= takes {wanted}, not {value!r}")
         if value is True:
             argv.append(flag)
         elif value is False:
-            if "--no-" + flag[2:] in known:
+            if "--no-" + flag[2:] in options:
                 argv.append("--no-" + flag[2:])
         elif isinstance(value, (list, tuple)):
             argv += [flag, *(str(v) for v in value)]
@@ -40,27 +42,44 @@ def _argv(flags: dict, known: set[str]) -> list[str]:
     return argv
 
 
-def run(action: str, model: str | None = None, *backends: str, input: str | None = None, **flags) -> list[Result]:
+def _elsewhere(flag: str, options: dict, action: str, flags_of: dict[str, set[str]]) -> str:
+    """What to suggest for a flag `action` lacks: the actions that have it, else a close name among its own."""
+    others = [name for name, known in flags_of.items() if flag in known and name != action]
+    if others:
+        return f" (it is a flag of {', '.join(others)})"
+    import difflib
+
+    close = difflib.get_close_matches(flag, sorted(options), n=1)
+    return f" (did you mean {close[0][2:].replace('-', '_')}=?)" if close else ""
+
+
+def run(action: str, model: str | None = None, *backends: str, input: str | list[str] | None = None,
+        **flags) -> list[Result]:
     """Run `python run.py ACTION MODEL BACKEND... --flags` in this process and return its results (tables as
     `Result`s: `.rows` raw values, `.render()` the text the command prints, `.to_dict()` its JSON).
 
     Flags are keywords with underscores for dashes (`nndf.run("accuracy", "GPT2", "frameworks", torch_dir=...,
     num_samples=100)`); a flag the action does not know, or a bad value, raises `UsageError` with the sentence the
     command line prints, and a runtime failure `HarnessError`. `input`: for `chat`, the lines it answers (what it
-    reads from stdin on the command line).
+    reads from stdin on the command line), as one string or a list of lines.
     """
     from nndf.cli import ACTIONS, build_parser, check_given_paths, check_unused_flags
 
     if action not in ACTIONS:
         raise UsageError(f"unknown action '{action}'; allowed: {', '.join(ACTIONS)}")
     parser = build_parser()
-    known = set(parser.action_parsers[action]._option_string_actions)
-    argv = [action, *([model] if model is not None else []), *backends, *_argv(flags, known)]
+    flags_of = {name: set(sub._option_string_actions) for name, sub in parser.action_parsers.items()}
+    options = parser.action_parsers[action]._option_string_actions
+    argv = [action, *([model] if model is not None else []), *backends, *_argv(flags, options, action, flags_of)]
     args = parser.parse_args(argv)
     check_unused_flags(args)
     check_given_paths(args)
     if input is not None:
         if action != "chat":
             raise UsageError(f"input= is for chat, which reads prompts; {action} does not")
+        if isinstance(input, (list, tuple)) and all(isinstance(line, str) for line in input):
+            input = "".join(f"{line}\n" for line in input)
+        if not isinstance(input, str):
+            raise UsageError(f"input= takes the chat's lines as one string or a list of strings, not {input!r}")
         return args.run_action(args, stream=io.StringIO(input))
     return args.run_action(args)

@@ -78,8 +78,8 @@ class TextInputs:
         low, high = int(input_ids.min()), int(input_ids.max())
         if low < 0 or high >= shapes.vocab_size:
             raise UsageError(f"token id {high if high >= shapes.vocab_size else low} is outside this model's "
-                             f"vocabulary (ids 0 to {shapes.vocab_size - 1}); is the tokenizer (--tokenizer-dir) "
-                             "this model's?")
+                             f"vocabulary (ids 0 to {shapes.vocab_size - 1}); is the tokenizer "
+                             "(--tokenizer-dir, tokenizer_dir=) this model's?")
 
 
 class DecoderOnly(TextInputs):

@@ -40,17 +40,18 @@ class _Parser(OneSentenceParser):
 
 
 def _model_arguments(p: argparse.ArgumentParser, batch_size: int = 1, batch_help: str = "sequences per batch",
-                     compare: bool = False) -> None:
+                     compare: bool = False, backends_help: str | None = None) -> None:
     """The model, backend and build flags every model action shares. `compare`: the backends may come as
-    positionals and/or with `--compare/-c`, as NVIDIA's demo's compare and chat take them."""
+    positionals and/or with `--compare/-c`, as NVIDIA's demo's compare and chat take them; `backends_help`: what
+    an action that takes only some backends says of them."""
     from nndf.backends import BACKENDS, backend_names
 
     p.add_argument("model", metavar="MODEL", help="model family, e.g. GPT2 (see `run.py list`)")
     quantized = [name for name in backend_names() if name not in BACKENDS]
     p.add_argument(
         "backends", metavar="BACKEND", nargs="*" if compare else "+", type=str.lower,  # TRT, ONNXRT as well
-        help=f"one or more of: {', '.join(BACKENDS)}; {', '.join(quantized)} run quantized weights beside the "
-        "others (e.g. frameworks onnxrt onnxrt-int8 gives one table)"
+        help=backends_help or f"one or more of: {', '.join(BACKENDS)}; {', '.join(quantized)} run quantized weights "
+        "beside the others (e.g. frameworks onnxrt onnxrt-int8 gives one table)"
         + (", here or after --compare" if compare else ""))
     if compare:
         p.add_argument("--compare", "-c", nargs="+", metavar="BACKEND", default=[], type=str.lower,
@@ -62,8 +63,8 @@ def _model_arguments(p: argparse.ArgumentParser, batch_size: int = 1, batch_help
                    help="build the variant from its known config with random weights (works offline)")
     g.add_argument("--tokenizer-dir", help="load the tokenizer from this folder (needed offline with --random-weights)")
     g.add_argument("--seed", type=int,
-                   help="seed for random weights, random prompts and the passages --num-samples picks (without it: "
-                   "0) and, where tokens are sampled, for the draws: --seed S draws what torch.manual_seed(S) before "
+                   help="seed for random weights and random data (benchmark's prompts, the passages accuracy's "
+                   "--num-samples picks; without it: 0) and, where tokens are sampled, for the draws: --seed S draws what torch.manual_seed(S) before "
                    "generate() draws (without it: a fresh seed, shown in the output so that a run can be repeated). "
                    "With --random-weights another seed is other weights, so a new export")
     g.add_argument("--working-dir", "-wd", default="temp",
@@ -88,7 +89,8 @@ def _model_arguments(p: argparse.ArgumentParser, batch_size: int = 1, batch_help
                    help="mBART-50: the language to generate, forced as the first token (e.g. de_DE, ro_RO)")
     b.add_argument("--dynamic-batch", action="store_true", help="build for a range of batch sizes")
     b.add_argument("--min-dynamic-batch", type=int, help="smallest batch of the range (default 1)")
-    b.add_argument("--max-dynamic-batch", type=int, help="largest batch of the range (default --batch-size)")
+    b.add_argument("--max-dynamic-batch", type=int, help="largest batch of the range (default: the batch "
+                   "size, or --min-dynamic-batch where larger)")
     b.add_argument("--engine-postfix", default="", help="text appended to built engine names")
     b.add_argument("--disable-preview-dynamic-shapes", action="store_true",
                    help="turn off TensorRT's faster-dynamic-shapes preview feature")
@@ -244,7 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
         action = importlib.import_module(f"nndf.actions.{module}")
         if getattr(action, "NEEDS_MODEL", True):
             _model_arguments(p, getattr(action, "DEFAULT_BATCH_SIZE", 1),
-                             getattr(action, "BATCH_HELP", "sequences per batch"), getattr(action, "COMPARES", False))
+                             getattr(action, "BATCH_HELP", "sequences per batch"), getattr(action, "COMPARES", False),
+                             getattr(action, "BACKENDS_HELP", None))
         if getattr(action, "SAMPLES", False):
             _sampling_arguments(p)
         if getattr(action, "TIMED", False):

@@ -118,19 +118,20 @@ class ContinuousBatcher:
         self.steps = 0
 
     @staticmethod
-    def check_architecture(family: str, architecture) -> None:
-        """Refuse a family whose rows are not one decoder's (known before its load)."""
+    def check_architecture(family: str, architecture, use_cache: bool) -> None:
+        """Refuse a family whose rows are not one decoder's, or a build without the cache that keeps each row's
+        place (both known before the load)."""
         if architecture.name != "decoder-only":
             raise UsageError(f"continuous batching serves decoder-only models; {family} is {architecture.name}: "
                              "serve it with --scheduler sequential")
+        if not use_cache:
+            raise UsageError("continuous batching needs the KV cache (drop --no-use-cache)")
 
     @staticmethod
     def check_model(model) -> None:
         """Refuse, with a sentence, a model whose batch rows cannot be at different positions."""
         decoder = model.decoder
-        ContinuousBatcher.check_architecture(model.spec.family, model.architecture)
-        if not decoder.use_cache:
-            raise UsageError("continuous batching needs the KV cache (drop --no-use-cache)")
+        ContinuousBatcher.check_architecture(model.spec.family, model.architecture, decoder.use_cache)
         if isinstance(decoder.new_cache(1, 1), StaticKVCache):
             raise UsageError("continuous batching needs a cache whose rows can move (a static cache for CUDA graphs "
                              "cannot): serve it without CUDA graphs")

@@ -74,7 +74,7 @@ class GenerationOptions:
         if self.min_new_tokens is not None and not 0 <= self.min_new_tokens <= self.max_new_tokens:
             raise UsageError(f"min_new_tokens must lie in 0..max_new_tokens, got {self.min_new_tokens}")
         if self.num_beams < 1:
-            raise UsageError(f"--num-beams must be at least 1, got {self.num_beams}")
+            raise UsageError(f"num_beams must be at least 1, got {self.num_beams}")
         check_repetition_penalty(self.repetition_penalty)
         if self.num_beams > 1 and self.sampling.samples:
             raise UsageError(BEAMS_WITH_SAMPLING)

@@ -91,7 +91,7 @@ class LoadedModel:
             if len(tokenizer) > vocab:
                 raise UsageError(f"the tokenizer of {self.tokenizer_source} has {len(tokenizer)} tokens, more than "
                                  f"the {vocab} of {self.name}'s vocabulary; is it this model's tokenizer "
-                                 "(--tokenizer-dir)?")
+                                 "(--tokenizer-dir, tokenizer_dir=)?")
             self._tokenizer = tokenizer
         return self._tokenizer
 
@@ -315,7 +315,8 @@ def load_tokenizer(source: str | None, spec: ModelSpec):
         return without_ignored_cleanup(fallback)
     tried = ", ".join(candidates) or "nothing"
     raise HarnessError(
-        f"no tokenizer could be loaded (tried {tried}); pass --tokenizer-dir DIR with a Hugging Face tokenizer folder"
+        f"no tokenizer could be loaded (tried {tried}); give a Hugging Face tokenizer folder: --tokenizer-dir DIR "
+        "(nndf.load(..., tokenizer_dir=DIR) in Python)"
     )
 
 

@@ -22,16 +22,23 @@ def test_benchmark_from_python_returns_the_table(tiny_gpt2_dir):
 
 def test_chat_from_python_answers_the_given_lines(tiny_gpt2_dir):
     [result] = nndf.run("chat", "GPT2", "frameworks", torch_dir=tiny_gpt2_dir, output_seq_len=3,
-                        input="Hello there\nThe cat\n")
+                        input=["Hello there", "The cat"])
     assert [row["prompt"] for row in result.rows] == ["Hello there", "The cat"]
     assert all(row["new_tokens"] == 3 for row in result.rows)
 
 
 @pytest.mark.parametrize("call, message", [
     (lambda: nndf.run("fly", "GPT2", "frameworks"), "unknown action 'fly'"),
-    (lambda: nndf.run("benchmark", "GPT2", "frameworks", bogus=1), "bogus= is not a flag of this action; see"),
+    (lambda: nndf.run("benchmark", "GPT2", "frameworks", bogus=1),
+     r"^bogus= is not a flag of benchmark; see python run.py benchmark --help$"),
     (lambda: nndf.run("benchmark", "GPT2", "frameworks", output_len=8),
-     r"output_len= is not a flag of this action \(did you mean output_seq_len=\?\)"),
+     r"output_len= is not a flag of benchmark \(did you mean output_seq_len=\?\)"),
+    (lambda: nndf.run("benchmark", "GPT2", "frameworks", topN=8), r"topN= is not a flag of benchmark \(it is a flag "
+                                                                  r"of accuracy\)"),
+    (lambda: nndf.run("benchmark", "GPT2", "frameworks", iterations=True),
+     r"^iterations= takes a value \(a number, a word or a path; a list for several\), not True$"),
+    (lambda: nndf.run("benchmark", "GPT2", "frameworks", fp16="yes"), "^fp16= takes True or False, not 'yes'$"),
+    (lambda: nndf.run("chat", "GPT2", "frameworks", input=[1, 2]), r"input= takes the chat's lines as one string"),
     (lambda: nndf.run("benchmark", "GPT2", "frameworks", iterations="many"), "invalid int value: 'many'"),
     (lambda: nndf.run("benchmark", "GPT2", "frameworks", input="hi"), "input= is for chat"),
     (lambda: nndf.run("accuracy", "GPT2", "frameworks", num_beams=4), "--num-beams does not apply to accuracy"),

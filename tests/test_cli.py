@@ -151,8 +151,8 @@ def test_a_missing_tokenizer_is_said_before_any_export(capsys, monkeypatch, tmp_
     code, _, err = run_cli(capsys, action, "GPT2", "onnxrt", "--variant", "gpt2", "--random-weights",
                            "--working-dir", tmp_path)
     assert code == 1
-    assert err.strip() == ("error: no tokenizer could be loaded (tried openai-community/gpt2); pass --tokenizer-dir "
-                           "DIR with a Hugging Face tokenizer folder")
+    assert err.strip() == ("error: no tokenizer could be loaded (tried openai-community/gpt2); give a Hugging Face "
+                           "tokenizer folder: --tokenizer-dir DIR (nndf.load(..., tokenizer_dir=DIR) in Python)")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -296,7 +296,7 @@ def test_fp16_on_the_cpu_says_it_is_slow_there(capsys, tiny_gpt2_dir):
     code, _, err = run_cli(capsys, "benchmark", "GPT2", "frameworks", "--torch-dir", tiny_gpt2_dir, "--fp16",
                            "--input-seq-len", 4, "--output-seq-len", 2, "--iterations", 1, "--warmup", 0)
     assert code == 0, err
-    assert "note: --fp16 on the CPU: PyTorch computes half precision far slower than fp32 here" in err
+    assert "note: fp16 (--fp16, fp16=True) on the CPU: PyTorch computes half precision far slower than fp32 here" in err
 
 
 def test_sigterm_during_an_export_leaves_no_temporary_folder(tiny_gpt2_dir, tmp_path):

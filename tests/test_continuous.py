@@ -168,14 +168,21 @@ def test_models_a_batch_cannot_serve_are_refused(seq2seq_dirs):
 
 
 def test_the_served_model_keeps_the_sampling_stream_it_was_written_with(tiny_gpt2_dir, onnx_work_dir, tmp_path):
+    """Also: a quantized backend name serves its graph (as --int8 does), and the model is named after the
+    --torch-dir folder, as the title names it."""
     import json
+
+    import onnx
 
     from nndf.cli import main as run_py
 
-    assert run_py(["triton", "GPT2", "onnxrt", "--torch-dir", str(tiny_gpt2_dir), "--working-dir",
+    assert run_py(["triton", "GPT2", "onnxrt-int8", "--torch-dir", str(tiny_gpt2_dir), "--working-dir",
                    str(onnx_work_dir), "-o", str(tmp_path / "models"), "--sampling-stream", "fast"]) == 0
     (settings,) = (tmp_path / "models").rglob("nndf.json")
+    assert settings.parent.parent.name == tiny_gpt2_dir.name  # tiny-gpt2, not the variant's gpt2
     assert json.loads(settings.read_text())["defaults"]["sampling_stream"] == "fast"
+    graph = onnx.load(settings.parent / "decoder" / "decoder.onnx", load_external_data=False)
+    assert "MatMulInteger" in {node.op_type for node in graph.graph.node}
 
 
 @pytest.mark.parametrize("flags,message", [

@@ -209,4 +209,4 @@ def test_a_tokenizer_larger_than_the_vocabulary_is_refused_when_it_loads(family_
     code, _, err = run_cli(capsys, "run", "Llama", "frameworks", "--torch-dir", family_dirs["Llama"],
                            "--tokenizer-dir", TOKENIZER_DIR)
     assert code == 2 and (f"the tokenizer of {TOKENIZER_DIR} has 50257 tokens, more than the 1000 of Llama's "
-                          "vocabulary; is it this model's tokenizer (--tokenizer-dir)?") in err
+                          "vocabulary; is it this model's tokenizer (--tokenizer-dir, tokenizer_dir=)?") in err

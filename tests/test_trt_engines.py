@@ -75,9 +75,9 @@ def test_profiles_from_flags_context_and_generation():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(dynamic_batch=True, min_dynamic_batch=4, max_dynamic_batch=2), "--min-dynamic-batch (4) must not exceed"),
-    (dict(batch_size=8, dynamic_batch=True, max_dynamic_batch=4), "--batch-size 8 must lie within"),
-    (dict(num_beams=0), "--num-beams must be at least 1"),
+    (dict(dynamic_batch=True, min_dynamic_batch=4, max_dynamic_batch=2), "min_dynamic_batch (4) must not exceed"),
+    (dict(batch_size=8, dynamic_batch=True, max_dynamic_batch=4), "batch_size=8 must lie within"),
+    (dict(num_beams=0), "num_beams must be at least 1"),
 ])
 def test_build_flags_are_validated(kwargs, message):
     with pytest.raises(UsageError) as error:

@@ -17,6 +17,8 @@ from nndf.results import Column, Result
 # Flags that shape an export only through TensorRT's profiles (onnxrt's graphs take any batch and length); the
 # flags that shape nothing but engines are refused without trt for every action (nndf.cli.ENGINE_ONLY_FLAGS)
 ENGINE_FLAGS = ("batch_size", "num_beams", "input_seq_len", "output_seq_len")
+BACKENDS_HELP = ("the backends whose graphs and engines to build: onnxrt, onnxrt-int8, onnxrt-int4 and/or trt "
+                 "(frameworks runs the PyTorch model and has nothing to export)")
 
 
 def add_arguments(parser) -> None:

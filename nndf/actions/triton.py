@@ -7,12 +7,17 @@ server on it with `tritonserver --model-repository <output>` (docs/triton.md).
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 from nndf.actions.common import describe, open_models
+from nndf.backends import split_backend
 from nndf.errors import UsageError
 from nndf.results import Column, Result
 from nndf.sampling import SAMPLING_STREAMS
 from nndf.triton.generative import SCHEDULERS
 
+BACKENDS_HELP = "onnxrt, or onnxrt-int8 / onnxrt-int4 (or --int8 / --int4): the exported graph Triton serves"
 UNUSED_FLAGS = {  # nndf.cli.check_unused_flags
     "batch_size": "a request brings up to --max-batch-size prompts, and Triton batches requests",
     "input_seq_len": "requests bring prompts of any length up to the model's positions",
@@ -24,7 +29,8 @@ UNUSED_FLAGS = {  # nndf.cli.check_unused_flags
 def add_arguments(parser) -> None:
     g = parser.add_argument_group("triton")
     g.add_argument("-o", "--output", default="triton_models", help="the model repository (default triton_models)")
-    g.add_argument("-n", "--name", help="the Triton model's name (default: the variant's, e.g. gpt2)")
+    g.add_argument("-n", "--name", help="the Triton model's name (default: the --torch-dir folder's name, else the "
+                   "variant's, e.g. gpt2; in lower case)")
     g.add_argument("--max-batch-size", type=int, default=8, help="most prompts in one request (default 8)")
     g.add_argument("--nb-instances", type=int, default=1, help="model instances in the server (default 1)")
     g.add_argument("--max-new-tokens", type=int, default=32,
@@ -47,6 +53,13 @@ def add_arguments(parser) -> None:
                         "generated (gRPC streaming)")
 
 
+def default_name(torch_dir: str | None, variant_name: str) -> str:
+    """The model's name where --name is not given: what titles call it (a --torch-dir folder's name, as
+    `LoadedModel.name`), where that makes a plain Triton model name, else the variant's."""
+    folder = Path(torch_dir).resolve().name.lower() if torch_dir else ""
+    return folder if re.fullmatch(r"[a-z0-9][a-z0-9_.-]*", folder) else variant_name.lower()
+
+
 def run(args) -> list[Result]:
     from nndf.architectures import architecture
     from nndf.continuous import ContinuousBatcher
@@ -54,17 +67,18 @@ def run(args) -> list[Result]:
     from nndf.triton.generative import check_serving, write_generative_repository
     from nndf.triton.validate import validate_config
 
-    if list(dict.fromkeys(args.backends)) != ["onnxrt"]:
+    served = list(dict.fromkeys(args.backends))
+    if len(served) != 1 or split_backend(served[0])[0] != "onnxrt":
         raise UsageError("triton serves one backend, onnxrt (its exported graph, on the CPU or on CUDA with "
-                         "onnxruntime-gpu): name only onnxrt")
+                         "onnxruntime-gpu): name only onnxrt, onnxrt-int8 or onnxrt-int4")
     if args.max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     spec, variant = resolve(args.model, args.variant)
-    name = args.name or variant.name.lower()
+    name = args.name or default_name(args.torch_dir, variant.name)
     check_serving(name, args.max_batch_size, args.nb_instances, args.scheduler, args.streaming, args.max_rows,
-                  args.max_queue_delay_us, args.sampling_stream)  # before the load
+                  args.max_queue_delay_us, args.sampling_stream, args.num_beams)  # before the load
     if args.scheduler == "continuous":
-        ContinuousBatcher.check_architecture(spec.family, architecture(spec))
+        ContinuousBatcher.check_architecture(spec.family, architecture(spec), args.use_cache)
     model = open_models(args, needs_text=True, new_tokens_flag="--max-new-tokens")[0]
     if model.architecture.takes_images:
         raise UsageError(f"triton serves text generation; {model.spec.family} captions images")

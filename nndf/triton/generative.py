@@ -57,7 +57,7 @@ def generative_config(name: str, max_batch_size: int, nb_instances: int, kind: s
 
 
 def check_serving(name: str, max_batch_size: int, nb_instances: int, scheduler: str, streaming: bool,
-                  max_rows: int | None, queue_delay_us: int, sampling_stream: str) -> int:
+                  max_rows: int | None, queue_delay_us: int, sampling_stream: str, num_beams: int = 1) -> int:
     """The serving settings, checked before any model loads (`run.py triton`) and again when a folder is written
     (the API); returns the rows of the continuous batch."""
     if not name or "/" in name or name.startswith("."):
@@ -66,6 +66,9 @@ def check_serving(name: str, max_batch_size: int, nb_instances: int, scheduler: 
         raise UsageError(f"--scheduler must be one of {', '.join(SCHEDULERS)}, not {scheduler!r}")
     if streaming and scheduler != "continuous":
         raise UsageError("--streaming needs --scheduler continuous (the sequential model answers whole requests)")
+    if streaming and num_beams > 1:
+        raise UsageError(f"--streaming with --num-beams {num_beams}: beam search cannot stream, so every streamed "
+                         "request that keeps the default would fail; drop one of the two")
     if scheduler != "continuous" and (max_rows is not None or queue_delay_us):
         flag = "--max-rows" if max_rows is not None else "--max-queue-delay-us"
         raise UsageError(f"{flag} applies to --scheduler continuous (its running batch); the sequential model "
@@ -92,7 +95,7 @@ def write_generative_repository(output_dir: str | Path, name: str, model, max_ba
         raise UsageError(f"Triton serves the onnxrt backend's graphs (CPU, or CUDA with onnxruntime-gpu); "
                          f"{model.backend} is not served yet")
     max_rows = check_serving(name, max_batch_size, nb_instances, scheduler, streaming, max_rows, queue_delay_us,
-                             sampling_stream)
+                             sampling_stream, num_beams)
     if scheduler == "continuous":
         from nndf.continuous import ContinuousBatcher
 
