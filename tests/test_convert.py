@@ -265,3 +265,18 @@ def test_ctrl_c_is_one_line_without_a_traceback(minilm_dir, tmp_path, capsys, mo
     monkeypatch.setattr(nndf.convert.cli, "run", interrupted)
     code = convert_model(["-m", str(minilm_dir), "-o", str(tmp_path / "out")])
     assert code == 130 and capsys.readouterr().err.strip().splitlines()[-1] == "interrupted"
+
+
+def test_a_model_too_large_for_one_onnx_file_is_refused_before_the_export(minilm_dir, tmp_path, capsys,
+                                                                         monkeypatch):
+    """Each graph is one file, which protobuf caps at 2 GiB: a larger model (XLM-R large) used to fail in the
+    optimizer's save after a long export. The cap is lowered here to the tiny model's size."""
+    from nndf.convert import graphs
+
+    monkeypatch.setattr(graphs, "MAX_GRAPH_BYTES", 1000)
+    out = tmp_path / "out"
+    code = convert_model(["-m", str(_tiny_classifier(tmp_path / "bert")), "-t", str(minilm_dir), "-o", str(out)])
+    err = capsys.readouterr().err
+    assert code == 1 and "GiB of weights; convert writes each ONNX graph as one file, which protobuf caps at 2 GiB" \
+        in err and "Traceback" not in err
+    assert not out.exists() or not [p for p in out.rglob("*") if p.is_file()]

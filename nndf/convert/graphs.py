@@ -11,7 +11,9 @@
 - `quantize_static_qdq` (GPU, for TensorRT): ONNX Runtime's static quantization in QDQ format, symmetric int8
   activations and weights (what TensorRT consumes), calibrated on tokenized sample sentences.
 
-Every graph is written to a temporary name and renamed into place, so a failure leaves no half-written file.
+Every graph is written to a temporary name and renamed into place, so a failure leaves no half-written file. Each
+is one file, weights inside, so protobuf's 2 GB cap on a message caps the model: a larger one is refused before the
+export (`check_graph_size`) rather than failing in the optimizer's save.
 """
 
 from __future__ import annotations
@@ -52,10 +54,22 @@ def quiet(verbose: bool):
             logger.setLevel(level)
 
 
+MAX_GRAPH_BYTES = 2**31 - 2**24  # protobuf's cap on one message (a whole ONNX file), less room for the graph itself
+
+
+def check_graph_size(module: torch.nn.Module, name: str) -> None:
+    """Refuse, with its size, a model whose weights cannot fit in one ONNX file."""
+    weights = sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
+    if weights > MAX_GRAPH_BYTES:
+        raise HarnessError(f"{name} holds {weights / 2**30:.2f} GiB of weights; convert writes each ONNX graph as "
+                           "one file, which protobuf caps at 2 GiB, so a model this large is not converted yet")
+
+
 def export_graph(module: TaskModule, example: Mapping[str, torch.Tensor], path: Path,
                  verbose: bool = False) -> tuple[str, ...]:
     """The task module as ONNX at `path`, inputs and outputs named, batch and sequence dynamic; returns the graph's
     inputs, which lack any the model ignores (sentence-transformers does not pass `token_type_ids` on)."""
+    check_graph_size(module, module.model.name_or_path or "the model")
     eager_attention(module.model)
     names = list(module.input_names)
     axes = {name: {0: "batch", 1: "sequence"} for name in names}

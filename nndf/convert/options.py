@@ -1,6 +1,7 @@
 """`convert_model`'s flags: every flag of transformer-deploy's `convert_model`, under the same names and defaults
 (`--backend` also takes `pytorch`, and `--json` writes the report), validated into one `ConvertOptions`.
-`--load-external-data` is accepted and always in effect (graphs keep their weights in external data);
+`--load-external-data` is accepted and changes nothing (each graph is one file with its weights, under protobuf's
+2 GB cap: `nndf.convert.graphs.check_graph_size`);
 `--generative-model t5` is refused: T5 generates through `run.py`."""
 
 from __future__ import annotations
@@ -81,10 +82,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--auth-token", help="Hugging Face Hub token for private models (true: the one stored by "
                                         "`huggingface-cli login`)")
     p.add_argument("--load-external-data", action="store_true",
-                   help="kept for transformer-deploy's scripts: graphs of any size (over 2 GB too) are always "
-                        "written and read with their weights in external data")
+                   help="kept for transformer-deploy's scripts; changes nothing: each graph is written as one file "
+                        "with its weights (models up to 2 GiB of weights; larger ones are refused)")
     p.add_argument("--no-load-external-data", dest="load_external_data", action="store_false",
-                   help="kept for transformer-deploy's scripts (see --load-external-data)")
+                   help="kept for transformer-deploy's scripts; changes nothing either")
     return p
 
 
