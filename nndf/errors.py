@@ -8,6 +8,7 @@ SIGTERM into what both command lines (run.py and convert_model) print and return
 
 import argparse
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -57,7 +58,8 @@ def sigterm_unwinds():
 def run_command(body: Callable[[], int]) -> int:
     """A command's exit code: its own, or one line on stderr instead of a traceback for a failure the user can act
     on (a UsageError or HarnessError: "error: ...", Ctrl-C: "interrupted", SIGTERM: "terminated"); temporary files
-    go with the unwinding."""
+    go with the unwinding. A reader that closes the pipe early (`run.py list | head -1`) ends the command quietly, as
+    it ends any shell tool: exit 141 (128 + SIGPIPE)."""
     with sigterm_unwinds():
         try:
             return body()
@@ -70,3 +72,7 @@ def run_command(body: Callable[[], int]) -> int:
         except Terminated:
             print("terminated", file=sys.stderr)
             return 128 + signal.SIGTERM
+        except BrokenPipeError:
+            # what is still buffered for the closed pipe would fail again at exit: point stdout at nothing
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 128 + 13  # SIGPIPE

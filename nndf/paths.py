@@ -7,17 +7,27 @@ not an error: the writes create them (`nndf.workspace.atomic_path`), for every o
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 from nndf.errors import UsageError
 
 
 def _file_in_the_way(flag: str, value: str, path: Path) -> None:
-    """One sentence when a parent of `path` exists as a file, so no folder can be made there."""
+    """One sentence when a parent of `path` exists as a file, so no folder can be made there, or when nothing can be
+    written in the nearest folder that exists (no permission, a read-only or virtual file system such as /proc):
+    tried by creating and removing a temporary file there, as the write will."""
     for place in path.parents:
         if place.exists():
             if not place.is_dir():
                 raise UsageError(f"{flag} {value} is inside {place}, which is a file")
+            try:
+                fd, probe = tempfile.mkstemp(prefix=".nndf-write-check.", dir=place)
+            except OSError as exc:
+                raise UsageError(f"{flag} {value}: nothing can be written in {place} ({exc.strerror})") from None
+            os.close(fd)
+            os.unlink(probe)
             return
 
 

@@ -16,6 +16,7 @@ import torch
 
 import nndf
 from conftest import REPO, TINY_GPT2, TOKENIZER_DIR, build_tiny, needs_shared
+from nndf.actions.chat import one_line
 from nndf.conversation import TURN_SEPARATOR
 from nndf.errors import UsageError
 from nndf.model import Model
@@ -110,7 +111,8 @@ def test_streamed_output_and_the_one_line_form(tiny_gpt2_dir, capsys):
     assert f"[frameworks] {reply.strip()}\n" in out
     assert re.search(r"^ {13}\(5 tokens in [\d.]+ ms, [\d.]+ tok/s, first token [\d.]+ ms\)$", out, re.M)
     _chat(tiny_gpt2_dir, ["The capital of France is"], output_seq_len=5, stream=False)
-    assert re.search(rf"^\[frameworks\] +[\d.]+ ms \| {re.escape(reply.strip())}$", capsys.readouterr().out, re.M)
+    assert re.search(rf"^\[frameworks\] +[\d.]+ ms \| {re.escape(one_line(reply))}$", capsys.readouterr().out, re.M)
+    assert one_line(" two\nlines\r\nand more\n") == "two\\nlines\\nand more"  # one line per reply, for scripts
 
 
 def test_seeded_sampling_repeats_and_backends_agree(tiny_gpt2_dir, onnx_work_dir, capsys):

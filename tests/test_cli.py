@@ -181,6 +181,15 @@ def test_run_py_exit_code_without_traceback():
                                    "quantized weights onnxrt-int8, onnxrt-int4")
 
 
+def test_a_reader_that_closes_the_pipe_ends_the_command_quietly():
+    """`run.py list | head -1`, `chat ... | head`: a BrokenPipeError traceback before; now no output, exit 141."""
+    proc = subprocess.Popen([sys.executable, str(REPO / "run.py"), "list"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO)
+    proc.stdout.close()  # before the command writes a line
+    err = proc.stderr.read()
+    assert proc.wait() == 141 and err == ""
+
+
 def test_help_lists_actions_and_flags():
     proc = subprocess.run([sys.executable, str(REPO / "run.py"), "benchmark", "--help"],
                           capture_output=True, text=True, cwd=REPO)

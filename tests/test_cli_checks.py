@@ -23,6 +23,8 @@ from test_cli import run_cli
      "--json /tmp is a folder; give a file name such as results.json"),
     (["list", "--json", "/etc/hostname/list.json"], "--json /etc/hostname/list.json is inside /etc/hostname, which is"),
     (["compare", "GPT2", "frameworks", "--random-weights", "--plot", "/tmp"], "--plot /tmp is a folder; give a file"),
+    (["benchmark", "GPT2", "frameworks", "--random-weights", "--json", "/proc/x.json"],
+     "--json /proc/x.json: nothing can be written in /proc ("),  # found before the run, not at its last write
     (["benchmark", "GPT2", "frameworks", "--random-weights", "--plot", "bench.txt"],
      "--plot bench.txt: the plot is a PNG image; give a file name ending in .png"),
     (["triton", "GPT2", "onnxrt", "--random-weights", "-o", "/etc/hostname"],

@@ -9,8 +9,8 @@ the same seed once per chat, as `torch.manual_seed(seed)` before a series of `ge
 backends whose logits agree give the same replies. `--stop TEXT` ends a reply as `generate(stop_strings=...)` does.
 Ctrl-C during a reply stops it (what was generated stays in the history) and the chat goes on.
 
-`--no-stream` prints each reply once it is complete, on one line with its time, as scripts read it. Beam search
-cannot stream (as with `generate()`), so its replies print that way too.
+`--no-stream` prints each reply once it is complete, on one line with its time (line breaks written as \\n), as
+scripts read it. Beam search cannot stream (as with `generate()`), so its replies print that way too.
 
 An image-to-text family (BLIP) reads lines of `IMAGE_PATH [text prefix]`, or with `--image PATH` lines of text
 prefixes for that image (an empty line captions it without one); it has no history. A line that cannot be answered
@@ -62,7 +62,7 @@ def add_arguments(parser) -> None:
                    "keeps it); repeat for several; \\n and \\t are read as newline and tab")
     c.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
                    help="print each reply as it is generated, then its time and tokens/s (default); --no-stream: "
-                   "each reply once complete, on one line with its time")
+                   "each reply once complete, on one line with its time (its line breaks written as \\n)")
     c.add_argument("--history", action=argparse.BooleanOptionalAction, default=True,
                    help="remember the conversation (default); --no-history: answer each line on its own")
     parser.set_defaults(output_seq_len=32)
@@ -94,6 +94,11 @@ def _prompts(stream, keep_empty: bool = False):
             return
         if prompt.strip() or keep_empty:
             yield prompt
+
+
+def one_line(text: str) -> str:
+    """A reply as `--no-stream` prints it, on one line for scripts: stripped, its line breaks written as \\n."""
+    return text.strip().replace("\r\n", "\\n").replace("\n", "\\n").replace("\r", "\\n")
 
 
 def _image_line(line: str, given) -> tuple[str, object]:
@@ -183,7 +188,7 @@ class _Chat:
             print(f"\n{' ' * len(name)} ({ended}{counted(len(reply.tokens), 'token')} in {reply.seconds * 1e3:.1f} ms, "
                   f"{rate:.1f} tok/s{first})", flush=True)
         else:
-            print(f"{name} {reply.seconds * 1e3:8.1f} ms | {text.strip()}" + " (stopped)" * reply.stopped, flush=True)
+            print(f"{name} {reply.seconds * 1e3:8.1f} ms | {one_line(text)}" + " (stopped)" * reply.stopped, flush=True)
         if self.conversations[index] is not None:
             self.conversations[index].remember(line, text)
         shown_ms = None if reply.first_text_at is None or not streams else (reply.first_text_at - began) * 1e3
