@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import re
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,12 @@ class Column:
     fmt: str = "{}"
     unit: str = ""
     width: int | None = None  # a longer cell is cut at a word, " ..." marking the cut (JSON keeps the whole value)
+
+    @property
+    def formats_numbers(self) -> bool:
+        """Whether the format is a number's ("{:.1f}", "{:.0%}", "{:d}"): such a column is right-aligned even when
+        no row has a value ("-" under numbers everywhere)."""
+        return re.fullmatch(r"\{:[^{}]*[dfFeEgG%n]\}", self.fmt) is not None
 
     @property
     def label(self) -> str:
@@ -110,14 +117,14 @@ class Result:
         """The table as text: title, (context when verbose, less the entries `shown` above it already, as --info's
         settings block), header, dashes, rows, then the notes.
 
-        A column whose values are all numbers is right-aligned, header included; any other column is
-        left-aligned. Every column is padded to its widest cell.
+        A column whose values are all numbers is right-aligned, header included, and so is a column of a number's
+        format whose rows have none ("-" each); any other column is left-aligned. Every column is padded to its widest cell.
         """
         lines = [self.title] + (self.context_lines(shown) if verbose else [])
         cells = [[col.format(row.get(col.key)) for col in self.columns] for row in self.rows]
         widths = [max([len(col.label)] + [len(r[i]) for r in cells]) for i, col in enumerate(self.columns)]
         numeric = [
-            any(_is_number(row.get(col.key)) for row in self.rows)
+            (col.formats_numbers or any(_is_number(row.get(col.key)) for row in self.rows))
             and all(row.get(col.key) is None or _is_number(row.get(col.key)) for row in self.rows)
             for col in self.columns
         ]

@@ -68,6 +68,19 @@ def test_render_text_column_left_and_wide_header() -> None:
     )
 
 
+def test_a_number_column_without_values_stays_right_aligned() -> None:
+    """"-" in every row of a number's column (first text shown with --no-stream) lines up with the numbers beside."""
+    result = Result(action="chat", title="T", columns=[Column("b", "backend"), Column("ms", "first text", "{:.1f}"),
+                                                       Column("n", "new")],
+                    rows=[{"b": "frameworks", "ms": None, "n": 12}, {"b": "onnxrt", "ms": None, "n": 7}])
+    assert result.render().splitlines()[1:] == [
+        "backend     first text  new",
+        "----------  ----------  ---",
+        "frameworks           -   12",
+        "onnxrt               -    7",
+    ]
+
+
 def test_format_that_does_not_fit_falls_back_to_text() -> None:
     assert Column("x", "X", "{:.2f}").format("error") == "error"
     assert Column("x", "X", "{:.2f}").format(None) == "-"
