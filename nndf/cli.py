@@ -257,6 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
         for option in p._actions:
             if option.dest in unused:
                 option.help = argparse.SUPPRESS
+            elif option.dest == "output_seq_len" and option.default is not None:  # an action's own default
+                option.help = f"{option.help} (default {option.default})"
         p.set_defaults(run_action=action.run,
                        unused_flags={dest: (p.get_default(dest), why) for dest, why in unused.items()})
     # listed in the help only: `main` hands `convert` and its own flags to nndf.convert.cli before parsing

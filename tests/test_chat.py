@@ -210,3 +210,10 @@ def test_a_terminal_sees_tokens_before_the_reply_ends_and_ctrl_c_stops_only_the_
         except (ProcessLookupError, ChildProcessError):
             pass
         os.close(fd)
+
+
+def test_a_chat_without_prompts_says_so_and_timed_replies_say_what_first_text_counts(tiny_gpt2_dir):
+    [empty] = nndf.run("chat", "GPT2", "frameworks", torch_dir=str(tiny_gpt2_dir), input="/exit\n")
+    assert empty.rows == [] and empty.notes == ["no replies: the input ended, or /exit came, before a prompt"]
+    [one] = nndf.run("chat", "GPT2", "frameworks", torch_dir=str(tiny_gpt2_dir), output_seq_len=2, input=["Hi"])
+    assert len(one.rows) == 1 and one.notes[0].startswith("first text shown: from reading the line")

@@ -299,4 +299,8 @@ def run(args, stream=None) -> list[Result]:
                Column("tokens_per_s", "speed", "{:.1f}", "tok/s"), Column("prompt", "prompt")]
     replies = counted(len(chat.rows), "reply", "replies")
     title = f"chat {first.spec.family} {first.loaded.name}: {replies}, {chat.picked}"
-    return [Result("chat", title, columns, chat.rows, describe(first))]
+    notes = ["no replies: the input ended, or /exit came, before a prompt"] if not chat.rows else []
+    if any(row["first_text_ms"] is not None for row in chat.rows):
+        notes.append("first text shown: from reading the line (an image's loading and processing included) to the "
+                     "first text printed; time and first token: from the start of generation")
+    return [Result("chat", title, columns, chat.rows, describe(first), notes)]

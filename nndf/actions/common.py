@@ -292,7 +292,7 @@ def info_result(model: Model) -> Result:
         notes.append(model.shapes.kv_cache_note(2 if model.settings.fp16 else 4))
     return Result(
         action="info",
-        title=f"{model.spec.family} {model.loaded.name}: decoder tensors",
+        title=f"{model.spec.family} {model.loaded.name}: tensor shapes",
         columns=[Column("tensor", "tensor"), Column("shape", "shape")],
         rows=rows,
         context=describe(model),
