@@ -52,9 +52,11 @@ def test_run_compare_and_export_caption_the_photos(blip_dir, onnx_work_dir, caps
     assert set(captions) == {"frameworks", "frameworks (HF generate)", "onnxrt"}
     assert len(set(captions.values())) == 1 and all(captions.values())  # one caption, on every backend
     assert [row["samples"] for row in results[0]["rows"]] == [1, 1, 1] and results[0]["rows"][2]["generation_ms"] > 0
+    assert "'-': the given images carry no labels." in results[0]["notes"][0]
     code, out, err = run_cli(capsys, "compare", "BLIP", "frameworks", "onnxrt", *model)  # the checkpoint's photos
     assert code == 0, err
     assert "skimage_chelsea.png" in out and "coco_000000039769.png + 'a picture of'" in out and "speed vs" in out
+    assert "label accuracy: share of the label's new tokens" in out  # compare says what the column means too
     code, out, err = run_cli(capsys, "export", "BLIP", "onnxrt", "--torch-dir", blip_dir, "--working-dir",
                              onnx_work_dir, "--info", "-o", tmp_path / "standalone")
     assert code == 0, err

@@ -39,6 +39,8 @@ from test_cli import run_cli
     (["triton", "GPT2", "onnxrt", "--random-weights", "--max-new-tokens", "5000"],
      "--max-new-tokens 5000 leaves no position for a prompt: this model has 1024 positions"),
     (["triton", "GPT2", "onnxrt", "--random-weights", "--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
+    (["run", "BLIP", "frameworks", "--random-weights", "--tgt-lang", "de_DE"],
+     "--tgt-lang de_DE applies to multilingual translation models"),  # before the tokenizer loads, too
     (["triton", "GPT2", "onnxrt", "--random-weights", "--no-use-cache"],
      "continuous batching needs the KV cache (drop --no-use-cache)"),
     (["triton", "GPT2", "onnxrt", "--random-weights", "--streaming", "--num-beams", "2"],

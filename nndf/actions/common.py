@@ -213,6 +213,8 @@ def open_models(args, needs_text: bool = False, new_tokens_flag: str | None = No
     if new_tokens is not None and new_tokens >= shapes.max_positions:
         raise UsageError(f"{new_tokens_flag} {new_tokens} leaves no position for a prompt: this model has "
                          f"{shapes.max_positions} positions")
+    if getattr(args, "tgt_lang", None):
+        spec.hooks.language_token_id(args.tgt_lang, None, config)  # a family or code without it, before the load
     loaded = load_model(
         spec, variant, torch_dir=args.torch_dir, random_weights=args.random_weights,
         tokenizer_dir=args.tokenizer_dir, dtype=torch.float16 if settings.fp16 else torch.float32,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from nndf.actions.common import (add_image_argument, compared_backends, decoding_flags, decoding_note, describe,
                                  open_models, weights_and_cache)
-from nndf.actions.run import LENGTH_NOTE, checkpoint_columns, checkpoint_rows, checkpoint_samples, outputs_result
+from nndf.actions.run import checkpoint_columns, checkpoint_rows, checkpoint_samples, outputs_result, sample_notes
 from nndf.plots import check_plotting, plot_bars
 from nndf.results import Column, Result
 
@@ -36,7 +36,7 @@ def run(args) -> list[Result]:
     title = (f"compare {first.spec.family} {first.loaded.name}: {', '.join(r['backend'] for r in rows)}; "
              f"{picked}, {weights_and_cache(args)}")
     notes = ["speed: full-generation time of the first row divided by each row's (higher is faster).",
-             LENGTH_NOTE]
+             *sample_notes(args, rows)]
     if args.plot:
         plot_bars(args.plot, title, rows, [("generation_ms", "full generation (ms)", None),
                                            ("decode_ms", "decode step (ms)", None)])

@@ -105,6 +105,20 @@ def checkpoint_rows(args, models, samples: list[Sample]) -> tuple[list[dict], li
 LENGTH_NOTE = (f"new tokens: a sample with a label generates the label's length of tokens; one without, "
                f"--output-seq-len (default {DEFAULT_NEW_TOKENS}).")
 
+def sample_notes(args, rows: list[dict]) -> list[str]:
+    """What `run`'s and `compare`'s columns mean: label accuracy (and why a row has none), the new tokens, and a
+    decode step that could not be timed."""
+    missing = ("'-': the given images carry no labels." if getattr(args, "image", None)
+               else "'-' where checkpoint.toml has no labels for this variant.")
+    notes = ["label accuracy: share of the label's new tokens reproduced at the same position; labels are the "
+             "variant's real weights' outputs, so random weights, or other weights (--torch-dir), score near 0; "
+             + missing, LENGTH_NOTE]
+    if any(row["decode_ms"] is None for row in rows):
+        notes.append("decode step: '-' where every generation ended at its first token (EOS at once): no step to "
+                     "time.")
+    return notes
+
+
 def checkpoint_columns(args) -> list[Column]:
     """The table's columns; the full generation is the --percentile of each sample's runs (p50: the median)."""
     pct = timing_settings(args).percentile
@@ -119,12 +133,12 @@ def checkpoint_columns(args) -> list[Column]:
 
 
 def outputs_result(title: str, outputs: list[dict], context: dict) -> Result:
-    columns = [Column("backend", "backend"), Column("input", "input", width=60), Column("output", "output")]
+    columns = [Column("backend", "backend"), Column("input", "input", width=60), Column("output", "output", width=80)]
     return Result("outputs", title, columns, outputs, context,
                   ["output: the generated tokens after the prompt (a caption after its text prefix), decoded without "
                    "special tokens: empty where the model made only special tokens (EOS at once, or pad tokens, "
                    "as random weights often do); "
-                   "inputs cut to 60 characters here, whole in --json."])
+                   "inputs cut to 60 characters here and outputs to 80, whole in --json."])
 
 
 def run(args) -> list[Result]:
@@ -133,10 +147,7 @@ def run(args) -> list[Result]:
     first = models[0]
     picked = decoding_note(first, decoding_flags(args), args.num_beams)  # refuses beams with sampling up front
     rows, outputs = checkpoint_rows(args, models, samples)
-    notes = ["label accuracy: share of the label's new tokens reproduced at the same position; labels are the "
-             "variant's real weights' outputs, so random weights, or other weights (--torch-dir), score near 0; "
-             "'-' where checkpoint.toml has no labels for this variant."]
-    notes.append(LENGTH_NOTE)
+    notes = sample_notes(args, rows)
     source = "the given images" if getattr(args, "image", None) else "checkpoint samples"
     title = f"run {first.spec.family} {first.loaded.name}: {source}, {picked}, {weights_and_cache(args)}"
     return [Result("run", title, checkpoint_columns(args), rows, describe(first), notes),
