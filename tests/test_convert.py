@@ -280,3 +280,18 @@ def test_a_model_too_large_for_one_onnx_file_is_refused_before_the_export(minilm
     assert code == 1 and "GiB of weights; convert writes each ONNX graph as one file, which protobuf caps at 2 GiB" \
         in err and "Traceback" not in err
     assert not out.exists() or not [p for p in out.rglob("*") if p.is_file()]
+
+
+def test_a_second_pytorch_run_over_atol_is_named_noise_not_an_unfaithful_conversion():
+    from nndf.convert.engines import Engine
+    from nndf.convert.report import check
+    from nndf.errors import HarnessError
+
+    reference = [[np.zeros((1, 4), dtype=np.float32)]]
+    rerun = Engine("Pytorch (FP32)", lambda feeds: [np.full((1, 4), 1e-7, dtype=np.float32)], reruns_reference=True)
+    with pytest.raises(HarnessError, match=r"a second PyTorch run's output 'logits' differs from the first's by up to "
+                                           r"1e-07, more than --atol 1e-12: that is this machine's run-to-run noise"):
+        check(rerun, [{}], reference, ("logits",), atol=1e-12)
+    onnx_row = Engine("ONNX Runtime (FP32)", rerun.infer)
+    with pytest.raises(HarnessError, match="the converted model is not faithful"):
+        check(onnx_row, [{}], reference, ("logits",), atol=1e-12)

@@ -50,6 +50,7 @@ class Engine:
     infer: Callable[[Feeds], list[np.ndarray]]
     artifact: Path | None = None
     notes: list[str] = field(default_factory=list)
+    reruns_reference: bool = False  # PyTorch fp32 again: its difference is the machine's run-to-run noise
 
 
 def random_feeds(input_names: tuple[str, ...], batch: int, seq: int, vocab: int, seed: int,
@@ -87,7 +88,7 @@ def pytorch_engine(module: TaskModule, name: str = "Pytorch (FP32)", fp16: bool 
         outputs = model(*(feeds[n] for n in module.input_names))
         return [o.float().cpu().numpy() for o in outputs]
 
-    return Engine(name, infer)
+    return Engine(name, infer, reruns_reference=not fp16)
 
 
 def ort_engine(name: str, path: Path, device: str, threads: int) -> Engine:

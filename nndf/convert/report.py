@@ -48,6 +48,10 @@ def check(engine: Engine, inputs: list[dict[str, torch.Tensor]], reference: list
     outputs = [engine.infer(feeds) for feeds in inputs]
     fidelity, per_output = compare(reference, outputs)
     for name, diff in zip(output_names, per_output):
+        if not diff <= atol and engine.reruns_reference:
+            raise HarnessError(f"[{engine.name}] a second PyTorch run's output '{name}' differs from the first's by up "
+                               f"to {diff:.4g}, more than --atol {atol:g}: that is this machine's run-to-run noise, "
+                               "the floor every backend sits on; give an --atol above it")
         if not diff <= atol:  # NaN fails too
             raise HarnessError(f"[{engine.name}] output '{name}' differs from PyTorch's by up to {diff:.4g}, more "
                                f"than --atol {atol:g}; the converted model is not faithful (raise --atol only if "
