@@ -210,7 +210,8 @@ def evaluate_lambada(
         for index, _ in parts:
             remaining[index] += 1
     with tqdm(total=len(texts), desc="LAMBADA", unit="passage", file=sys.stderr, disable=not progress) as bar:
-        bar.update(remaining.count(0))
+        if remaining.count(0):  # an update of 0 would draw the bar a second time
+            bar.update(remaining.count(0))
         for request, logits in batched_logits(logits_fn, sequences, batch_size, max_batch_tokens):
             for index, part in wanted[sequences[request]]:
                 if part == "lm":
@@ -218,7 +219,8 @@ def evaluate_lambada(
                 else:
                     demo_scores[index] = _demo_scores(logits, demos[index], tokens_to_generate, top_ns)
                 remaining[index] -= 1
-                bar.update(remaining[index] == 0)
+                if remaining[index] == 0:
+                    bar.update(1)
 
     # Summed in passage order, so that the figures do not depend on how the passages were batched.
     hits = dict.fromkeys(top_ns, 0)
@@ -299,7 +301,8 @@ def logit_fidelity(
     per_passage: list[tuple[int, int, float]] = [(0, 0, 0.0)] * len(sequences)
     lengths = [len(ids) for ids in sequences]
     with tqdm(total=len(texts), desc="fidelity", unit="passage", file=sys.stderr, disable=not progress) as bar:
-        bar.update(len(texts) - len(sequences))
+        if len(texts) > len(sequences):  # empty passages, done at once (an update of 0 draws the bar again)
+            bar.update(len(texts) - len(sequences))
         for group in length_groups(lengths, batch_size, max_batch_tokens):
             batch = [sequences[i] for i in group]
             refs = batch_logits(reference_fn, batch, torch.float64)

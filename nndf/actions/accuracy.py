@@ -24,7 +24,7 @@ BATCH_HELP = ("passages per forward pass, padded on the right with a mask and gr
 
 # Perplexities to 6 significant digits: they come from float32 logits, good to about 7, whose last bits differ
 # between backends and library versions; a weak model's lm-eval perplexity used to print as 872597754.21.
-PPL = "{:.6g}"
+PPL = "{:#.6g}"  # six digits always (57550.0 beside 57715.8, not 57550)
 
 UNUSED_FLAGS = {  # nndf.cli.check_unused_flags
     "num_beams": "it scores each passage's next tokens in one forward pass and generates nothing",

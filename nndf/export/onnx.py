@@ -205,29 +205,29 @@ def trace_to_onnx(wrapper, args, dynamic, io: dict, path: Path, model, label: st
 
         register()
         attention, translation = ATTENTION, CUSTOM_TRANSLATION
-    try:
-        with contextlib.redirect_stdout(sys.stderr), eager_attention(model, attention), attributes_kept(model), \
-                warnings.catch_warnings(), quiet_logger("torch.onnx._internal.exporter._registration"), \
-                ticking(f"exporting {label}"):
-            # shared named dimensions make the exporter say, once per input, that it keeps the first name
-            warnings.filterwarnings("ignore", message=r".*axis name: .* will not be used")
-            # a forward that caches a tensor on its module (longrope's `long_inv_freq`): `attributes_kept` undoes it
-            warnings.filterwarnings("ignore", message=r"The tensor attribute .* was assigned during export")
-            # torch's pytree deprecation inside the exporter, not ours to act on
-            warnings.filterwarnings("ignore", category=FutureWarning, message=r".*LeafSpec.*")
-            program = torch.onnx.export(
-                wrapper, args, dynamo=True, dynamic_shapes=dynamic, input_names=list(io["input_names"]),
-                output_names=list(io["output_names"]), optimize=True, verbose=False,
-                custom_translation_table=translation,
-            )
-    except Exception as exc:  # the exporter raises many types; the user needs one sentence and the cause
-        raise HarnessError(f"ONNX export of {label} failed: {type(exc).__name__}: "
-                           f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
-    if getattr(wrapper, "shared", False):  # ONNX Runtime's alone: its fused normalizations
-        from nndf.export.ort_fusions import fuse_for_onnxruntime
+    with ticking(f"exporting {label}"):  # the trace, ONNX Runtime's fusions and the save (a large model's minute)
+        try:
+            with contextlib.redirect_stdout(sys.stderr), eager_attention(model, attention), attributes_kept(model), \
+                    warnings.catch_warnings(), quiet_logger("torch.onnx._internal.exporter._registration"):
+                # shared named dimensions make the exporter say, once per input, that it keeps the first name
+                warnings.filterwarnings("ignore", message=r".*axis name: .* will not be used")
+                # a forward that caches a tensor on its module (longrope's `long_inv_freq`): `attributes_kept` undoes it
+                warnings.filterwarnings("ignore", message=r"The tensor attribute .* was assigned during export")
+                # torch's pytree deprecation inside the exporter, not ours to act on
+                warnings.filterwarnings("ignore", category=FutureWarning, message=r".*LeafSpec.*")
+                program = torch.onnx.export(
+                    wrapper, args, dynamo=True, dynamic_shapes=dynamic, input_names=list(io["input_names"]),
+                    output_names=list(io["output_names"]), optimize=True, verbose=False,
+                    custom_translation_table=translation,
+                )
+        except Exception as exc:  # the exporter raises many types; the user needs one sentence and the cause
+            raise HarnessError(f"ONNX export of {label} failed: {type(exc).__name__}: "
+                               f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        if getattr(wrapper, "shared", False):  # ONNX Runtime's alone: its fused normalizations
+            from nndf.export.ort_fusions import fuse_for_onnxruntime
 
-        fuse_for_onnxruntime(program.model)
-    program.save(path, external_data=True)
+            fuse_for_onnxruntime(program.model)
+        program.save(path, external_data=True)
 
 
 def fp32_cpu_model(model):
