@@ -295,3 +295,19 @@ def test_a_second_pytorch_run_over_atol_is_named_noise_not_an_unfaithful_convers
     onnx_row = Engine("ONNX Runtime (FP32)", rerun.infer)
     with pytest.raises(HarnessError, match="the converted model is not faithful"):
         check(onnx_row, [{}], reference, ("logits",), atol=1e-12)
+
+
+@needs_shared(TOKENIZER_DIR)
+def test_text_generation_converts_a_decoder_and_refuses_an_encoder(tiny_gpt2_dir, minilm_dir, tmp_path, capsys):
+    """An encoder got a causal LM head of random weights and converted without a word; a decoder-only model
+    converts, its logits within --atol of PyTorch's."""
+    code = convert_model(["-m", str(minilm_dir), "--task", "text-generation", "-o", str(tmp_path / "enc")])
+    assert code == 2 and "is a bert encoder; --task text-generation converts decoder-only language models" in \
+        capsys.readouterr().err
+    assert not (tmp_path / "enc").exists() or not any((tmp_path / "enc").iterdir())
+    report = tmp_path / "report.json"
+    code = convert_model(["-m", str(tiny_gpt2_dir), "--task", "text-generation", "-o", str(tmp_path / "dec"),
+                          "-b", "1", "1", "2", "-s", "1", "8", "16", "--atol", "1e-4", "--json", str(report), *FAST])
+    assert code == 0, capsys.readouterr().err
+    backends = json.loads(report.read_text())["backends"]
+    assert backends["ONNX Runtime (FP32)"]["max_abs_diff"] < 1e-4

@@ -64,6 +64,18 @@ def transformer_of(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(first, "auto_model", first)
 
 
+def check_generates(config, model_path: str) -> None:
+    """Refuse --task text-generation for an encoder (BERT, MiniLM, RoBERTa...): transformers would give it a causal
+    LM head of random weights (after a warning to add is_decoder=True), and every figure would be of that."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    encoder = config.model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not config.is_encoder_decoder
+    if encoder and not config.is_decoder:
+        raise UsageError(f"-m/--model {model_path} is a {config.model_type} encoder; --task text-generation converts "
+                         "decoder-only language models (its causal LM head would be random weights): use "
+                         "--task embedding, classification, token-classification or question-answering")
+
+
 def load_task_model(task: Task, model_path: str, device: str, token: str | bool | None = None) -> torch.nn.Module:
     """The task's PyTorch model from a hub id or a local folder, in fp32 on `device`, in eval mode (`token`: the
     hub's, for private models)."""
@@ -75,7 +87,11 @@ def load_task_model(task: Task, model_path: str, device: str, token: str | bool 
         else:
             import transformers
 
+            if task.name == "text-generation":
+                check_generates(transformers.AutoConfig.from_pretrained(model_path, token=token), model_path)
             model = getattr(transformers, task.auto_class).from_pretrained(model_path, token=token).to(device)
+    except UsageError:  # check_generates' own sentence (a UsageError is a ValueError)
+        raise
     except ImportError as exc:
         raise HarnessError(f"--task {task.name} needs {exc.name}, which is not installed: pip install "
                            f"{exc.name.replace('_', '-')}") from None
