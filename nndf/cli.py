@@ -287,10 +287,10 @@ def _main(argv: list[str]) -> int:
     results = args.run_action(args)
     from nndf.results import write_json
 
-    for result in results:
-        print(result.render(verbose=getattr(args, "info", False), shown=getattr(args, "info_context", None)))
-        print()
+    rendered = [result.render(verbose=getattr(args, "info", False), shown=getattr(args, "info_context", None))
+                for result in results]
+    print("\n\n".join(rendered))  # a blank line between tables, none after the last
     if getattr(args, "json", None):
         write_json(results, args.json)
-        print(f"results written to {args.json}")
+        print(f"\nresults written to {args.json}")
     return 0
