@@ -64,8 +64,8 @@ def _model_arguments(p: argparse.ArgumentParser, batch_size: int = 1, batch_help
     g.add_argument("--tokenizer-dir", help="load the tokenizer from this folder (needed offline with --random-weights)")
     g.add_argument("--seed", type=int,
                    help="seed for random weights and random data (benchmark's prompts, the passages accuracy's "
-                   "--num-samples picks; without it: 0) and, where tokens are sampled, for the draws: --seed S draws what torch.manual_seed(S) before "
-                   "generate() draws (without it: a fresh seed, shown in the output so that a run can be repeated). "
+                   "--num-samples picks; without it: 0) and, where tokens are sampled, for the draws: --seed S draws "
+                   "what torch.manual_seed(S) before generate() draws (without it: a fresh seed, shown in the output so that a run can be repeated). "
                    "With --random-weights another seed is other weights, so a new export")
     g.add_argument("--working-dir", "-wd", default="temp",
                    help="where exported and built artifacts go (default: temp)")

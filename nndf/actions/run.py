@@ -105,6 +105,7 @@ def checkpoint_rows(args, models, samples: list[Sample]) -> tuple[list[dict], li
 LENGTH_NOTE = (f"new tokens: a sample with a label generates the label's length of tokens; one without, "
                f"--output-seq-len (default {DEFAULT_NEW_TOKENS}).")
 
+
 def sample_notes(args, rows: list[dict]) -> list[str]:
     """What `run`'s and `compare`'s columns mean: label accuracy (and why a row has none), the new tokens, and a
     decode step that could not be timed."""

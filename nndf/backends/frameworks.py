@@ -135,8 +135,8 @@ def decoder_session(wrapper_of, loaded: LoadedModel, settings: BuildSettings, op
     """The decoder's session over `wrapper_of(static)` (a flat-tensor wrapper, static or not); `static` None
     decides by `static_steps`."""
     if settings.fp16 and loaded.model.device.type == "cpu":
-        say("note: fp16 (--fp16, fp16=True) on the CPU: PyTorch computes half precision far slower than fp32 here (GPT-2 small: "
-            "a 64-token prompt in 12 s against 0.16 s, then 230 against 50 ms a token); fp16 is for GPUs")
+        say("note: fp16 (--fp16, fp16=True) on the CPU: PyTorch computes half precision far slower than fp32 here "
+            "(GPT-2 small: a 64-token prompt in 12 s against 0.16 s, then 230 against 50 ms a token); fp16 is for GPUs")
     static = static_steps(loaded, settings, options) if static is None else static
     if not static:
         return TorchSession(wrapper_of(False), loaded.model)

@@ -28,7 +28,7 @@ from typing import Iterable, Mapping
 import numpy as np
 import torch
 
-from nndf.convert.tasks import TaskModule, eager_attention
+from nndf.convert.tasks import TaskModule, eager_attention, transformer_of
 from nndf.errors import HarnessError
 from nndf.workspace import atomic_path
 
@@ -69,7 +69,7 @@ def export_graph(module: TaskModule, example: Mapping[str, torch.Tensor], path: 
                  verbose: bool = False) -> tuple[str, ...]:
     """The task module as ONNX at `path`, inputs and outputs named, batch and sequence dynamic; returns the graph's
     inputs, which lack any the model ignores (sentence-transformers does not pass `token_type_ids` on)."""
-    check_graph_size(module, module.model.name_or_path or "the model")
+    check_graph_size(module, getattr(transformer_of(module.model), "name_or_path", "") or "the model")
     eager_attention(module.model)
     names = list(module.input_names)
     axes = {name: {0: "batch", 1: "sequence"} for name in names}
