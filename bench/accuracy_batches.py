@@ -17,6 +17,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from harness.cli import parse_checked, positive, run_script  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "data"
@@ -26,13 +27,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--torch-dir", default=str(SHARED / "lambada-tiny-gpt2"))
     parser.add_argument("--dataset-file", default=str(SHARED / "lambada" / "lambada_test.jsonl"))
-    parser.add_argument("--num-samples", type=int, default=1000)
+    parser.add_argument("--num-samples", type=positive, default=1000)
     parser.add_argument("--backends", nargs="+", default=["frameworks", "onnxrt"])
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[16])
-    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--batch-sizes", type=positive, nargs="+", default=[16])
+    parser.add_argument("--rounds", type=positive, default=1)
     parser.add_argument("--fidelity", type=int, default=0, metavar="N")
     parser.add_argument("--working-dir", default="temp")
-    args = parser.parse_args(argv)
+    args = parse_checked(parser, argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     import nndf
@@ -75,4 +76,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script("accuracy_batches.py", main))

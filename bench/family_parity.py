@@ -24,6 +24,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from harness.cli import parse_checked, run_script  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-cache", action="store_true", help="also compare without the KV cache")
     parser.add_argument("--working-dir", default="temp/family-parity")
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+    args = parse_checked(parser, argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from nndf.registry import get_spec
 
@@ -178,4 +179,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script("family_parity.py", main))

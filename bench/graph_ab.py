@@ -11,6 +11,7 @@ Prints each graph's median ms/step over the rounds, with every round's figure, a
 
 from __future__ import annotations
 
+import sys
 import argparse
 import statistics
 import time
@@ -18,6 +19,7 @@ import time
 import torch
 
 import nndf
+from harness.cli import parse_checked, positive, run_script  # noqa: E402
 
 
 def main() -> None:
@@ -25,11 +27,11 @@ def main() -> None:
     parser.add_argument("graphs", nargs="+", help="decoder graphs (.onnx) exported for the same model")
     parser.add_argument("--family", required=True, help="the model's family, e.g. GPT2 or Llama")
     parser.add_argument("--torch-dir", required=True, help="the model's Hugging Face folder (weights, config)")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=32, help="decode steps timed per generation")
-    parser.add_argument("--prompt-len", type=int, default=64)
+    parser.add_argument("--rounds", type=positive, default=5)
+    parser.add_argument("--steps", type=positive, default=32, help="decode steps timed per generation")
+    parser.add_argument("--prompt-len", type=positive, default=64)
     parser.add_argument("--working-dir", default="temp")
-    args = parser.parse_args()
+    args = parse_checked(parser, None)
     models, loaded = {}, None
     for graph in args.graphs:
         models[graph] = nndf.load(args.family, backend="onnxrt", torch_dir=args.torch_dir, decoder_onnx=graph,
@@ -55,4 +57,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_script("graph_ab.py", main))

@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from harness.cli import parse_checked, positive, run_script  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "data"
@@ -33,13 +34,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--torch-dir", default=str(SHARED / "lambada-tiny-gpt2"))
     parser.add_argument("--dataset-file", default=str(SHARED / "lambada" / "lambada_test.jsonl"))
     parser.add_argument("--first", type=int, default=2000, help="first LAMBADA line (0-based, default 2000)")
-    parser.add_argument("--passages", type=int, default=1000, help="lines scored (default 1000)")
+    parser.add_argument("--passages", type=positive, default=1000, help="lines scored (default 1000)")
     parser.add_argument("--backends", nargs="+", default=["frameworks", "onnxrt", "onnxrt-int8"])
-    parser.add_argument("--batch-size", type=int, default=16, help="ours: requests per forward pass (default 16)")
-    parser.add_argument("--hf-batch-size", type=int, default=1, help="lm-eval's hf model (default 1)")
+    parser.add_argument("--batch-size", type=positive, default=16, help="ours: requests per forward pass (default 16)")
+    parser.add_argument("--hf-batch-size", type=positive, default=1, help="lm-eval's hf model (default 1)")
     parser.add_argument("--tolerance", type=float, default=1e-6)
     parser.add_argument("--working-dir", default="temp")
-    return parser.parse_args(argv)
+    return parse_checked(parser, argv)
 
 
 def relative(value: float, reference: float) -> float:
@@ -111,4 +112,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script("lm_eval_check.py", main))

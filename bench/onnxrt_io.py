@@ -29,6 +29,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import nndf  # noqa: E402
 from nndf.actions.common import random_input_ids  # noqa: E402
 from nndf.measure import StepTimer  # noqa: E402
+from harness.cli import parse_checked, positive, run_script  # noqa: E402
 
 
 def bare_loop(session, ids: np.ndarray, new_tokens: int, num_layers: int, kv_heads: int, head_dim: int,
@@ -70,12 +71,12 @@ class MarkTimes(StepTimer):
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--variant", default="gpt2")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--input-len", type=int, default=64)
-    p.add_argument("--output-len", type=int, default=64)
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--batch", type=positive, default=1)
+    p.add_argument("--input-len", type=positive, default=64)
+    p.add_argument("--output-len", type=positive, default=64)
+    p.add_argument("--rounds", type=positive, default=5)
     p.add_argument("--working-dir", default="temp")
-    args = p.parse_args()
+    args = parse_checked(p, None)
 
     m = nndf.load("GPT2", variant=args.variant, backend="onnxrt", random_weights=True, working_dir=args.working_dir)
     session = m.decoder.session
@@ -140,4 +141,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_script("onnxrt_io.py", main))

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness.bench import BUSY_CORES  # noqa: E402
 from harness.render import format_table  # noqa: E402
 from harness.stats import CpuWatch  # noqa: E402
+from harness.cli import parse_checked, positive, run_script  # noqa: E402
 
 DEFAULT_MODELS = ["GPT2:gpt2-large", "GPT2:gpt2-xl", "Llama:Llama-3.2-1B"]
 BUILDERS = ("from_config", "nndf")
@@ -92,10 +93,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--models", nargs="+", default=DEFAULT_MODELS,
                    help="FAMILY:VARIANT of the registry (default: %(default)s)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="weights' dtype (default: %(default)s)")
-    p.add_argument("--rounds", type=int, default=1, help="builds of each kind per model (default: %(default)s)")
+    p.add_argument("--rounds", type=positive, default=1, help="builds of each kind per model (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--child", nargs=2, metavar=("MODEL", "BUILDER"), help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    args = parse_checked(p, argv)
     from nndf.errors import UsageError
     from nndf.registry import resolve
 
@@ -146,4 +147,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script("random_weights.py", main))

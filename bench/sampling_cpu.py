@@ -46,6 +46,7 @@ from harness.stats import CpuWatch  # noqa: E402
 from nndf.actions.common import random_input_ids  # noqa: E402
 from nndf.measure import StepTimer  # noqa: E402
 from nndf.streaming import ReplyStreamer  # noqa: E402
+from harness.cli import parse_checked, positive, run_script  # noqa: E402
 
 MODES = {"greedy": {}, "sample": dict(do_sample=True), "sample top-p 0.9": dict(do_sample=True, top_p=0.9),
          "sample, fast stream": dict(do_sample=True, sampling_stream="fast")}
@@ -66,14 +67,14 @@ def parse_args(argv: list[str] | None = None):
                    help="for the streamed text (default: ../shared/data/gpt2-tokenizer when present)")
     p.add_argument("--engines", nargs="+", default=["frameworks", "onnxrt", "hf"],
                    choices=["frameworks", "onnxrt", "hf"])
-    p.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 4])
-    p.add_argument("--input-len", type=int, default=64)
-    p.add_argument("--output-len", type=int, default=64)
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--threads", type=int, help="intra-op threads (default: each runtime's own)")
+    p.add_argument("--batch-sizes", nargs="+", type=positive, default=[1, 4])
+    p.add_argument("--input-len", type=positive, default=64)
+    p.add_argument("--output-len", type=positive, default=64)
+    p.add_argument("--rounds", type=positive, default=5)
+    p.add_argument("--threads", type=positive, help="intra-op threads (default: each runtime's own)")
     p.add_argument("--working-dir", default="temp")
     p.add_argument("--json", metavar="FILE", help="also write every figure as JSON")
-    return p.parse_args(argv)
+    return parse_checked(p, argv)
 
 
 def load(args) -> dict:
@@ -206,4 +207,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_script("sampling_cpu.py", main))

@@ -56,7 +56,7 @@ FAMILIES = {
     # vision encoder timed; its generate() ends at [SEP] and pads with [PAD] whatever the generation config says.
     "BLIP": Family(
         variant="blip-image-captioning-base", engines=("hf", "onnxrt", "onnxrt-int8"), output_len=20,
-        note="Optimum does not export BLIP", goals=(("onnxrt", 1, "tok_s", "hf", ">=", 1.4),), inputs="pixels",
+        note="Optimum does not export BLIP", refused=("optimum",), goals=(("onnxrt", 1, "tok_s", "hf", ">=", 1.4),), inputs="pixels",
         hf_class="AutoModelForImageTextToText", hf_encoder=lambda model: model.vision_model, hf_pad=False,
         generation=lambda config: {"eos_token_id": config["text_config"]["sep_token_id"],
                                    "pad_token_id": config["text_config"]["pad_token_id"]},

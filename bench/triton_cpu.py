@@ -23,6 +23,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from harness.cli import parse_checked, positive, run_script  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO / "bench") not in sys.path:  # bench/harness, also when this file is loaded by path
@@ -105,25 +106,31 @@ def render(results: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", help="a sentence-transformers folder (default: all-MiniLM-L6-v2 from its package)")
-    p.add_argument("--seq-len", type=int, default=16, help="tokens per request, special tokens included (16)")
-    p.add_argument("--requests", type=int, default=200, help="requests per path and round (200)")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--seq-len", type=positive, default=16, help="tokens per request, special tokens included (16)")
+    p.add_argument("--requests", type=positive, default=200, help="requests per path and round (200)")
+    p.add_argument("--rounds", type=positive, default=3)
     p.add_argument("--working-dir", default="temp")
     p.add_argument("--json", metavar="FILE")
-    args = p.parse_args(argv)
+    args = parse_checked(p, argv)
     sys.path.insert(0, str(REPO / "tests"))
     from triton_server import triton_server
 
     from nndf.convert.cli import main as convert_model
 
-    work = Path(args.working_dir).resolve() / "bench-triton"
-    repository = work / "models"
-    if not (repository / ENSEMBLE / "config.pbtxt").exists():
-        from harness.encoders import minilm_folder
+    from harness.encoders import minilm_folder
+    from harness.engines import folder_signature, short_hash
 
-        model = args.model or str(minilm_folder(work))
+    from nndf.errors import UsageError
+
+    work = Path(args.working_dir).resolve() / "bench-triton"
+    model = Path(args.model).resolve() if args.model else minilm_folder(work)
+    if not model.is_dir():
+        raise UsageError(f"--model {args.model} is not a folder; give a sentence-transformers folder")
+    # one repository per model (its files) and length, reused while both are the same
+    repository = work / f"models-{model.name}-{short_hash([str(model), folder_signature(model), args.seq_len])}"
+    if not (repository / ENSEMBLE / "config.pbtxt").exists():
         with contextlib.redirect_stdout(sys.stderr):  # its report is progress here; stdout is this one's
-            code = convert_model(["-m", model, "--task", "embedding", "-o", str(repository), "-d", "cpu",
+            code = convert_model(["-m", str(model), "--task", "embedding", "-o", str(repository), "-d", "cpu",
                                   "-b", "1", "1", "8", "-s", "1", str(args.seq_len), "128", "--nb-measures", "1",
                                   "--warmup", "0"])
         if code:
@@ -139,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             for name in order:
                 times.setdefault(name, []).extend(timed(calls[name], texts))
     results = {name: summary(times[name]) for name in calls}
-    print(f"# all-MiniLM-L6-v2 through Triton (pytriton's tritonserver, CPU), batch 1, {args.seq_len} tokens, "
+    print(f"# {model.name if args.model else 'all-MiniLM-L6-v2'} through Triton (pytriton's tritonserver, CPU), batch 1, {args.seq_len} tokens, "
           f"{args.rounds} x {args.requests} requests per path, one at a time")
     print(render(results))
     if args.json:
@@ -148,4 +155,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script("triton_cpu.py", main))

@@ -62,12 +62,21 @@ def test_flags_are_parsed_and_duplicates_dropped():
     ("decoder", ["--torch-dir", "d", "--hub"], "not allowed with"),
     ("seq2seq", ["--engines", "hf", "onnxrt-int4"],
      "unknown engine(s) onnxrt-int4; allowed: hf, nndf-frameworks, onnxrt, onnxrt-int8, optimum"),
+    ("seq2seq", ["--family", "BLIP", "--engines", "hf", "optimum"],
+     "--engines: optimum cannot run BLIP: Optimum does not export BLIP"),  # not after installing Optimum's venv
 ])
 def test_bad_flags_exit_2_naming_the_flag(script, argv, needle, capsys):
     with pytest.raises(SystemExit) as info:
         driver.parse_args((bench if script == "decoder" else seq2seq).BENCH, argv)
     assert info.value.code == 2
     assert needle in capsys.readouterr().err
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_the_run(capsys):
+    """It failed at the very end, after every round, with a traceback."""
+    assert driver.main(bench.BENCH, ["--engines", "hf", "--json", "/proc/report.json"]) == 2
+    assert capsys.readouterr().err.startswith("decoder_cpu.py: --json /proc/report.json: nothing can be written in "
+                                              "/proc (")
 
 
 # ------------------------------------------------------------------------------------------ ratios and goals

@@ -164,6 +164,17 @@ def test_genai_pins_the_runtime_and_reads_the_builders_refusal():
         "session_options"]
 
 
+def test_genai_on_gpt2_is_refused_before_its_venv_is_made(tmp_path, monkeypatch):
+    """Every default GPT-2 run used to install GenAI's venv (minutes, over 1 GB) only to read the builder's refusal."""
+    monkeypatch.setattr(peers, "_FAILED", {})
+    monkeypatch.setattr(peers, "venv_environment", lambda *a, **k: pytest.fail("the venv was made"))
+    (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
+    with pytest.raises(EngineError, match=r"The GPT2LMHeadModel model is not supported \(onnxruntime-genai "):
+        peers.genai_setup("genai-int4", None, tmp_path, tmp_path / "w", tmp_path, {})
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    assert genai.known_refusal(tmp_path) is None
+
+
 # ------------------------------------------------------------------------------------- ratios against the peers
 
 def test_peer_ratios_and_goals_on_made_up_numbers():

@@ -23,8 +23,9 @@ def test_seq2seq_defaults_and_flags_per_family():
     args = driver.parse_args(seq2seq.BENCH, ["--family", "blip"])
     assert (args.variant, args.output_len) == ("blip-image-captioning-base", 20)
     assert args.engines == ["hf", "onnxrt", "onnxrt-int8"]
-    args = driver.parse_args(seq2seq.BENCH, ["--family", "BLIP", "--output-len", "8", "--engines", "hf", "optimum"])
-    assert (args.output_len, args.engines) == (8, ["hf", "optimum"])
+    args = driver.parse_args(seq2seq.BENCH, ["--family", "BLIP", "--output-len", "8", "--engines", "hf",
+                                             "nndf-frameworks"])
+    assert (args.output_len, args.engines) == (8, ["hf", "nndf-frameworks"])  # optimum: refused (test_bench.py)
     assert seq2seq.BENCH.for_family("BLIP").goals == (("onnxrt", 1, "tok_s", "hf", ">=", 1.4),)
     helped = " ".join(driver.build_parser(seq2seq.BENCH).format_help().split())
     assert "optimum; BLIP: hf onnxrt onnxrt-int8, as Optimum does not export BLIP)" in helped

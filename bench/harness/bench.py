@@ -33,7 +33,8 @@ class Family:
     hf_pad: whether that worker passes pad_token_id to generate() (BLIP's generate() passes its own);
     generation(config): the generation entries the family's own generate() passes over the weights' generation
     config (BLIP: eos [SEP], pad [PAD]), for the header;
-    note: why its engines differ, for the help ("Optimum does not export BLIP").
+    note: why its engines differ, for the help ("Optimum does not export BLIP");
+    refused: engines that cannot run the family, refused with the note before anything is built.
     """
 
     variant: str | None = None
@@ -46,6 +47,7 @@ class Family:
     hf_pad: bool | None = None
     generation: Callable | None = None
     note: str | None = None
+    refused: tuple[str, ...] | None = None
 
 
 def family_key(name: str) -> str:

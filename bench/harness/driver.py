@@ -7,24 +7,14 @@ import argparse
 import contextlib
 import json
 import os
-import sys
 from pathlib import Path
 
 from harness.engines import EngineError, Worker, close_all, elapsed, prepare_weights, say, start_engine
 from harness.inputs import describe, make_inputs
+from harness.cli import check_outputs, positive, run_script
 from harness.render import render_report
 from harness.stats import CpuWatch, compute_ratios, evaluate_goals, peer_ratios, summarize
 from harness.worker import versions, worker_main
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
 
 
 def build_parser(bench) -> argparse.ArgumentParser:
@@ -42,17 +32,17 @@ def build_parser(bench) -> argparse.ArgumentParser:
     source.add_argument("--torch-dir", help="a local Hugging Face model folder to load instead")
     source.add_argument("--hub", action="store_true", help="the variant's hub weights (needs the hub or its cache)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights and of the inputs (default 0)")
-    p.add_argument("--batch-sizes", type=_positive, nargs="+", default=[1, 4], metavar="N")
+    p.add_argument("--batch-sizes", type=positive, nargs="+", default=[1, 4], metavar="N")
     images = ", ".join(n for n, f in bench.families.items() if f.inputs == "pixels")
     unused = f"; {images}: seeded random pixels of the model's image size instead" if images else ""
-    p.add_argument("--input-len", type=_positive, default=64, help=f"{bench.input_word} tokens (default 64{unused})")
-    p.add_argument("--output-len", type=_positive, default=None, help="new tokens, no early stop (default "
+    p.add_argument("--input-len", type=positive, default=64, help=f"{bench.input_word} tokens (default 64{unused})")
+    p.add_argument("--output-len", type=positive, default=None, help="new tokens, no early stop (default "
                    f"{bench.default_output_len}{bench.family_defaults('output_len')})")
-    p.add_argument("--rounds", type=_positive, default=5, help="timed rounds after the warm-up (default 5)")
+    p.add_argument("--rounds", type=positive, default=5, help="timed rounds after the warm-up (default 5)")
     p.add_argument("--engines", nargs="+", default=None, metavar="ENGINE",
                    help=f"engines to compare, from {', '.join(bench.engines)} "
                         f"(default: {' '.join(bench.default_engines)}{bench.family_defaults('engines')})")
-    p.add_argument("--threads", type=_positive, default=None,
+    p.add_argument("--threads", type=positive, default=None,
                    help="intra-op threads of every engine (default: each runtime's own, one per core)")
     p.add_argument("--working-dir", default="temp", help="weights, exports, the Optimum venv and logs (default temp)")
     p.add_argument("--json", metavar="FILE", help="also write every figure, raw runs included, as JSON")
@@ -78,10 +68,14 @@ def parse_args(bench, argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [e for e in args.engines if e not in bench.engines]
     if unknown:
         parser.error(f"argument --engines: unknown engine(s) {', '.join(unknown)}; allowed: {', '.join(bench.engines)}")
+    refused = [e for e in args.engines if e in (own.family.refused or ())]
+    if refused:
+        parser.error(f"argument --engines: {', '.join(refused)} cannot run {args.family}: {own.family.note}")
     args.engines = list(dict.fromkeys(args.engines))
     args.batch_sizes = list(dict.fromkeys(args.batch_sizes))
     if args.torch_dir is None and not args.hub:
         args.random_weights = True
+    check_outputs(args)
     return args
 
 
@@ -222,21 +216,18 @@ def write_json(path: str, report: dict) -> None:
 
 
 def main(bench, argv: list[str] | None = None) -> int:
-    """The script's entry point: a worker when started with --worker, else the whole run with the report."""
+    """The script's entry point: a worker when started with --worker, else the whole run with the report; nndf's
+    usage and runtime errors are one line (`harness.cli.run_script`)."""
+    return run_script(f"{bench.name}.py", lambda: _main(bench, argv))
+
+
+def _main(bench, argv: list[str] | None) -> int:
     args = parse_args(bench, argv)
     bench = bench.for_family(args.family)
     if args.worker:
         return worker_main(args, bench.make_runner)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    try:
-        report = run_benchmark(args, bench)
-    except Exception as exc:  # nndf's UsageError / HarnessError and the like: one sentence
-        from nndf.errors import HarnessError, UsageError
-
-        if isinstance(exc, (UsageError, HarnessError)):
-            print(f"{bench.name}.py: {exc}", file=sys.stderr)
-            return 2 if isinstance(exc, UsageError) else 1
-        raise
+    report = run_benchmark(args, bench)
     print(render_report(report, bench), flush=True)
     if args.json:
         write_json(args.json, report)

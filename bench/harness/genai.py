@@ -48,6 +48,19 @@ def builder_command(python: str, folder: Path, out: Path, precision: str, cache:
             "-e", "cpu", "-c", str(cache)]
 
 
+# Architectures the builder refused when tried here (onnxruntime-genai 0.18: "The GPT2LMHeadModel model is not
+# supported."): refused before its venv is made (a few minutes and over 1 GB), with the builder's own words.
+REFUSED = {"gpt2": "GPT2LMHeadModel"}
+
+
+def known_refusal(folder: Path) -> str | None:
+    """The builder's refusal of the weights in `folder` where it is known without running it, else None."""
+    config = json.loads((folder / "config.json").read_text())
+    architecture = REFUSED.get(config.get("model_type", ""))
+    return None if architecture is None else (f"the ONNX Runtime GenAI model builder failed: The {architecture} "
+                                              f"model is not supported (onnxruntime-genai {GENAI_VERSION})")
+
+
 def builder_refusal(log_text: str) -> str | None:
     """The builder's one-line reason when it does not support the model (it raises NotImplementedError)."""
     for line in reversed(log_text.splitlines()):

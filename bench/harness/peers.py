@@ -49,7 +49,11 @@ def llamacpp_setup(engine: str, args, weights: Path, working_dir: Path, logs: Pa
 
 
 def genai_setup(engine: str, args, weights: Path, working_dir: Path, logs: Path, env_info: dict):
-    """ONNX Runtime GenAI's venv (made on first use) and the engine's build of the weights by its model builder."""
+    """ONNX Runtime GenAI's venv (made on first use) and the engine's build of the weights by its model builder;
+    weights it is known to refuse are refused first (`genai.known_refusal`)."""
+    refusal = genai.known_refusal(weights)
+    if refusal is not None:
+        raise EngineError(refusal)
     reqs = genai.requirements(versions(["onnxruntime", "transformers"]))
     python, found = _once("genai venv", lambda: venv_environment(
         working_dir / "genai-venv", logs / "genai-venv-setup.log", reqs, "onnxruntime_genai, onnx_ir, transformers",

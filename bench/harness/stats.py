@@ -154,12 +154,12 @@ def peer_ratios(report: dict, bench) -> list[dict]:
 
 def _why_missing(report: dict, engine: str, batch: int | None) -> str:
     info = report["engines"].get(engine)
+    if batch is not None and batch not in report["settings"]["batch_sizes"]:  # the wider reason first
+        return f"batch {batch} was not among --batch-sizes"
     if info is None:
         return f"{engine} was not among --engines"
     if info.get("status") != "ok" and info.get("reason"):
         return f"{engine} did not run: {info['reason']}"
-    if batch is not None and batch not in report["settings"]["batch_sizes"]:
-        return f"batch {batch} was not among --batch-sizes"
     return f"no figure for {engine}"
 
 
