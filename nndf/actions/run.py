@@ -138,7 +138,8 @@ def outputs_result(title: str, outputs: list[dict], context: dict) -> Result:
     return Result("outputs", title, columns, outputs, context,
                   ["output: the generated tokens after the prompt (a caption after its text prefix), decoded without "
                    "special tokens: empty where the model made only special tokens (EOS at once, or pad tokens, "
-                   "as random weights often do); "
+                   "as random weights often do), or ids its tokenizer has no text for (a tokenizer smaller than the "
+                   "model's vocabulary); "
                    "inputs cut to 60 characters here and outputs to 80, whole in --json."])
 
 
