@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Callable
 
 
@@ -32,15 +31,19 @@ def check_outputs(args: argparse.Namespace) -> None:
 
 
 def parse_checked(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse.Namespace:
-    """`parser.parse_args(argv)`, its output flags checked."""
+    """`parser.parse_args(argv)`, its output flags checked: a bad one is the parser's own error (exit 2)."""
+    from nndf.errors import UsageError
+
     args = parser.parse_args(argv)
-    run_script(Path(parser.prog).name, lambda: check_outputs(args), exits=True)
+    try:
+        check_outputs(args)
+    except UsageError as exc:
+        parser.error(str(exc))
     return args
 
 
-def run_script(name: str, body: Callable[[], int | None], exits: bool = False) -> int:
-    """`body()`'s exit code (None: 0), or one line `NAME: message` on stderr and 2 (UsageError) or 1 (HarnessError);
-    `exits`: leave the process with that code on an error (as argparse does for its own)."""
+def run_script(name: str, body: Callable[[], int | None]) -> int:
+    """`body()`'s exit code (None: 0), or one line `NAME: message` on stderr and 2 (UsageError) or 1 (HarnessError)."""
     try:
         from nndf.errors import HarnessError, UsageError
     except ImportError:  # a peer's worker, in its own environment without nndf: nothing of nndf's to catch
@@ -49,7 +52,5 @@ def run_script(name: str, body: Callable[[], int | None], exits: bool = False) -
         code = body()
     except (UsageError, HarnessError) as exc:
         print(f"{name}: {exc}", file=sys.stderr)
-        if exits:
-            sys.exit(exc.exit_code)
         return exc.exit_code
     return 0 if code is None else code
