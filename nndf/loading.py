@@ -251,8 +251,10 @@ def _hub_config(variant: Variant):
 
 
 def _files_signature(folder: Path) -> str:
-    """Size and modification time of a folder's files: cheap, and changes whenever a checkpoint is rewritten."""
-    stats = [(p.name, p.stat().st_size, int(p.stat().st_mtime)) for p in sorted(folder.iterdir()) if p.is_file()]
+    """Size and modification time of a folder's files: cheap, and changes whenever a checkpoint is rewritten. The
+    time in nanoseconds: a rewrite of the same size within the second it was written (whole seconds missed it) is a
+    change too."""
+    stats = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(folder.iterdir()) if p.is_file()]
     return str(stats)
 
 
