@@ -380,3 +380,29 @@ def test_a_top_n_over_the_vocabulary_is_refused_before_scoring(capsys, tiny_gpt2
     code, _, err = run_cli(capsys, "accuracy", "GPT2", "frameworks", "--torch-dir", tiny_gpt2_dir, "--dataset-file",
                            passages, "--topN", 50258)
     assert code == 2 and "--topN 50258 is more than the 50257 tokens of" in err and "loading" not in err
+
+
+@needs_shared(TOKENIZER_DIR)
+def test_outputs_say_how_many_tokens_have_no_text(capsys, tmp_path):
+    """A vocabulary padded past its tokenizer (Qwen2.5's, Phi-3's): ids from the tokenizer's size on decode to no
+    text, so `run` counts them and says so beside the empty outputs, rather than leaving an empty column unexplained.
+    The tiny model is made to pick id 50265 (past GPT-2's 50257 tokens) at every step: its final norm gives one
+    vector whatever the input, and that id's embedding row (the tied head) is that vector scaled."""
+    from transformers import AutoModelForCausalLM
+
+    folder = build_tiny(tmp_path, "padded-vocab", {**TINY_GPT2, "vocab_size": 50272})
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    with torch.no_grad():
+        model.transformer.ln_f.weight.zero_()
+        model.transformer.ln_f.bias.copy_(torch.linspace(-1, 1, model.config.n_embd))
+        model.transformer.wte.weight[50265] = 10 * model.transformer.ln_f.bias
+    model.save_pretrained(folder)
+    out_file = tmp_path / "run.json"
+    code, out, err = run_cli(capsys, "run", "GPT2", "frameworks", "--torch-dir", folder, "--output-seq-len", 3,
+                             "--iterations", 1, "--warmup", 0, "--json", out_file)
+    assert code == 0, err
+    outputs = json.loads(out_file.read_text())["results"][1]["rows"]
+    assert outputs and all(row["output"] == "" and row["textless_ids"] > 0 for row in outputs)
+    total = sum(row["textless_ids"] for row in outputs)
+    assert (f"{total} generated token(s) in {len(outputs)} of {len(outputs)} outputs have ids at or past 50257, "
+            "the tokenizer's size") in " ".join(out.split())

@@ -42,4 +42,4 @@ def run(args) -> list[Result]:
                                            ("decode_ms", "decode step (ms)", None)])
         notes.append(f"plot written to {args.plot}")
     return [Result("compare", title, columns, rows, describe(first), notes),
-            outputs_result(f"outputs {first.spec.family} {first.loaded.name}", outputs, describe(first))]
+            outputs_result(first, outputs)]

@@ -70,6 +70,7 @@ def checkpoint_rows(args, models, samples: list[Sample]) -> tuple[list[dict], li
     first = models[0]
     tokenizer = first.tokenizer
     rows, outputs = [], []
+    known = len(tokenizer)  # ids from here on (a vocabulary padded past its tokenizer) decode to no text
     for runner in runners_for(models):
         matched = total = 0
         full, step = [], []
@@ -90,7 +91,8 @@ def checkpoint_rows(args, models, samples: list[Sample]) -> tuple[list[dict], li
             if t.decode_step_median is not None:
                 step.append(t.decode_step_median)
             outputs.append({"backend": runner.label, "input": _describe_sample(sample),
-                            "output": tokenizer.decode(new, skip_special_tokens=True).strip()})
+                            "output": tokenizer.decode(new, skip_special_tokens=True).strip(),
+                            "textless_ids": sum(i >= known for i in new)})
         rows.append({
             "backend": runner.label,
             "samples": len(samples),
@@ -133,14 +135,27 @@ def checkpoint_columns(args) -> list[Column]:
     ]
 
 
-def outputs_result(title: str, outputs: list[dict], context: dict) -> Result:
+def outputs_notes(outputs: list[dict], tokenizer) -> list[str]:
+    """What the outputs column shows, and, when some generated ids lie past the tokenizer's last entry (a model
+    whose vocabulary is padded past its tokenizer, as Qwen2.5's and Phi-3's are, given random weights), how many:
+    those ids have no text, so an output can be empty or short without a special token in it."""
+    notes = ["output: the generated tokens after the prompt (a caption after its text prefix), decoded without "
+             "special tokens: empty where the model made only special tokens (EOS at once, or pad tokens, as random "
+             "weights often do); inputs cut to 60 characters here and outputs to 80, whole in --json."]
+    textless = sum(row["textless_ids"] for row in outputs)
+    if textless:
+        hit = sum(row["textless_ids"] > 0 for row in outputs)
+        notes.append(f"{textless} generated token(s) in {hit} of {len(outputs)} outputs have ids at or past "
+                     f"{len(tokenizer)}, the tokenizer's size (the model's vocabulary is larger): they have no text "
+                     "(textless_ids in --json).")
+    return notes
+
+
+def outputs_result(first, outputs: list[dict]) -> Result:
+    """The second table of `run` and `compare`: what each backend generated for each sample."""
     columns = [Column("backend", "backend"), Column("input", "input", width=60), Column("output", "output", width=80)]
-    return Result("outputs", title, columns, outputs, context,
-                  ["output: the generated tokens after the prompt (a caption after its text prefix), decoded without "
-                   "special tokens: empty where the model made only special tokens (EOS at once, or pad tokens, "
-                   "as random weights often do), or ids its tokenizer has no text for (a tokenizer smaller than the "
-                   "model's vocabulary); "
-                   "inputs cut to 60 characters here and outputs to 80, whole in --json."])
+    return Result("outputs", f"outputs {first.spec.family} {first.loaded.name}", columns, outputs, describe(first),
+                  outputs_notes(outputs, first.tokenizer))
 
 
 def run(args) -> list[Result]:
@@ -153,4 +168,4 @@ def run(args) -> list[Result]:
     source = "the given images" if getattr(args, "image", None) else "checkpoint samples"
     title = f"run {first.spec.family} {first.loaded.name}: {source}, {picked}, {weights_and_cache(args)}"
     return [Result("run", title, checkpoint_columns(args), rows, describe(first), notes),
-            outputs_result(f"outputs {first.spec.family} {first.loaded.name}", outputs, describe(first))]
+            outputs_result(first, outputs)]
