@@ -7,6 +7,7 @@ action gains a flag once. `nndf.load` (nndf.model) is the lower level: one model
 
 from __future__ import annotations
 
+import argparse
 import io
 
 from nndf.errors import UsageError
@@ -30,15 +31,19 @@ def _argv(flags: dict, options: dict, action: str, flags_of: dict[str, set[str]]
         if switch != isinstance(value, bool):
             wanted = "True or False" if switch else "a value (a number, a word or a path; a list for several)"
             raise UsageError(f"{key}= takes {wanted}, not {value!r}")
+        if "--" in (value if isinstance(value, (list, tuple)) else [value]):
+            raise UsageError(f"{key}= cannot take '--': the command line's parser reads it as the end of flags")
         if value is True:
             argv.append(flag)
         elif value is False:
             if "--no-" + flag[2:] in options:
                 argv.append("--no-" + flag[2:])
+        elif isinstance(value, (list, tuple)) and isinstance(options[flag], argparse._AppendAction):  # and extend
+            argv += [f"{flag}={v}" for v in value]  # `--stop=--`: a value that starts with "-" stays a value
         elif isinstance(value, (list, tuple)):
             argv += [flag, *(str(v) for v in value)]
         else:
-            argv += [flag, str(value)]
+            argv.append(f"{flag}={value}")
     return argv
 
 
@@ -61,7 +66,8 @@ def run(action: str, model: str | None = None, *backends: str, input: str | list
     Flags are keywords with underscores for dashes (`nndf.run("accuracy", "GPT2", "frameworks", torch_dir=...,
     num_samples=100)`); a flag the action does not know, or a bad value, raises `UsageError` with the sentence the
     command line prints, and a runtime failure `HarnessError`. `input`: for `chat`, the lines it answers (what it
-    reads from stdin on the command line), as one string or a list of lines.
+    reads from stdin on the command line), as one string or a list of lines. `help=True` prints the action's
+    `--help` and returns no results.
     """
     from nndf.cli import ACTIONS, build_parser, check_given_paths, check_unused_flags
 
@@ -70,6 +76,9 @@ def run(action: str, model: str | None = None, *backends: str, input: str | list
     parser = build_parser()
     flags_of = {name: set(sub._option_string_actions) for name, sub in parser.action_parsers.items()}
     options = parser.action_parsers[action]._option_string_actions
+    if flags.get("help") is True:  # argparse's help would end the process (SystemExit) from inside a library call
+        print(parser.action_parsers[action].format_help())
+        return []
     argv = [action, *([model] if model is not None else []), *backends, *_argv(flags, options, action, flags_of)]
     args = parser.parse_args(argv)
     check_unused_flags(args)

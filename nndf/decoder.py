@@ -30,6 +30,11 @@ class TokenState:
     # range made once instead of counted from the mask (four ops less per step). `append` and `replace_tokens` add
     # only ones, so it stays true; False (not known) takes the count.
     unpadded: bool = field(default=False, compare=False)
+    # Rows whose prompt ends in padding (right-padded, which generate() warns about): generate() gives each new
+    # column the position after the prompt's last column (a pad's 0), not the count of real tokens less one, so
+    # their positions from the prompt's length on are the count's plus this (rows, 1) offset; None: no such row.
+    position_offset: torch.Tensor | None = field(default=None, compare=False)
+    prompt_length: int = field(default=0, compare=False)
     # The mask's new column at each step, made once (one op less per step): (rows, 1) ones.
     _ones_column: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -39,6 +44,14 @@ class TokenState:
         if ones is None or ones.shape[0] != self.mask.shape[0] or ones.device != self.mask.device:
             ones = self._ones_column = self.mask.new_ones((self.mask.shape[0], 1))
         self.mask = torch.cat([self.mask, ones], dim=1)
+
+    def continue_positions(self, positions: torch.Tensor, seen: int) -> torch.Tensor:
+        """`positions` (columns `seen` on, counted from the mask) as generate() gives them: a right-padded row's
+        new columns count on from its last prompt column's position."""
+        if self.position_offset is None or seen + positions.shape[1] <= self.prompt_length:
+            return positions
+        after_prompt = max(0, self.prompt_length - seen)
+        return torch.cat([positions[:, :after_prompt], positions[:, after_prompt:] + self.position_offset], dim=1)
 
     def replace_tokens(self, tokens: torch.Tensor) -> None:
         """Beam search rewrites whole rows; the mask keeps its padding (all beams of a prompt share it)."""
@@ -76,7 +89,12 @@ class Decoder:
     def start(self, input_ids: torch.Tensor, mask: torch.Tensor, beams: int) -> TokenState:
         """The loop's first state: each prompt (and its mask) repeated once per beam, as `generate()` expands it."""
         mask = mask.repeat_interleave(beams, dim=0)
-        return TokenState(input_ids.repeat_interleave(beams, dim=0), mask, unpadded=bool(mask.all()))
+        state = TokenState(input_ids.repeat_interleave(beams, dim=0), mask, unpadded=bool(mask.all()))
+        ends_padded = mask[:, -1:] == 0
+        if not state.unpadded and bool(ends_padded.any()):  # generate() counts on from the pad's position 0
+            state.position_offset = (1 - mask.sum(-1, keepdim=True)) * ends_padded
+            state.prompt_length = mask.shape[1]
+        return state
 
     @contextlib.contextmanager
     def host_threads(self):
@@ -133,7 +151,7 @@ class Decoder:
         }
         if "position_ids" in self.session.input_names:  # ALiBi models and encoder-decoders take none
             feeds["position_ids"] = self._unpadded_positions(rows, seen, total) if state.unpadded else \
-                self.hooks.position_ids(state.mask, seen)
+                state.continue_positions(self.hooks.position_ids(state.mask, seen), seen)
         feeds.update(state.fixed)
         if cache is not None:
             feeds.update(cache.past_feeds())

@@ -28,11 +28,15 @@ def check_decoding(decoding: dict) -> None:
                          "return_dict_in_generate are not built: the result is generate()'s token tensor)")
 
 
+DEFAULT_NEW_TOKENS = 20  # generate()'s new tokens when nothing sets a length
+
+
 def new_token_budget(architecture, loaded, input_ids, max_new_tokens: int | None, max_length: int | None) -> int:
-    """How many new tokens `generate()` would produce at most: `max_new_tokens` when given; else `max_length` (the
-    call's, else the generation config's `max_new_tokens`, else its `max_length`, 20 by default) less the part of
-    the output before the new tokens (the prompt of a decoder-only model, the start token of an encoder-decoder
-    one); at least one, as `generate()` makes one token even when the prompt already fills `max_length`."""
+    """How many new tokens `generate()` (transformers 5) would produce at most: `max_new_tokens` when given; else
+    a `max_length` (the call's, else the generation config's `max_new_tokens`, else its `max_length`) less the part
+    of the output before the new tokens (the prompt of a decoder-only model, the start token of an encoder-decoder
+    one), refused as generate() refuses it when that part already fills it; else 20 new tokens, fewer where the
+    model's `max_position_embeddings` ends sooner."""
     if max_new_tokens is not None:
         return max_new_tokens
     if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1):
@@ -40,8 +44,19 @@ def new_token_budget(architecture, loaded, input_ids, max_new_tokens: int | None
     gen = loaded.generation_config
     if max_length is None and getattr(gen, "max_new_tokens", None) is not None:
         return int(gen.max_new_tokens)
-    total = max_length if max_length is not None else int(getattr(gen, "max_length", None) or 20)
-    return max(1, total - architecture.prompt_length(input_ids, loaded))
+    before = architecture.prompt_length(input_ids, loaded)
+    total = max_length if max_length is not None else getattr(gen, "max_length", None)
+    if total is None:  # generate()'s default: 20 new tokens, within the model's positions
+        total = before + DEFAULT_NEW_TOKENS
+        positions = getattr(loaded.spec.hooks.generating_config(loaded.config), "max_position_embeddings", None)
+        if positions is not None:
+            total = min(total, int(positions))
+    if before >= total:
+        source = "max_length" if max_length is not None else "the generation config's max_length" \
+            if getattr(gen, "max_length", None) is not None else "the model's max_position_embeddings"
+        raise UsageError(f"the prompt is {before} tokens long and {source} is {int(total)}, so no token is left "
+                         "to generate (generate() refuses this too); give max_new_tokens=N")
+    return int(total) - before
 
 
 def check_prompt_tensors(input_ids, attention_mask, image: bool = False) -> None:
@@ -67,7 +82,8 @@ def check_prompt_tensors(input_ids, attention_mask, image: bool = False) -> None
 
 def warn_right_padding(architecture, attention_mask) -> None:
     """`generate()`'s warning for a left-padding model (decoder-only) given right-padded rows: their new tokens
-    follow the pads, so such a row continues garbage (the tokens are still generate()'s own)."""
+    follow the pads, so such a row continues garbage (the tokens are still generate()'s own: `TokenState`'s
+    `position_offset` numbers them as it does)."""
     if architecture.pad_side != "left" or attention_mask is None or not attention_mask.shape[1]:
         return
     if bool((attention_mask[:, -1] == 0).any()):

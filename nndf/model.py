@@ -9,7 +9,7 @@ decoder's tokens from its start token for an encoder-decoder one such as T5), an
 Hugging Face `generate()` itself on the same PyTorch model, as the reference. The model's own generation config
 (beams, sampling, no-repeat n-grams, minimum length, forced tokens) applies unless an argument overrides it, as in
 `generate()`; so do its length and special-token keywords (`max_new_tokens`, else `max_length`, else the
-generation config's: 20 tokens in all by default, `eos_token_id`, `pad_token_id`). Sampling takes `generate()`'s
+generation config's, else 20 new tokens; `eos_token_id`, `pad_token_id`). Sampling takes `generate()`'s
 keywords plus a seed, and a streamer gets the tokens as they come:
 
     out = m.generate(input_ids, do_sample=True, temperature=0.8, top_k=40, top_p=0.9, repetition_penalty=1.1,

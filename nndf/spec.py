@@ -66,6 +66,11 @@ class FamilyHooks:
         positions = attention_mask.long().cumsum(-1) - 1
         return positions.masked_fill(attention_mask == 0, 0)[:, start:]
 
+    def generating_config(self, config):
+        """The config of the module whose generate() makes the tokens (BLIP's text decoder's): its
+        `max_position_embeddings` caps generate()'s default length."""
+        return config
+
     def max_positions(self, config) -> int:
         """The longest sequence the model can attend over."""
         return int(config.max_position_embeddings)

@@ -20,11 +20,15 @@ def test_benchmark_from_python_returns_the_table(tiny_gpt2_dir):
     assert "6 prompt + 3 new tokens" in result.render()
 
 
-def test_chat_from_python_answers_the_given_lines(tiny_gpt2_dir):
+def test_chat_from_python_answers_the_given_lines(tiny_gpt2_dir, capsys):
+    """Values that start with a dash (a Markdown rule as a stop string, a system message) stay values: the command
+    line would read `--stop --` as a missing value. `help=True` prints the action's help and returns no table
+    (argparse alone would end the process)."""
     [result] = nndf.run("chat", "GPT2", "frameworks", torch_dir=tiny_gpt2_dir, output_seq_len=3,
-                        input=["Hello there", "The cat"])
+                        input=["Hello there", "The cat"], stop=["---", "-x"], system="-v")
     assert [row["prompt"] for row in result.rows] == ["Hello there", "The cat"]
     assert all(row["new_tokens"] == 3 for row in result.rows)
+    assert nndf.run("chat", help=True) == [] and "--stop TEXT" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("call, message", [
@@ -39,6 +43,7 @@ def test_chat_from_python_answers_the_given_lines(tiny_gpt2_dir):
      r"^iterations= takes a value \(a number, a word or a path; a list for several\), not True$"),
     (lambda: nndf.run("benchmark", "GPT2", "frameworks", fp16="yes"), "^fp16= takes True or False, not 'yes'$"),
     (lambda: nndf.run("chat", "GPT2", "frameworks", input=[1, 2]), r"input= takes the chat's lines as one string"),
+    (lambda: nndf.run("chat", "GPT2", "frameworks", stop=["--"]), r"^stop= cannot take '--'"),
     (lambda: nndf.run("benchmark", "GPT2", "frameworks", iterations="many"), "invalid int value: 'many'"),
     (lambda: nndf.run("benchmark", "GPT2", "frameworks", input="hi"), "input= is for chat"),
     (lambda: nndf.run("accuracy", "GPT2", "frameworks", num_beams=4), "--num-beams does not apply to accuracy"),
@@ -114,8 +119,9 @@ def test_a_panel_no_backend_has_a_figure_for_says_so():
 
 
 def test_generate_takes_generates_lengths_and_special_tokens(tiny_gpt2_dir):
-    """`max_length`, the generation config's default length (20 tokens in all), `eos_token_id` and `pad_token_id`
-    mean what they mean to generate(): the same tokens as hf_generate (which passes them to generate() itself)."""
+    """`max_length`, the default length (20 new tokens, within the model's positions), `eos_token_id` and
+    `pad_token_id` mean what they mean to transformers 5's generate(): the same tokens as generate() itself, called
+    with no length at all, and the same refusal of a max_length the prompt already fills."""
     import warnings
 
     import torch
@@ -124,9 +130,16 @@ def test_generate_takes_generates_lengths_and_special_tokens(tiny_gpt2_dir):
     ids = torch.tensor([[5, 6, 7, 8], [0, 9, 10, 11]])
     mask = torch.tensor([[1, 1, 1, 1], [0, 1, 1, 1]])
     default = m.generate(ids, mask)
-    assert default.shape[1] == 20 and torch.equal(default, m.hf_generate(ids, mask))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # generate()'s advice to set max_new_tokens
+        assert default.shape[1] == 4 + 20 and torch.equal(default, m.loaded.model.generate(ids, attention_mask=mask))
+        long = torch.arange(120).unsqueeze(0)  # 120 of the tiny model's 128 positions: 8 new tokens, not 20
+        assert m.generate(long).shape[1] == 128 == m.loaded.model.generate(long).shape[1]
+        with pytest.raises(ValueError, match="max_length"):
+            m.loaded.model.generate(ids, attention_mask=mask, max_length=4)
     assert m.generate(ids, mask, max_length=9).shape[1] == 9
-    assert m.generate(ids, mask, max_length=3).shape[1] == 5  # one token even when the prompt fills max_length
+    with pytest.raises(UsageError, match="the prompt is 4 tokens long and max_length is 4"):
+        m.generate(ids, mask, max_length=4)
     eos = int(default[0, 6])  # a token the first row makes: ending there, with another pad id
     ours = m.generate(ids, mask, max_new_tokens=8, eos_token_id=eos, pad_token_id=3)
     assert torch.equal(ours, m.hf_generate(ids, mask, max_new_tokens=8, eos_token_id=eos, pad_token_id=3))
@@ -136,6 +149,27 @@ def test_generate_takes_generates_lengths_and_special_tokens(tiny_gpt2_dir):
         warnings.simplefilter("always")
         m.generate(ids, torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]]), max_new_tokens=2)
     assert any("right-padding was detected" in str(w.message) for w in caught)
+
+
+def test_right_padded_rows_get_generates_tokens(tiny_gpt2_dir, onnx_work_dir):
+    """A right-padded row (generate() warns, and goes on): transformers 5 gives its new columns the positions after
+    its last prompt column's, a pad's 0, not the count of its real tokens; the loop does the same on every path
+    (cache on and off, onnxrt, beams), so its tokens are generate()'s from the second new token on too."""
+    import warnings
+
+    import torch
+
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10], [11, 12, 13, 0, 0, 0], [14, 0, 0, 0, 0, 0]])
+    mask = (ids != 0).long()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # generate()'s right-padding warning
+        for backend, use_cache in (("frameworks", True), ("frameworks", False), ("onnxrt", True)):
+            m = nndf.load("GPT2", backend=backend, torch_dir=str(tiny_gpt2_dir), use_cache=use_cache,
+                          working_dir=str(onnx_work_dir))
+            for beams in (1, 2):
+                ours = m.generate(ids, mask, max_new_tokens=5, num_beams=beams)
+                assert torch.equal(ours, m.hf_generate(ids, mask, max_new_tokens=5, num_beams=beams)), \
+                    (backend, use_cache, beams)
 
 
 def test_export_to_a_folder_runs_without_the_weights(tiny_gpt2_dir, onnx_work_dir, tmp_path):

@@ -56,6 +56,10 @@ class BlipHooks(ImageToTextHooks):
             return ids, ids.ne(pad).long()
         return ids, torch.ones_like(ids)
 
+    def generating_config(self, config):
+        """`BlipForConditionalGeneration.generate` hands the captioning to its text decoder's generate()."""
+        return config.text_config
+
     def generation_defaults(self, config) -> dict:
         return {"eos_token_id": config.text_config.sep_token_id, "pad_token_id": config.text_config.pad_token_id}
 
