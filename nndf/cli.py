@@ -38,6 +38,26 @@ class _Parser(OneSentenceParser):
 
         super().error(hint(message))
 
+    def parse_args(self, args=None, namespace=None):
+        """argparse's, but an unrecognized flag that another action takes is named as such (`--num-samples is a
+        flag of accuracy`), with the action's own --help: argparse alone says only "unrecognized arguments"."""
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}{self._elsewhere(extras, namespace)}")
+        return namespace
+
+    def _elsewhere(self, extras: list[str], namespace) -> str:
+        action = getattr(namespace, "action", None)
+        parsers = getattr(self, "action_parsers", {})
+        if action not in parsers:
+            return ""
+        notes = []
+        for flag in dict.fromkeys(word.split("=")[0] for word in extras if word.startswith("-")):
+            others = [name for name, p in parsers.items() if name != action and flag in p._option_string_actions]
+            if others:
+                notes.append(f"{flag} is a flag of {', '.join(others)}")
+        return f" ({'; '.join(notes)}; see python run.py {action} --help)" if notes else ""
+
 
 def _model_arguments(p: argparse.ArgumentParser, batch_size: int = 1, batch_help: str = "sequences per batch",
                      compare: bool = False, backends_help: str | None = None) -> None:

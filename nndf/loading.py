@@ -144,7 +144,12 @@ def load_config(spec: ModelSpec, variant: Variant, *, torch_dir: str | None = No
     if torch_dir is not None:
         if not (Path(torch_dir) / "config.json").is_file():
             raise UsageError(f"--torch-dir {torch_dir} is not a Hugging Face model folder (no config.json in it)")
-        return check_architecture(spec, AutoConfig.from_pretrained(torch_dir), f"--torch-dir {torch_dir}")
+        try:
+            config = AutoConfig.from_pretrained(torch_dir)
+        except (OSError, ValueError) as exc:  # not JSON, or no model_type transformers knows
+            raise UsageError(f"--torch-dir {torch_dir}: its config.json cannot be read "
+                             f"({str(exc).splitlines()[0]})") from None
+        return check_architecture(spec, config, f"--torch-dir {torch_dir}")
     if not random_weights:
         try:
             config = AutoConfig.from_pretrained(variant.hub_id)
@@ -207,6 +212,10 @@ def load_model(
         tokenizer_source = tokenizer_dir or (str(folder) if _has_tokenizer(folder) else spec.default_tokenizer)
 
         def loader():
+            if not any(next(folder.glob(pattern), None) for pattern in WEIGHT_FILES):  # else an OSError traceback
+                raise UsageError(f"--torch-dir {torch_dir} holds no weights (no model.safetensors or "
+                                 "pytorch_model.bin, whole or sharded); give a folder that a model's save_pretrained() "
+                                 "wrote, or --random-weights without --torch-dir")
             return auto.from_pretrained(folder, dtype=dtype).to(device)
     elif random_weights:
         config = known_config(variant)
@@ -261,6 +270,10 @@ def _files_signature(folder: Path) -> str:
 # Files of which a Hugging Face tokenizer folder has at least one (fast, slow BPE, WordPiece, SentencePiece).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "spiece.model",
                    "sentencepiece.bpe.model", "tokenizer.model")
+
+
+# What a checkpoint folder holds its weights in (one file, or shards with an index), as from_pretrained reads them.
+WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json", "pytorch_model.bin.index.json")
 
 
 def _has_tokenizer(folder: Path) -> bool:

@@ -402,7 +402,9 @@ def test_outputs_say_how_many_tokens_have_no_text(capsys, tmp_path):
                              "--iterations", 1, "--warmup", 0, "--json", out_file)
     assert code == 0, err
     outputs = json.loads(out_file.read_text())["results"][1]["rows"]
-    assert outputs and all(row["output"] == "" and row["textless_ids"] > 0 for row in outputs)
+    # --output-seq-len is honoured beside the sample's label (51 tokens): 3 new tokens, each past the tokenizer
+    assert "+ up to 3 tokens" in err
+    assert outputs and all(row["output"] == "" and row["textless_ids"] == 3 for row in outputs)
     total = sum(row["textless_ids"] for row in outputs)
     assert (f"{total} generated token(s) in {len(outputs)} of {len(outputs)} outputs have ids at or past 50257, "
             "the tokenizer's size") in " ".join(out.split())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import TOKENIZER_DIR, needs_shared
 from test_cli import run_cli
 
 
@@ -56,6 +57,11 @@ from test_cli import run_cli
     (["run", "GPT2", "frameworks", "--random-weights", "--input-seq-len", "4"],
      "--input-seq-len does not apply to run"),
     (["chat", "GPT2", "frameworks", "--random-weights", "--batch-size", "4"], "--batch-size does not apply to chat"),
+    (["compare", "GPT2", "frameworks", "--random-weights", "--batch-size", "4"],
+     "--batch-size does not apply to compare"),  # run's samples, so run's refusals
+    (["evaluate", "GPT2", "frameworks", "--random-weights", "--tasks", "x", "--num-samples", "20"],
+     "unrecognized arguments: --num-samples 20 (--num-samples is a flag of accuracy; see python run.py evaluate "
+     "--help)"),
     (["benchmark", "GPT2", "frameworks", "onnxrt", "frameworks", "--random-weights"],
      "backend frameworks is named twice; name each backend once"),
     (["chat", "GPT2", "frameworks", "--random-weights", "--input-seq-len", "8"],
@@ -87,3 +93,21 @@ def test_every_given_path_is_checked_before_anything_loads(capsys, argv, needle)
     code, out, err = run_cli(capsys, *argv)
     assert code == 2 and needle in err
     assert "loading" not in err and "LAMBADA" not in err
+
+
+@needs_shared(TOKENIZER_DIR)
+def test_a_model_folder_that_cannot_load_is_one_sentence(capsys, tmp_path):
+    """A folder with a config but no weights, or a config.json that is not JSON: one sentence and exit 2, not
+    from_pretrained's OSError traceback."""
+    empty = tmp_path / "no-weights"
+    empty.mkdir()
+    (empty / "config.json").write_text('{"model_type": "gpt2", "n_layer": 1, "n_embd": 16, "n_head": 2}')
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "gpt2",')
+    for folder, needle in ((empty, f"--torch-dir {empty} holds no weights (no model.safetensors or "
+                                   "pytorch_model.bin, whole or sharded)"),
+                           (broken, f"--torch-dir {broken}: its config.json cannot be read")):
+        code, _, err = run_cli(capsys, "run", "GPT2", "frameworks", "--torch-dir", folder, "--tokenizer-dir",
+                               TOKENIZER_DIR, "--output-seq-len", 2)
+        assert code == 2 and needle in err and "Traceback" not in err

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from nndf.actions.common import (add_image_argument, compared_backends, decoding_flags, decoding_note, describe,
                                  open_models, weights_and_cache)
-from nndf.actions.run import checkpoint_columns, checkpoint_rows, checkpoint_samples, outputs_result, sample_notes
+from nndf.actions.run import (
+    RUN_UNUSED_FLAGS, checkpoint_columns, checkpoint_rows, checkpoint_samples, outputs_result, sample_notes,
+)
 from nndf.plots import check_plotting, plot_bars
 from nndf.results import Column, Result
 
 TIMED = True
 SAMPLES = True
 COMPARES = True  # backends as positionals and/or --compare (nndf.cli)
+UNUSED_FLAGS = RUN_UNUSED_FLAGS  # the samples are run's, so are the flags they have no use for
 
 
 def add_arguments(parser) -> None:

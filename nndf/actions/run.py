@@ -26,11 +26,12 @@ from nndf.results import Column, Result
 
 TIMED = True
 SAMPLES = True
-UNUSED_FLAGS = {  # nndf.cli.check_unused_flags
+RUN_UNUSED_FLAGS = {  # nndf.cli.check_unused_flags
     "batch_size": "it generates each of the family's sample prompts on its own (models/<family>/checkpoint.toml); "
                   "benchmark --batch-size times batches",
     "input_seq_len": "its prompts are the family's sample prompts (models/<family>/checkpoint.toml)",
 }
+UNUSED_FLAGS = RUN_UNUSED_FLAGS
 
 
 def add_arguments(parser) -> None:
@@ -78,6 +79,8 @@ def checkpoint_rows(args, models, samples: list[Sample]) -> tuple[list[dict], li
             inputs = generation_inputs(first, sample.prompt, sample.image, args.use_mask)
             ids = inputs.get("input_ids")
             label = first.label_ids(ids, sample.label) if sample.label else None
+            if label and args.output_seq_len is not None:
+                label = label[:args.output_seq_len]  # scored over the tokens asked for
             new_tokens = len(label) if label else args.output_seq_len or DEFAULT_NEW_TOKENS
             shown = textwrap.shorten(_describe_sample(sample), 48, placeholder=" ...")  # whole words
             say(f"{runner.label}: '{shown}' + up to {new_tokens} tokens")
@@ -103,9 +106,9 @@ def checkpoint_rows(args, models, samples: list[Sample]) -> tuple[list[dict], li
     return rows, outputs
 
 
-# --output-seq-len cannot apply to a labelled sample: its label accuracy compares the label's length of tokens.
-LENGTH_NOTE = (f"new tokens: a sample with a label generates the label's length of tokens; one without, "
-               f"--output-seq-len (default {DEFAULT_NEW_TOKENS}).")
+# A labelled sample is scored over its label's tokens, or over the first --output-seq-len of them when given.
+LENGTH_NOTE = (f"new tokens: --output-seq-len when given (a label is then scored over its first that many tokens); "
+               f"else a label's length, or {DEFAULT_NEW_TOKENS} for a sample without one.")
 
 
 def sample_notes(args, rows: list[dict]) -> list[str]:
