@@ -83,10 +83,13 @@ def _model_arguments(p: argparse.ArgumentParser, batch_size: int = 1, batch_help
                    help="build the variant from its known config with random weights (works offline)")
     g.add_argument("--tokenizer-dir", help="load the tokenizer from this folder (needed offline with --random-weights)")
     g.add_argument("--seed", type=int,
-                   help="seed for random weights and random data (benchmark's prompts, the passages accuracy's "
-                   "--num-samples picks; without it: 0) and, where tokens are sampled, for the draws: --seed S draws "
-                   "what torch.manual_seed(S) before generate() draws (without it: a fresh seed, shown in the output so that a run can be repeated). "
-                   "With --random-weights another seed is other weights, so a new export")
+                   help="seed for random data (benchmark's prompts, the passages accuracy's --num-samples picks; "
+                   "without it: 0) and, where tokens are sampled, for the draws: --seed S draws what "
+                   "torch.manual_seed(S) before generate() draws (without it: a fresh seed, shown in the output so "
+                   "that a run can be repeated); the weights stay those of --weights-seed")
+    g.add_argument("--weights-seed", type=int, default=0,
+                   help="seed of --random-weights (default 0, as nndf.load's): another seed is other weights, so a "
+                   "new export")
     g.add_argument("--working-dir", "-wd", default="temp",
                    help="where exported and built artifacts go (default: temp)")
     b = p.add_argument_group("build and generation")
@@ -217,9 +220,13 @@ def check_unused_flags(args) -> None:
         if getattr(args, dest, default) != default:
             raise UsageError(f"--{dest.replace('_', '-')} does not apply to {args.action}: {why}")
     _check_engine_flags(args)
-    seed = getattr(args, "seed", None)
-    if seed is not None and not 0 <= seed < 2**63:
-        raise UsageError(f"--seed must be a whole number from 0 to 2**63 - 1, got {seed}")
+    for flag in ("seed", "weights_seed"):
+        seed = getattr(args, flag, None)
+        if seed is not None and not 0 <= seed < 2**63:
+            raise UsageError(f"--{flag.replace('_', '-')} must be a whole number from 0 to 2**63 - 1, got {seed}")
+    if getattr(args, "weights_seed", 0) and not getattr(args, "random_weights", False):
+        raise UsageError("--weights-seed seeds --random-weights, and the weights here are loaded: give "
+                         "--random-weights or drop --weights-seed")
 
 
 # Flags that shape only TensorRT engines (their profiles, features and names), with the value that leaves them off

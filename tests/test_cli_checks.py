@@ -57,6 +57,7 @@ from test_cli import run_cli
     (["run", "GPT2", "frameworks", "--random-weights", "--input-seq-len", "4"],
      "--input-seq-len does not apply to run"),
     (["chat", "GPT2", "frameworks", "--random-weights", "--batch-size", "4"], "--batch-size does not apply to chat"),
+    (["benchmark", "GPT2", "frameworks", "--weights-seed", "3"], "--weights-seed seeds --random-weights"),
     (["compare", "GPT2", "frameworks", "--random-weights", "--batch-size", "4"],
      "--batch-size does not apply to compare"),  # run's samples, so run's refusals
     (["evaluate", "GPT2", "frameworks", "--random-weights", "--tasks", "x", "--num-samples", "20"],
@@ -111,3 +112,16 @@ def test_a_model_folder_that_cannot_load_is_one_sentence(capsys, tmp_path):
         code, _, err = run_cli(capsys, "run", "GPT2", "frameworks", "--torch-dir", folder, "--tokenizer-dir",
                                TOKENIZER_DIR, "--output-seq-len", 2)
         assert code == 2 and needle in err and "Traceback" not in err
+
+
+def test_the_weights_have_their_own_seed(capsys, tmp_path, monkeypatch):
+    """--seed picks data and draws; the random weights keep --weights-seed (0 by default, as nndf.load's), so a
+    sampled run with another seed reuses the export instead of making other weights (the `--info` plan of trt
+    without a GPU reads the config alone: no weights are built here)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # also where a GPU is present
+    for flags, seed in ((["--seed", "5"], 0), (["--seed", "5", "--weights-seed", "3"], 3)):
+        code, out, _ = run_cli(capsys, "benchmark", "GPT2", "trt", "--random-weights", *flags, "--info",
+                               "--working-dir", tmp_path)
+        assert code == 1 and f"weights: random weights (seed {seed}) from the known gpt2 config" in out

@@ -61,7 +61,7 @@ def compared_backends(args) -> None:
 
 
 def data_seed(args) -> int:
-    """--seed for random weights, random inputs and samples of a data set (0 when not given)."""
+    """--seed for random inputs and samples of a data set (0 when not given); the weights have --weights-seed."""
     return 0 if args.seed is None else args.seed
 
 
@@ -218,7 +218,7 @@ def open_models(args, needs_text: bool = False, new_tokens_flag: str | None = No
     loaded = load_model(
         spec, variant, torch_dir=args.torch_dir, random_weights=args.random_weights,
         tokenizer_dir=args.tokenizer_dir, dtype=torch.float16 if settings.fp16 else torch.float32,
-        device=default_device(), seed=data_seed(args),
+        device=default_device(), seed=args.weights_seed,
     )
     if needs_text:
         loaded.tokenizer  # noqa: B018 (loads it, or says which --tokenizer-dir is missing)
@@ -242,7 +242,7 @@ def engine_plan_result(args, spec, variant, backend: str) -> Result:
 
     settings = build_settings(args)
     loaded = load_model(spec, variant, torch_dir=args.torch_dir, random_weights=args.random_weights,
-                        tokenizer_dir=args.tokenizer_dir, seed=data_seed(args))
+                        tokenizer_dir=args.tokenizer_dir, seed=args.weights_seed)
     architecture(spec).derive_shapes(settings, spec, loaded.config)  # the flags against the model first
     rows = engine_plan(loaded, settings, backend_options(args, [backend]))
     columns = [Column("graph", "graph"), Column("onnx", "ONNX file"), Column("profiles", "profiles")]
