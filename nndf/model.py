@@ -366,6 +366,9 @@ def load(
     check_unused_options(backend, spec, settings, given, cuda_graph, kv_layout)
     if loaded is None:
         device = torch.device(device) if device is not None else default_device()
+        if device.type == "cuda" and not torch.cuda.is_available():  # else an AssertionError from deep in torch
+            raise HarnessError(f"device='{device}' but this torch ({torch.__version__}) sees no CUDA GPU; give "
+                               "device='cpu', or leave device out (a GPU when there is one)")
         dtype = torch.float16 if settings.fp16 else torch.float32
         loaded = load_model(
             spec, var, torch_dir=torch_dir, random_weights=random_weights, tokenizer_dir=tokenizer_dir,

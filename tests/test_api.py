@@ -53,6 +53,16 @@ def test_bad_calls_raise_the_command_lines_sentence(call, message):
         call()
 
 
+def test_a_cuda_device_without_one_is_a_sentence(tiny_gpt2_dir, monkeypatch):
+    import torch
+
+    from nndf.errors import HarnessError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # also where a GPU is present
+    with pytest.raises(HarnessError, match=r"^device='cuda' but this torch \(.*\) sees no CUDA GPU; give device='cpu'"):
+        nndf.load("GPT2", torch_dir=str(tiny_gpt2_dir), device="cuda")
+
+
 def test_load_takes_the_quantized_backend_names(tiny_gpt2_dir):
     reference = nndf.load("GPT2", backend="frameworks", torch_dir=tiny_gpt2_dir)
     with pytest.raises(UsageError, match="backend 'onnxrt-int8' and quantize='int4' disagree"):
@@ -190,6 +200,8 @@ def test_export_to_a_folder_runs_without_the_weights(tiny_gpt2_dir, onnx_work_di
     assert m.backend == "onnxrt" and torch.equal(m.generate(ids, max_new_tokens=6),
                                                  reference.hf_generate(ids, max_new_tokens=6))
     assert sorted(str(p.relative_to(folder)) for p in folder.rglob("*")) == files
+    with pytest.raises(UsageError, match="is an exported folder: it holds the graphs, not the PyTorch weights"):
+        m.hf_generate(ids, max_new_tokens=2)  # not hf/'s missing weight file
     with pytest.raises(UsageError, match="-o writes one onnxrt model"):
         nndf.run("export", "GPT2", "onnxrt", "trt", torch_dir=str(tiny_gpt2_dir), output=str(tmp_path / "x"))
     with pytest.raises(UsageError, match="is a folder of other files, which writing the export there would replace"):

@@ -100,7 +100,15 @@ def load_exported(folder: str | Path, working_dir: str | None = None, threads: i
     folder = Path(folder)
     settings = read_settings(folder)
     graphs = settings.get("graphs") or {"decoder_onnx": settings["graph"]}  # folders written before "graphs"
-    return load(settings["family"], settings["variant"], backend=settings["backend"], torch_dir=str(folder / "hf"),
-                working_dir=working_dir or str(folder), use_cache=settings["use_cache"],
-                threads=threads if threads is not None else settings.get("threads"), device="cpu",
-                **{keyword: str(folder / file) for keyword, file in graphs.items()})
+    model = load(settings["family"], settings["variant"], backend=settings["backend"], torch_dir=str(folder / "hf"),
+                 working_dir=working_dir or str(folder), use_cache=settings["use_cache"],
+                 threads=threads if threads is not None else settings.get("threads"), device="cpu",
+                 **{keyword: str(folder / file) for keyword, file in graphs.items()})
+
+    def no_weights():
+        raise UsageError(f"{folder} is an exported folder: it holds the graphs, not the PyTorch weights that this "
+                         "needs (hf_generate, a fidelity check, a new export); nndf.load(..., torch_dir=CHECKPOINT) "
+                         "has them")
+
+    model.loaded.loader = no_weights  # else `hf/`'s missing weight file is the message
+    return model
