@@ -47,12 +47,16 @@ class _Parser(OneSentenceParser):
         return namespace
 
     def _elsewhere(self, extras: list[str], namespace) -> str:
+        from nndf.demo_flags import REPLACED  # a flag of NVIDIA's demo gets its own hint (`error`)
+
         action = getattr(namespace, "action", None)
         parsers = getattr(self, "action_parsers", {})
         if action not in parsers:
             return ""
         notes = []
         for flag in dict.fromkeys(word.split("=")[0] for word in extras if word.startswith("-")):
+            if flag in REPLACED:
+                continue
             others = [name for name, p in parsers.items() if name != action and flag in p._option_string_actions]
             if others:
                 notes.append(f"{flag} is a flag of {', '.join(others)}")

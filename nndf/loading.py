@@ -177,7 +177,7 @@ def check_architecture(spec: ModelSpec, config, source: str):
         hint = "; an encoder model converts with: python run.py convert -m FOLDER (as transformer-deploy's)"
     else:
         hint = ""
-    raise UsageError(f"{source} is a {config.model_type} model, not one of the {spec.family} "
+    raise UsageError(f"{source} is a model of type {config.model_type}, not one of the {spec.family} "
                      f"family's ({', '.join(spec.model_types)}){hint}")
 
 

@@ -339,6 +339,11 @@ def load(
 ) -> Model:
     """Load a model family's variant on a backend. `settings` overrides use_cache/fp16 when given.
 
+    The weights: `torch_dir` (a local Hugging Face folder), else `random_weights=True` (the variant's known config,
+    drawn with seed 0, offline), else the hub's checkpoint of `variant`; loaded only when something needs them.
+    `tokenizer_dir`: a tokenizer folder (offline random weights have none of their own). `device`: "cpu" or "cuda"
+    (default: a CUDA GPU when there is one). `working_dir`: where exports and engines are kept and reused.
+
     `quantize` ("int8" or "int4") quantizes the onnxrt backend's weights (as does a backend named "onnxrt-int8"),
     in blocks of `block_size` (default: the kind's, nndf.export.quantize); `threads` sets intra-op threads;
     `decoder_onnx` runs a given ONNX file on onnxrt (and an encoder-decoder's `encoder_onnx` and

@@ -180,8 +180,12 @@ class ModelSpec:
             return known
         if looks_like_hub_id(name):
             return Variant.from_hub(name)
+        import difflib
+
         allowed = ", ".join(v.name for v in self.variants)
-        raise UsageError(f"unknown --variant '{name}' for {self.family}; allowed: {allowed}, or the hub id "
+        close = difflib.get_close_matches(name.lower(), [v.name.lower() for v in self.variants], n=1)
+        guess = f" (did you mean {next(v.name for v in self.variants if v.name.lower() == close[0])}?)" if close else ""
+        raise UsageError(f"unknown --variant '{name}' for {self.family}{guess}; allowed: {allowed}, or the hub id "
                          f"(org/name) of any {self.family} checkpoint")
 
 

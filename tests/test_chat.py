@@ -215,5 +215,8 @@ def test_a_terminal_sees_tokens_before_the_reply_ends_and_ctrl_c_stops_only_the_
 def test_a_chat_without_prompts_says_so_and_timed_replies_say_what_first_text_counts(tiny_gpt2_dir):
     [empty] = nndf.run("chat", "GPT2", "frameworks", torch_dir=str(tiny_gpt2_dir), input="/exit\n")
     assert empty.rows == [] and empty.notes == ["no replies: the input ended, or /exit came, before a prompt"]
+    [refused] = nndf.run("chat", "GPT2", "frameworks", torch_dir=str(tiny_gpt2_dir), output_seq_len=2,
+                         input=["word " * 200])  # more than the tiny model's 128 positions
+    assert refused.rows == [] and refused.notes == ["no replies: 1 prompt was refused (the errors above)"]
     [one] = nndf.run("chat", "GPT2", "frameworks", torch_dir=str(tiny_gpt2_dir), output_seq_len=2, input=["Hi"])
     assert len(one.rows) == 1 and one.notes[0].startswith("first text shown: from reading the line")

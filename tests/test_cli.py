@@ -77,7 +77,7 @@ def test_info_prints_shapes(capsys, tiny_gpt2_dir):
         (["export", "Bert", "onnxrt"], "(encoder models such as BERT, RoBERTa or MiniLM convert with: python run.py "
                                        "convert -m MODEL)"),
         (["benchmark", "GPT2", "tensorflow"], "unknown backend 'tensorflow'; allowed: frameworks, onnxrt, trt"),
-        (["benchmark", "GPT2", "frameworks", "--variant", "gpt5"], "unknown --variant 'gpt5' for GPT2; allowed: gpt2"),
+        (["benchmark", "GPT2", "frameworks", "--variant", "gpt5"], "unknown --variant 'gpt5' for GPT2 (did you mean gpt2?); allowed: gpt2"),
         (["benchmark", "GPT2", "trt", "--dynamic-batch", "--min-dynamic-batch", "4",
           "--max-dynamic-batch", "2"], "--min-dynamic-batch (4) must not exceed --max-dynamic-batch (2)"),
         (["benchmark", "GPT2", "trt", "--dynamic-batch", "--batch-size", "8", "--max-dynamic-batch", "4"],

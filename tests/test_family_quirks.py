@@ -163,7 +163,7 @@ def test_any_hub_id_of_the_architecture_is_a_variant(hub_cache):
 
 
 def test_a_hub_id_of_another_architecture_names_its_family(hub_cache):
-    with pytest.raises(UsageError, match=r"someorg/tiny-qwen is a qwen2 model, not one of the Llama family's "
+    with pytest.raises(UsageError, match=r"someorg/tiny-qwen is a model of type qwen2, not one of the Llama family's "
                                          r"\(llama\); run it as Qwen2"):
         nndf.load("Llama", variant="someorg/tiny-qwen", device="cpu")
 
@@ -171,14 +171,14 @@ def test_a_hub_id_of_another_architecture_names_its_family(hub_cache):
 def test_a_local_folder_of_another_architecture_names_its_family(family_dirs, capsys):
     """A folder ran as the family's default variant under its name (a Qwen3 folder as "Qwen2 Qwen2.5-0.5B")."""
     code, _, err = run_cli(capsys, "benchmark", "Qwen2", "frameworks", "--torch-dir", family_dirs["Qwen3"])
-    assert code == 2 and (f"--torch-dir {family_dirs['Qwen3']} is a qwen3 model, not one of the Qwen2 family's "
+    assert code == 2 and (f"--torch-dir {family_dirs['Qwen3']} is a model of type qwen3, not one of the Qwen2 family's "
                           "(qwen2); run it as Qwen3") in err
     assert "loading" not in err
 
 
 def test_an_encoder_folder_points_to_convert(minilm_dir, capsys):
     code, _, err = run_cli(capsys, "export", "GPT2", "onnxrt", "--torch-dir", minilm_dir)
-    assert code == 2 and f"--torch-dir {minilm_dir} is a bert model, not one of the GPT2 family's" in err
+    assert code == 2 and f"--torch-dir {minilm_dir} is a model of type bert, not one of the GPT2 family's" in err
     assert "; an encoder model converts with: python run.py convert -m FOLDER (as transformer-deploy's)" in err
 
 

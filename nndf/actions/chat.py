@@ -131,6 +131,7 @@ class _Chat:
         continues = first.architecture.reply_continues_prompt
         self.conversations = [Conversation(first.tokenizer, args.system, continues) if remembers else None
                               for _ in models]
+        self.refused = 0  # prompts answered with an error line instead of a reply
         seed = self.decoding["seed"]
         self.generators = [torch.Generator(device=m.decoder.device).manual_seed(seed) for m in models]
         self.stops = _stop_strings(args.stop)
@@ -288,6 +289,7 @@ def run(args, stream=None) -> list[Result]:
                         answered = chat.answer(index, line, inputs, asked, began, interrupt)
                     except UsageError as exc:  # a line that cannot be answered: report it, go on with the next one
                         print(f"error: {exc}", flush=True)
+                        chat.refused += 1
                         break
                     if not answered:
                         break
@@ -299,7 +301,9 @@ def run(args, stream=None) -> list[Result]:
                Column("tokens_per_s", "speed", "{:.1f}", "tok/s"), Column("prompt", "prompt")]
     replies = counted(len(chat.rows), "reply", "replies")
     title = f"chat {first.spec.family} {first.loaded.name}: {replies}, {chat.picked}"
-    notes = ["no replies: the input ended, or /exit came, before a prompt"] if not chat.rows else []
+    notes = [] if chat.rows else [f"no replies: {counted(chat.refused, 'prompt was', 'prompts were')} refused (the "
+                                  "errors above)" if chat.refused else
+                                  "no replies: the input ended, or /exit came, before a prompt"]
     if any(row["first_text_ms"] is not None for row in chat.rows):
         notes.append("first text shown: from reading the line (an image's loading and processing included) to the "
                      "first text printed; time and first token: from the start of generation")
