@@ -18,8 +18,24 @@ DECODING_KEYWORDS = (*SAMPLING_KEYWORDS, "repetition_penalty", "seed", "sampling
 LENGTH_AND_TOKEN_KEYWORDS = ("max_length", "eos_token_id", "pad_token_id")
 
 
+# generate() keywords that live elsewhere here: where to give them instead
+ELSEWHERE = {
+    "use_cache": "the cache is the build's: nndf.load(..., use_cache=False)",
+    "inputs": "give the prompt as input_ids (the first argument)",
+    "tokenizer": "stop_strings use the model's own tokenizer (m.tokenizer)",
+    "generation_config": "the model's generation_config.json is read as generate() reads it; give its settings as "
+                         "keywords (do_sample=, max_new_tokens=, ...)",
+    **dict.fromkeys(("no_repeat_ngram_size", "min_length", "length_penalty", "early_stopping", "forced_eos_token_id"),
+                    "this rule is read from the model's generation_config.json (as generate() reads it there); "
+                    "edit that file to change it"),
+}
+
+
 def check_decoding(decoding: dict) -> None:
     unknown = sorted(set(decoding) - set(DECODING_KEYWORDS) - set(LENGTH_AND_TOKEN_KEYWORDS))
+    placed = [key for key in unknown if key in ELSEWHERE]
+    if placed:
+        raise UsageError(f"generate() got {placed[0]}=, which this loop does not take: {ELSEWHERE[placed[0]]}")
     if unknown:
         raise UsageError(f"generate() got unknown keyword(s) {', '.join(unknown)}; besides input_ids, "
                          "attention_mask, pixel_values, max_new_tokens, min_new_tokens, num_beams, streamer, "
@@ -59,9 +75,13 @@ def new_token_budget(architecture, loaded, input_ids, max_new_tokens: int | None
     return int(total) - before
 
 
-def check_prompt_tensors(input_ids, attention_mask, image: bool = False) -> None:
+def check_prompt_tensors(input_ids, attention_mask, image: bool = False):
     """`generate()`'s prompt as it takes it (a batch x length tensor of token ids, a mask of the same shape), or one
-    sentence saying what was given instead; a deep error in the model's forward would say nothing useful."""
+    sentence saying what was given instead; a deep error in the model's forward would say nothing useful. Returns
+    the mask as integers: a float mask of 0s and 1s (a tokenizer's, cast) is one that generate() takes too."""
+    if isinstance(attention_mask, torch.Tensor) and attention_mask.is_floating_point() and \
+            bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+        attention_mask = attention_mask.long()
     for name, value in (("input_ids", input_ids), ("attention_mask", attention_mask)):
         if value is None:
             continue
@@ -78,6 +98,7 @@ def check_prompt_tensors(input_ids, attention_mask, image: bool = False) -> None
     if input_ids is not None and attention_mask is not None and attention_mask.shape != input_ids.shape:
         raise UsageError(f"attention_mask has shape {tuple(attention_mask.shape)} and input_ids "
                          f"{tuple(input_ids.shape)}; they must match")
+    return attention_mask
 
 
 def warn_right_padding(architecture, attention_mask) -> None:

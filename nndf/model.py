@@ -152,7 +152,7 @@ class Model:
         seed repeats its tokens, but they are not `generate()`'s). `streamer` is `generate(streamer=...)`'s (put/end:
         `TextStreamer`, `TextIteratorStreamer`); `stop_strings` ends a row once its text ends with one of them, as
         `generate(stop_strings=..., tokenizer=...)` does (with this model's tokenizer)."""
-        check_prompt_tensors(input_ids, attention_mask, image=pixel_values is not None)
+        attention_mask = check_prompt_tensors(input_ids, attention_mask, image=pixel_values is not None)
         warn_right_padding(self.architecture, attention_mask)
         max_new_tokens = new_token_budget(self.architecture, self.loaded, input_ids, max_new_tokens,
                                           decoding.get("max_length"))

@@ -150,6 +150,13 @@ def test_stop_strings_end_rows_like_generate(model):
                      "pad_token_id, it takes the decoding keywords do_sample, temperature, top_k, top_p, min_p, "
                      "typical_p, repetition_penalty, seed, sampling_stream (num_return_sequences, output_scores and "
                      "return_dict_in_generate are not built: the result is generate()'s token tensor)"),
+    (dict(use_cache=False), "generate() got use_cache=, which this loop does not take: the cache is the build's: "
+                            "nndf.load(..., use_cache=False)"),
+    (dict(no_repeat_ngram_size=2), "generate() got no_repeat_ngram_size=, which this loop does not take: this rule is "
+                                   "read from the model's generation_config.json (as generate() reads it there); "
+                                   "edit that file to change it"),
+    (dict(attention_mask=torch.tensor([[1.0, 0.5, 1.0]])), "attention_mask must hold integer token ids or 0/1 flags; "
+                                                           "got torch.float32"),
     (dict(do_sample="yes"), "do_sample (--do-sample) must be True or False, got 'yes'"),
     (dict(num_beams=1.5), "num_beams must be a whole number, got 1.5"),
     (dict(max_new_tokens=4.5), "max_new_tokens must be a whole number, got 4.5"),
@@ -170,6 +177,12 @@ def test_bad_settings_are_one_sentence(model, settings, message):
     with pytest.raises(UsageError) as caught:
         model.generate(**settings)
     assert str(caught.value) == message
+
+
+def test_a_float_mask_of_zeros_and_ones_is_taken_as_generate_takes_it(model):
+    ids = torch.tensor([[0, 5, 6], [7, 8, 9]])
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
+    assert torch.equal(model.generate(ids, mask.float(), max_new_tokens=3), model.generate(ids, mask, max_new_tokens=3))
 
 
 def test_draw_keywords_without_sampling_warn_as_generate_does_and_decode_greedily(model):
