@@ -125,3 +125,20 @@ def test_the_weights_have_their_own_seed(capsys, tmp_path, monkeypatch):
         code, out, _ = run_cli(capsys, "benchmark", "GPT2", "trt", "--random-weights", *flags, "--info",
                                "--working-dir", tmp_path)
         assert code == 1 and f"weights: random weights (seed {seed}) from the known gpt2 config" in out
+
+
+@needs_shared(TOKENIZER_DIR)
+def test_a_sample_longer_than_the_model_names_the_sample(capsys, tmp_path):
+    """A model with fewer positions than the family's sample prompts need: the error names the sample and its file,
+    and how to ask for fewer new tokens, which then runs."""
+    from conftest import TINY_GPT2, build_tiny
+
+    folder = build_tiny(tmp_path, "short", {**TINY_GPT2, "n_positions": 16})
+    code, _, err = run_cli(capsys, "run", "GPT2", "frameworks", "--torch-dir", folder, "--iterations", 1,
+                           "--warmup", 0)
+    assert code == 2 and ("error: the sample of models/gpt2/checkpoint.toml 'TensorRT is a Deep Learning compiler "
+                          "used ...': a prompt of 13 tokens plus 51 new tokens is 64, more than the 16 positions of "
+                          "this model (--output-seq-len sets the new tokens)") in err
+    code, _, err = run_cli(capsys, "run", "GPT2", "frameworks", "--torch-dir", folder, "--iterations", 1,
+                           "--warmup", 0, "--output-seq-len", 2)
+    assert code == 0, err

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import statistics
 import textwrap
+from pathlib import Path
 
 from nndf.actions.common import (
     add_image_argument, decoding_flags, decoding_note, describe, generation_inputs, given_images, open_models, say,
@@ -84,8 +85,13 @@ def checkpoint_rows(args, models, samples: list[Sample]) -> tuple[list[dict], li
             new_tokens = len(label) if label else args.output_seq_len or DEFAULT_NEW_TOKENS
             shown = textwrap.shorten(_describe_sample(sample), 48, placeholder=" ...")  # whole words
             say(f"{runner.label}: '{shown}' + up to {new_tokens} tokens")
-            t = time_generation(runner, inputs, new_tokens, None, args.num_beams, timing, progress=False,
-                                decoding=decoding)
+            try:
+                t = time_generation(runner, inputs, new_tokens, None, args.num_beams, timing, progress=False,
+                                    decoding=decoding)
+            except UsageError as exc:  # a model with fewer positions than the family's samples: say which sample
+                source = "given image" if getattr(args, "image", None) else \
+                    f"sample of {'/'.join(Path(first.spec.checkpoint_file).parts[-3:])}"
+                raise UsageError(f"the {source} '{shown}': {exc} (--output-seq-len sets the new tokens)") from None
             new = first.new_tokens(t.output, ids)[0].tolist()
             if label:
                 matched += sum(a == b for a, b in zip(new, label))
