@@ -102,6 +102,13 @@ def build_tiny(tmp_root: Path, name: str, config_kwargs: dict, seed: int = 0, to
     if hasattr(config, "vision_config"):
         auto = AutoModelForImageTextToText
     model = auto.from_config(config)
+    # transformers 5 keeps generation rules (no_repeat_ngram_size, forced_bos_token_id) out of the model config:
+    # given to it they vanish, so they go to the generation config, which generate() and the loop read
+    from transformers import GenerationConfig
+
+    rules = {k: v for k, v in kwargs.items() if hasattr(GenerationConfig(), k) and getattr(config, k, None) != v}
+    if rules:
+        model.generation_config.update(**rules)
     if constants_drawn:
         draw_constants(model)
     folder = tmp_root / name

@@ -96,7 +96,8 @@ _BART = dict(model_type="bart", d_model=32, encoder_layers=2, decoder_layers=2, 
 SEQ2SEQ_EXAMPLES: dict[str, tuple[str, dict]] = {
     # relative attention buckets (8 buckets, distance 16: the test sequences cross both), ReLU, tied scaled head
     "t5": ("T5", _T5),
-    # T5 v1.1: gated GELU feed-forward, untied LM head
+    # T5 v1.1: gated GELU feed-forward; transformers 5 reads tie_word_embeddings=False as no scaling of the
+    # decoder's output before the (tied) head
     "flan-t5": ("T5", dict(_T5, feed_forward_proj="gated-gelu", tie_word_embeddings=False)),
     # learned positions with BART's offset of 2, post-norm layers; no repeated 2-grams from the generation rules
     "bart": ("BART", dict(_BART, no_repeat_ngram_size=2)),
