@@ -200,6 +200,21 @@ def sweep_leftovers(artifact: Path) -> None:
                 leftover.unlink()
 
 
+def discard_artifact(artifact: str | os.PathLike, reason: str, say: Callable[[str], None]) -> None:
+    """Remove an artifact that passed its metadata checks but proved unusable (its runtime could not load it), so
+    that the next request builds it anew: said as any rebuild is ("rebuilding X: REASON"). Under its lock, as a
+    build: a process that checks it meanwhile finds it gone and waits for the rebuild rather than reading it."""
+    artifact = Path(artifact)
+    with artifact_lock(artifact, say):
+        say(f"rebuilding {artifact}: {reason}")
+        with contextlib.suppress(FileNotFoundError):
+            metadata_path(artifact).unlink()  # first: metadata never vouches for a half-removed folder
+        if artifact.is_dir():
+            shutil.rmtree(artifact)
+        elif artifact.exists():
+            artifact.unlink()
+
+
 def folder_sizes(folder: Path) -> dict[str, int]:
     """{file name: size} of a folder's files: recorded at build time, compared before reuse (truncation check)."""
     return {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file()}
