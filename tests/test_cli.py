@@ -272,6 +272,21 @@ def test_benchmark_and_export_with_onnxrt(capsys, tiny_gpt2_dir, onnx_work_dir, 
     assert "decoder.onnx" in out and str(onnx_work_dir) in out
 
 
+def test_export_trt_without_a_gpu_points_at_the_export_that_can_run_here(capsys, monkeypatch, tiny_gpt2_dir,
+                                                                          tmp_path):
+    """export refuses frameworks, so the trt refusal cannot end in "choose the frameworks or onnxrt backend": it
+    gives the onnxrt export that writes the ONNX files a TensorRT build reads, as a command to paste."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    code, out, err = run_cli(capsys, "export", "GPT2", "trt", "--torch-dir", tiny_gpt2_dir, "--working-dir",
+                             tmp_path, "--batch-size", "2")
+    assert code == 1 and "frameworks" not in err and "loading" not in err
+    assert err.strip().endswith(
+        "or export the ONNX files that a TensorRT build reads, on any machine, with the onnxrt backend: python run.py "
+        f"export GPT2 onnxrt --torch-dir {tiny_gpt2_dir} --working-dir {tmp_path} --kv-layout growing")
+    code, _, err = run_cli(capsys, "benchmark", "GPT2", "trt", "--torch-dir", tiny_gpt2_dir)
+    assert code == 1 and err.strip().endswith("or choose the frameworks or onnxrt backend")  # a run's alternatives
+
+
 def test_export_of_frameworks_alone_is_refused_before_the_load(capsys, monkeypatch, tiny_gpt2_dir):
     """frameworks has no artifact: `export` of it alone would load the weights only to say so."""
     import nndf.actions.export as export_action

@@ -5,12 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from nndf.actions.common import describe, label, open_models
+from nndf.actions.export_command import onnx_export_command
 from nndf.backends import split_backend
 from nndf.errors import UsageError
 from nndf.export.graph_files import graph_bytes
 from nndf.measure import format_bytes
 from nndf.export.standalone import check_replaceable
 from nndf.paths import check_output_folder
+from nndf.registry import resolve
 from nndf.results import Column, Result
 
 
@@ -44,7 +46,7 @@ def run(args) -> list[Result]:
                              "one backend (trt engines are tied to the GPU they were built on)")
         check_output_folder("-o/--output", args.output)
         check_replaceable("-o/--output", args.output)
-    models = open_models(args)
+    models = _open(args)
     rows = []
     for model in models:
         files = model.artifacts or [None]
@@ -63,6 +65,19 @@ def run(args) -> list[Result]:
         notes.append(f"standalone folder: {folder} (graphs, config, generation config and tokenizer; no weights): "
                      f"nndf.load_exported({str(folder)!r}) runs it without the PyTorch checkpoint or the hub.")
     return [Result("export", f"export {first.spec.family} {first.loaded.name}", columns, rows, describe(first), notes)]
+
+
+def _open(args) -> list:
+    """`open_models`, which builds or reuses every artifact. Where the trt backend cannot run, its refusal ends in
+    what export can do here instead of a run's alternatives: the ONNX files a TensorRT build reads."""
+    from nndf.backends.trt.availability import TrtUnavailable
+
+    try:
+        return open_models(args)
+    except TrtUnavailable as exc:
+        spec, _ = resolve(args.model, args.variant)
+        raise exc.instead(f"export the ONNX files that a TensorRT build reads, on any machine, with the onnxrt "
+                          f"backend: {onnx_export_command(args, spec)}") from None
 
 
 def _size(artifact: Path) -> int:
