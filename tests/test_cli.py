@@ -272,6 +272,31 @@ def test_benchmark_and_export_with_onnxrt(capsys, tiny_gpt2_dir, onnx_work_dir, 
     assert "decoder.onnx" in out and str(onnx_work_dir) in out
 
 
+def test_export_says_whether_it_built_or_reused_each_artifact_with_its_bytes(capsys, tiny_gpt2_dir, onnx_work_dir,
+                                                                            tmp_path):
+    """A status per artifact (table and --json) and the size in bytes beside the human one; an artifact whose
+    metadata was written after the command began was built by it."""
+    import time
+
+    from nndf.actions.export import _status
+    from nndf.workspace import metadata_path
+
+    argv = ["export", "GPT2", "onnxrt", "--torch-dir", tiny_gpt2_dir, "--working-dir", onnx_work_dir]
+    assert run_cli(capsys, *argv)[0] == 0  # built now or earlier: reused from here on
+    out_file = tmp_path / "export.json"
+    code, out, err = run_cli(capsys, *argv, "--json", out_file)
+    assert code == 0, err
+    (row,) = json.loads(out_file.read_text())["results"][0]["rows"]
+    assert row["status"] == "reused" and f" reused  {row['size']}" in out
+    assert isinstance(row["bytes"], int) and row["bytes"] > 2**20 and row["size"].endswith("MiB")
+    graph = tmp_path / "export" / "decoder.onnx"
+    graph.parent.mkdir()
+    graph.write_bytes(b"graph")
+    assert _status(graph, 0) == "given"  # no metadata: a file named by a flag
+    metadata_path(graph.parent).write_text("{}")
+    assert _status(graph, time.time_ns() - 10**9) == "built" and _status(graph, time.time_ns() + 10**9) == "reused"
+
+
 def test_export_trt_without_a_gpu_points_at_the_export_that_can_run_here(capsys, monkeypatch, tiny_gpt2_dir,
                                                                           tmp_path):
     """export refuses frameworks, so the trt refusal cannot end in "choose the frameworks or onnxrt backend": it

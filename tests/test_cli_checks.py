@@ -94,6 +94,9 @@ from test_cli import run_cli
      "--engine-postfix 'a/b' may contain only letters, digits and . _ + -"),
     (["export", "GPT2", "trt", "--random-weights", "--engine-postfix", "A100 fast"],
      "--engine-postfix 'A100 fast' may contain only letters, digits and . _ + -"),
+    (["export", "GPT2", "onnxrt", "--random-weights", "--use-mask"],
+     "--use-mask does not apply to export: the graphs take an attention mask whether or not a run feeds one"),
+    (["export", "GPT2", "onnxrt", "--random-weights", "--tgt-lang", "de_DE"], "--tgt-lang does not apply to export"),
 ])
 def test_every_given_path_is_checked_before_anything_loads(capsys, argv, needle):
     code, out, err = run_cli(capsys, *argv)
