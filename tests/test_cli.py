@@ -312,6 +312,15 @@ def test_export_trt_without_a_gpu_points_at_the_export_that_can_run_here(capsys,
     assert code == 1 and err.strip().endswith("or choose the frameworks or onnxrt backend")  # a run's alternatives
 
 
+def test_export_output_help_says_the_folder_holds_the_graphs_weights(capsys):
+    """-o's folder has the weights inside its graphs (decoder.onnx.data); what it lacks is a PyTorch checkpoint."""
+    with pytest.raises(SystemExit):
+        main(["export", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "graphs with their weights, config, tokenizer; no PyTorch checkpoint" in help_text
+    assert "no weights" not in help_text
+
+
 def test_export_of_frameworks_alone_is_refused_before_the_load(capsys, monkeypatch, tiny_gpt2_dir):
     """frameworks has no artifact: `export` of it alone would load the weights only to say so."""
     import nndf.actions.export as export_action
