@@ -242,6 +242,7 @@ def _check_engine_flags(args) -> None:
     """A TensorRT build flag without trt among the backends, or a dynamic-batch bound without --dynamic-batch,
     would change nothing: one sentence instead."""
     from nndf.backends import split_backend
+    from nndf.option_checks import check_engine_postfix
 
     if not hasattr(args, "backends"):
         return
@@ -251,6 +252,7 @@ def _check_engine_flags(args) -> None:
         if getattr(args, dest, off) != off and named and not has_trt:
             raise UsageError(f"--{dest.replace('_', '-')} shapes TensorRT engines; without trt among the backends "
                              "it changes nothing: name trt or drop it")
+    check_engine_postfix(getattr(args, "engine_postfix", ""))  # a name's characters, before anything loads
     for dest in ("min_dynamic_batch", "max_dynamic_batch"):
         if getattr(args, dest, None) is not None and not getattr(args, "dynamic_batch", False):
             raise UsageError(f"--{dest.replace('_', '-')} bounds --dynamic-batch's range: add --dynamic-batch")

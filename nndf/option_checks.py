@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 from nndf.architectures import architecture
 from nndf.backends import RUNS_ONNX_FILES
 from nndf.errors import UsageError
@@ -36,3 +38,11 @@ def check_kv_layout(kv_layout: str | None, backends: list[str], spec, use_cache:
     if not set(RUNS_ONNX_FILES) & set(backends):
         raise UsageError(f"--kv-layout lays out the {', '.join(RUNS_ONNX_FILES)} backend's graph, and no "
                          f"{' or '.join(RUNS_ONNX_FILES)} backend is asked for")
+
+
+def check_engine_postfix(postfix: str) -> None:
+    """--engine-postfix ends up in an engine's file name: letters, digits and `. _ + -` only, which are safe in a
+    file name everywhere. Checked with the other engine flags, before anything loads (and again where an engine is
+    named, for `nndf.load`): a `/` would otherwise reach `--info`'s trtexec command as a folder."""
+    if postfix and not re.fullmatch(r"[A-Za-z0-9._+-]+", postfix):
+        raise UsageError(f"--engine-postfix '{postfix}' may contain only letters, digits and . _ + -")

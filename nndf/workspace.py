@@ -9,9 +9,11 @@ hashes every setting that shaped an artifact into its name, so that changing a s
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -170,11 +172,47 @@ def artifact_lock(artifact: str | os.PathLike, waiting: Callable[[str], None] | 
             raise
         handle.close()  # the previous holder removed it after we opened it: lock the new one
     try:
+        sweep_leftovers(path)
         yield
     finally:
         with contextlib.suppress(FileNotFoundError):
             lock_file.unlink()
         handle.close()  # closing releases the lock
+
+
+def sweep_leftovers(artifact: Path) -> None:
+    """Remove the temporary files and folders that a killed build of `artifact` left beside it.
+
+    Why: `atomic_path` and `atomic_dir` remove their `.NAME.<random>.tmp` on any exception, but a process killed
+    outright (SIGKILL, the OOM killer, a power cut) runs no cleanup, and the half-built copy would stay in the
+    working dir forever. Call only while holding `artifact_lock(artifact)`: every build of the artifact and of its
+    metadata runs under that lock, so no live process can own one of them. Only `tempfile`'s own names of the
+    artifact and of its metadata file match (`.NAME.` or `.NAME.meta.json.`, eight random characters, `.tmp`), never
+    another artifact whose name starts with NAME."""
+    pattern = re.compile(rf"\.{re.escape(artifact.name)}(\.meta\.json)?\.[a-z0-9_]{{8}}\.tmp")
+    for leftover in artifact.parent.glob(f".{glob.escape(artifact.name)}.*.tmp"):
+        if not pattern.fullmatch(leftover.name):
+            continue
+        if leftover.is_dir() and not leftover.is_symlink():
+            shutil.rmtree(leftover, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                leftover.unlink()
+
+
+def discard_artifact(artifact: str | os.PathLike, reason: str, say: Callable[[str], None]) -> None:
+    """Remove an artifact that passed its metadata checks but proved unusable (its runtime could not load it), so
+    that the next request builds it anew: said as any rebuild is ("rebuilding X: REASON"). Under its lock, as a
+    build: a process that checks it meanwhile finds it gone and waits for the rebuild rather than reading it."""
+    artifact = Path(artifact)
+    with artifact_lock(artifact, say):
+        say(f"rebuilding {artifact}: {reason}")
+        with contextlib.suppress(FileNotFoundError):
+            metadata_path(artifact).unlink()  # first: metadata never vouches for a half-removed folder
+        if artifact.is_dir():
+            shutil.rmtree(artifact)
+        elif artifact.exists():
+            artifact.unlink()
 
 
 def folder_sizes(folder: Path) -> dict[str, int]:

@@ -272,6 +272,55 @@ def test_benchmark_and_export_with_onnxrt(capsys, tiny_gpt2_dir, onnx_work_dir, 
     assert "decoder.onnx" in out and str(onnx_work_dir) in out
 
 
+def test_export_says_whether_it_built_or_reused_each_artifact_with_its_bytes(capsys, tiny_gpt2_dir, onnx_work_dir,
+                                                                            tmp_path):
+    """A status per artifact (table and --json) and the size in bytes beside the human one; an artifact whose
+    metadata was written after the command began was built by it."""
+    import time
+
+    from nndf.actions.export import _status
+    from nndf.workspace import metadata_path
+
+    argv = ["export", "GPT2", "onnxrt", "--torch-dir", tiny_gpt2_dir, "--working-dir", onnx_work_dir]
+    assert run_cli(capsys, *argv)[0] == 0  # built now or earlier: reused from here on
+    out_file = tmp_path / "export.json"
+    code, out, err = run_cli(capsys, *argv, "--json", out_file)
+    assert code == 0, err
+    (row,) = json.loads(out_file.read_text())["results"][0]["rows"]
+    assert row["status"] == "reused" and f" reused  {row['size']}" in out
+    assert isinstance(row["bytes"], int) and row["bytes"] > 2**20 and row["size"].endswith("MiB")
+    graph = tmp_path / "export" / "decoder.onnx"
+    graph.parent.mkdir()
+    graph.write_bytes(b"graph")
+    assert _status(graph, 0) == "given"  # no metadata: a file named by a flag
+    metadata_path(graph.parent).write_text("{}")
+    assert _status(graph, time.time_ns() - 10**9) == "built" and _status(graph, time.time_ns() + 10**9) == "reused"
+
+
+def test_export_trt_without_a_gpu_points_at_the_export_that_can_run_here(capsys, monkeypatch, tiny_gpt2_dir,
+                                                                          tmp_path):
+    """export refuses frameworks, so the trt refusal cannot end in "choose the frameworks or onnxrt backend": it
+    gives the onnxrt export that writes the ONNX files a TensorRT build reads, as a command to paste."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    code, out, err = run_cli(capsys, "export", "GPT2", "trt", "--torch-dir", tiny_gpt2_dir, "--working-dir",
+                             tmp_path, "--batch-size", "2")
+    assert code == 1 and "frameworks" not in err and "loading" not in err
+    assert err.strip().endswith(
+        "or export the ONNX files that a TensorRT build reads, on any machine, with the onnxrt backend: python run.py "
+        f"export GPT2 onnxrt --torch-dir {tiny_gpt2_dir} --working-dir {tmp_path} --kv-layout growing")
+    code, _, err = run_cli(capsys, "benchmark", "GPT2", "trt", "--torch-dir", tiny_gpt2_dir)
+    assert code == 1 and err.strip().endswith("or choose the frameworks or onnxrt backend")  # a run's alternatives
+
+
+def test_export_output_help_says_the_folder_holds_the_graphs_weights(capsys):
+    """-o's folder has the weights inside its graphs (decoder.onnx.data); what it lacks is a PyTorch checkpoint."""
+    with pytest.raises(SystemExit):
+        main(["export", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "graphs with their weights, config, tokenizer; no PyTorch checkpoint" in help_text
+    assert "no weights" not in help_text
+
+
 def test_export_of_frameworks_alone_is_refused_before_the_load(capsys, monkeypatch, tiny_gpt2_dir):
     """frameworks has no artifact: `export` of it alone would load the weights only to say so."""
     import nndf.actions.export as export_action

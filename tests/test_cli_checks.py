@@ -89,11 +89,20 @@ from test_cli import run_cli
      "--kv-layout shared lays out the decoder's KV cache, and --no-use-cache exports a graph without one"),
     (["run", "GPT2", "frameworks", "--random-weights", "--tokenizer-dir", "/etc"],
      "--tokenizer-dir /etc holds no tokenizer (no tokenizer.json"),
+    # an engine's name, checked with the other engine flags (not when a TensorRT session opens: --info would show
+    # a trtexec --saveEngine path in a folder "decodera/")
+    (["benchmark", "GPT2", "trt", "--variant", "gpt2", "--random-weights", "--engine-postfix", "a/b", "--info"],
+     "--engine-postfix 'a/b' may contain only letters, digits and . _ + -"),
+    (["export", "GPT2", "trt", "--random-weights", "--engine-postfix", "A100 fast"],
+     "--engine-postfix 'A100 fast' may contain only letters, digits and . _ + -"),
+    (["export", "GPT2", "onnxrt", "--random-weights", "--use-mask"],
+     "--use-mask does not apply to export: the graphs take an attention mask whether or not a run feeds one"),
+    (["export", "GPT2", "onnxrt", "--random-weights", "--tgt-lang", "de_DE"], "--tgt-lang does not apply to export"),
 ])
 def test_every_given_path_is_checked_before_anything_loads(capsys, argv, needle):
     code, out, err = run_cli(capsys, *argv)
     assert code == 2 and needle in err
-    assert "loading" not in err and "LAMBADA" not in err
+    assert "loading" not in err and "LAMBADA" not in err and "trtexec" not in out
 
 
 @needs_shared(TOKENIZER_DIR)

@@ -176,6 +176,31 @@ def test_a_second_process_waits_for_the_artifact_being_built_then_finds_it(tmp_p
     assert not list(tmp_path.glob(".*.lock")), "the lock file is removed by its last holder"
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL and flock are POSIX")
+def test_a_build_killed_outright_leaves_its_temporary_folder_until_the_next_lock(tmp_path):
+    """SIGKILL runs no cleanup: the half-built `.NAME.<random>.tmp` folder stays, and the next process that takes the
+    artifact's lock (the only one that may build it) removes it and the killed metadata write's file, but never the
+    temporary files of another artifact whose name starts with the same text."""
+    folder = tmp_path / "GPT2-gpt2-decoder-0123456789ab"
+    killed = textwrap.dedent(f"""
+        import os, pathlib, signal
+        from nndf.workspace import artifact_lock, atomic_dir, atomic_path, metadata_path
+        folder = pathlib.Path({str(folder)!r})
+        with artifact_lock(folder), atomic_dir(folder) as tmp, atomic_path(metadata_path(folder)) as meta:
+            (tmp / "decoder.onnx").write_text("half a graph")
+            meta.write_text("{{")
+            os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    assert subprocess.run([sys.executable, "-c", killed]).returncode == -9
+    leftovers = sorted(p.name for p in tmp_path.glob(".*.tmp"))
+    assert len(leftovers) == 2 and all(name.startswith(f".{folder.name}.") for name in leftovers)
+    other = tmp_path / f".{folder.name}-int8-0123456789ab.abcd1234.tmp"  # another artifact's build, in flight
+    other.mkdir()
+    with artifact_lock(folder):
+        assert sorted(p.name for p in tmp_path.glob(".*.tmp")) == [other.name]
+    assert not folder.exists()
+
+
 def test_random_weights_are_built_on_their_device_and_named_by_it():
     """--random-weights builds the model where it will run (seeded; tests/test_random_weights.py compares the
     weights with `from_config`'s), and weights drawn on another device get their own identity (so an export of

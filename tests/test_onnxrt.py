@@ -95,6 +95,42 @@ def test_export_is_reused_then_rebuilt_when_stale_or_truncated(tiny_gpt2_dir, on
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")], "no temporary folder left behind"
 
 
+def test_a_graph_damaged_at_its_recorded_size_is_rebuilt_once_then_one_sentence(tiny_gpt2_dir, onnx_work_dir,
+                                                                               tmp_path, capsys, monkeypatch):
+    """Reuse checks sizes and settings, not bytes: a decoder.onnx overwritten in place (same size) passes them, and
+    ONNX Runtime's load is what finds it. The export is rebuilt once, with the reason; when a rebuilt graph cannot
+    be loaded either, one sentence, not ONNX Runtime's traceback."""
+    from nndf.backends import onnxrt
+    from nndf.errors import HarnessError
+
+    folder = copy_artifact(_shared_export(tiny_gpt2_dir, onnx_work_dir), tmp_path)
+    graph = folder / "decoder.onnx"
+    size = graph.stat().st_size
+    with open(graph, "r+b") as f:  # as `dd conv=notrunc` would
+        f.seek(100)
+        f.write(bytes(range(256)) * 16)
+    assert graph.stat().st_size == size and stale_reason(folder, read_metadata(folder)) is None
+    capsys.readouterr()
+    load = lambda: nndf.load("GPT2", backend="onnxrt", torch_dir=str(tiny_gpt2_dir), working_dir=str(tmp_path),
+                             device="cpu")
+    m = load()
+    err = capsys.readouterr().err
+    assert f"rebuilding {folder}: ONNX Runtime could not load it (" in err and "exporting" in err
+    assert m.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=2).shape == (1, 5)
+
+    def never_loads(graph, *args, **kwargs):
+        raise onnxrt.GraphLoadError(Path(graph), RuntimeError("Load model failed:Protobuf parsing failed."))
+
+    rebuilt = []
+    monkeypatch.setattr(onnxrt, "_open_exported", lambda *args: rebuilt.append(1) or never_loads(graph))
+    with pytest.raises(HarnessError) as caught:
+        load()
+    assert len(rebuilt) == 2 and not folder.exists()
+    assert str(caught.value) == (f"ONNX Runtime could not load {graph}, exported anew just now (Protobuf parsing "
+                                 "failed): check the disk of the working dir, and that this onnxruntime runs what "
+                                 "this torch exports")
+
+
 def test_changed_weights_get_their_own_export(tiny_gpt2_dir, onnx_work_dir, tmp_path, capsys, monkeypatch):
     """A checkpoint whose weights changed in place is exported anew, never served the export of the weights it had:
     the export's name changes with the files, and the trace is intercepted (the export itself is tested above), so

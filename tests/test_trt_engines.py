@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 import sys
 import threading
 import time
@@ -347,11 +348,12 @@ def test_given_engine_must_exist_and_match_this_gpu(tmp_path):
 def test_info_without_a_gpu_shows_every_engine_before_refusing(capsys, tiny_gpt2_dir, onnx_work_dir, monkeypatch,
                                                                 tmp_path):
     """On a machine without a GPU, `--info` on trt prints the settings, each graph's profiles and trtexec command,
-    then refuses in one sentence (exit 1); no weights are loaded, and the ONNX file named is the one the onnxrt
-    export writes for the same flags with the growing KV layout (TensorRT has no ONNX Runtime contrib ops, so trt
+    then refuses in one sentence (exit 1); no weights are loaded, and the ONNX file named is the one that the
+    export command it prints writes (with the growing KV layout: TensorRT has no ONNX Runtime contrib ops, so trt
     builds from that graph whatever onnxrt's default layout is)."""
     import torch
 
+    import nndf.actions.export as export_action
     from nndf.cli import main
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # also where a GPU is present
@@ -360,12 +362,29 @@ def test_info_without_a_gpu_shows_every_engine_before_refusing(capsys, tiny_gpt2
     out, err = capsys.readouterr()
     assert code == 1 and err.startswith("error: the trt backend needs an NVIDIA GPU") and "loading" not in err
     assert "settings: batch_size=1" in out and "context: input_ids 1x1..1x8" in out
-    assert "what `run.py export GPT2 onnxrt --kv-layout growing` (same flags) writes" in " ".join(out.split())
     command = next(line for line in out.splitlines() if line.startswith("decoder: trtexec --onnx="))
     assert "--profile=1" in command and "--maxShapes=input_ids:1x8" in command
     onnx_path = command.split("--onnx=")[1].split()[0]
-    assert main(["export", "GPT2", "onnxrt", *model, "--kv-layout", "growing"]) == 0
+    # the export command printed is one that export accepts (not "the same flags": it refuses the length flags
+    # given here), and it writes the very file the trtexec command reads
+    hint = " ".join(out.split()).split("The ONNX files they read are written on any machine by: ")[1]
+    export = shlex.split(hint)
+    assert export[:3] == ["python", "run.py", "export"] and "--input-seq-len" not in export
+    assert main(export[2:]) == 0
     assert onnx_path in capsys.readouterr().out
+    # with the flags export refuses or that conflict with its layout, the command still runs as printed
+    main(["benchmark", "GPT2", "trt", *model, "--no-use-cache", "--num-beams", "2", "--fp16", "--dynamic-batch",
+          "--engine-postfix", "x", "--info"])
+    out = capsys.readouterr().out
+    export = shlex.split(" ".join(out.split()).split("written on any machine by: ")[1])
+    assert export[2:] == ["export", "GPT2", "onnxrt", *model, "--no-use-cache"]
+
+    class Loading(Exception):
+        """Every check of the command line and of the action passed: the model would load now."""
+
+    monkeypatch.setattr(export_action, "open_models", lambda args: (_ for _ in ()).throw(Loading()))
+    with pytest.raises(Loading):
+        main(export[2:])
     # T5 in fp16 (its feed-forward outputs stay fp32: named from the graph once it is exported, said until then)
     for family, variant, first, extra in (("T5", "t5-small", "encoder: trtexec --onnx=", ["--fp16"]),
                                           ("BLIP", "blip-image-captioning-base", "encoder: trtexec --onnx=", [])):

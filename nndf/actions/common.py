@@ -238,6 +238,7 @@ def open_models(args, needs_text: bool = False, new_tokens_flag: str | None = No
 def engine_plan_result(args, spec, variant, backend: str) -> Result:
     """`--info` where the backend cannot run: the settings, each graph's profiles and its trtexec command, from the
     config alone (no weights, no GPU), so that a build can be prepared on this machine."""
+    from nndf.actions.export_command import onnx_export_command
     from nndf.backends.trt.plan import engine_plan
 
     settings = build_settings(args)
@@ -250,11 +251,9 @@ def engine_plan_result(args, spec, variant, backend: str) -> Result:
                "settings": settings.as_dict()}
     notes = [f"{row['graph']}: {row['trtexec']}" + (f" ({row.pop('pending')})" if "pending" in row else "")
              for row in rows]
-    # TensorRT reads the growing-cache graph (past in, present out), which onnxrt on the CPU only uses when asked
-    layout = "" if architecture(spec).has_encoder else " --kv-layout growing"
-    notes.append("These engines need a GPU with TensorRT; the ONNX files they read are what `run.py export "
-                 f"{spec.family} onnxrt{layout}` (same flags) writes on any machine. Engine files are named here "
-                 "after their graph; the backend's own names also hash the GPU they are built on.")
+    notes.append("These engines need a GPU with TensorRT. Engine files are named here after their graph; the "
+                 "backend's own names also hash the GPU they are built on. The ONNX files they read are written on "
+                 f"any machine by: {onnx_export_command(args, spec)}")
     return Result("info", f"{spec.family} {loaded.name}: the {backend} engines these settings build", columns, rows,
                   context, notes)
 

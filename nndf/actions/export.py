@@ -1,17 +1,21 @@
-"""`export`: build (or verify and reuse) every artifact the given backends run, and say where they are."""
+"""`export`: build (or verify and reuse) every artifact the given backends run, and say which and where they are."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from nndf.actions.common import describe, label, open_models
+from nndf.actions.export_command import onnx_export_command
 from nndf.backends import split_backend
 from nndf.errors import UsageError
 from nndf.export.graph_files import graph_bytes
 from nndf.measure import format_bytes
 from nndf.export.standalone import check_replaceable
 from nndf.paths import check_output_folder
+from nndf.registry import resolve
 from nndf.results import Column, Result
+from nndf.workspace import metadata_path
 
 
 # Flags that shape an export only through TensorRT's profiles (onnxrt's graphs take any batch and length); the
@@ -19,13 +23,21 @@ from nndf.results import Column, Result
 ENGINE_FLAGS = ("batch_size", "num_beams", "input_seq_len", "output_seq_len")
 BACKENDS_HELP = ("the backends whose graphs and engines to build: onnxrt, onnxrt-int8, onnxrt-int4 and/or trt "
                  "(frameworks runs the PyTorch model and has nothing to export)")
+UNUSED_FLAGS = {  # nndf.cli.check_unused_flags
+    "use_mask": "the graphs take an attention mask whether or not a run feeds one; give it to the run",
+    "tgt_lang": "the target language is a forced first token of a generation, not part of any graph or engine",
+}
+STATUS_NOTE = ("status: built (by this command, or by another process it waited for), reused (found built with "
+               "these settings and its files at their recorded sizes; their bytes are not read) or given (a file "
+               "named by a flag, used as it is).")
 
 
 def add_arguments(parser) -> None:
     """The build flags say what to export; -o also copies it into a folder of its own."""
     parser.add_argument("-o", "--output", metavar="DIR",
-                        help="also write the onnxrt model as a standalone folder (graphs, config, tokenizer; no "
-                             "weights) that nndf.load_exported(DIR) runs anywhere, as Optimum's save_pretrained")
+                        help="also write the onnxrt model as a standalone folder (graphs with their weights, config, "
+                             "tokenizer; no PyTorch checkpoint) that nndf.load_exported(DIR) runs anywhere, as "
+                             "Optimum's save_pretrained")
     parser.set_defaults(engine_flag_defaults={dest: parser.get_default(dest) for dest in ENGINE_FLAGS})
 
 
@@ -44,25 +56,54 @@ def run(args) -> list[Result]:
                              "one backend (trt engines are tied to the GPU they were built on)")
         check_output_folder("-o/--output", args.output)
         check_replaceable("-o/--output", args.output)
-    models = open_models(args)
+    started = time.time_ns()
+    models = _open(args)
     rows = []
     for model in models:
         files = model.artifacts or [None]
         for artifact in files:
             size = _size(Path(artifact)) if artifact else None
             rows.append({"backend": label(model), "artifact": artifact or "(runs the PyTorch model; nothing to export)",
-                         "size": format_bytes(size) if size else "-"})
-    columns = [Column("backend", "backend"), Column("artifact", "artifact"), Column("size", "size")]
+                         "status": _status(Path(artifact), started) if artifact else "-",
+                         "size": format_bytes(size) if size else "-", "bytes": size})
+    columns = [Column("backend", "backend"), Column("artifact", "artifact"), Column("status", "status"),
+               Column("size", "size")]
     first = models[0]
     notes = ["Artifacts are reused only when their metadata matches these settings, library versions and weights.",
-             "size: an ONNX graph's with its external data (the weights beside it), an engine's file."]
+             STATUS_NOTE,
+             "size: an ONNX graph's with its external data (the weights beside it), an engine's file (bytes: the "
+             "same in bytes, in --json)."]
     if args.output is not None:
         from nndf.export.standalone import write_standalone
 
         folder = write_standalone(first, args.output)
-        notes.append(f"standalone folder: {folder} (graphs, config, generation config and tokenizer; no weights): "
-                     f"nndf.load_exported({str(folder)!r}) runs it without the PyTorch checkpoint or the hub.")
+        notes.append(f"standalone folder: {folder} (graphs with their weights, config, generation config and "
+                     f"tokenizer; no PyTorch checkpoint): nndf.load_exported({str(folder)!r}) runs it without the "
+                     "PyTorch model or the hub.")
     return [Result("export", f"export {first.spec.family} {first.loaded.name}", columns, rows, describe(first), notes)]
+
+
+def _open(args) -> list:
+    """`open_models`, which builds or reuses every artifact. Where the trt backend cannot run, its refusal ends in
+    what export can do here instead of a run's alternatives: the ONNX files a TensorRT build reads."""
+    from nndf.backends.trt.availability import TrtUnavailable
+
+    try:
+        return open_models(args)
+    except TrtUnavailable as exc:
+        spec, _ = resolve(args.model, args.variant)
+        raise exc.instead(f"export the ONNX files that a TensorRT build reads, on any machine, with the onnxrt "
+                          f"backend: {onnx_export_command(args, spec)}") from None
+
+
+def _status(artifact: Path, started_ns: int) -> str:
+    """built, reused or given: an artifact's metadata file is written last, after its build, and never on reuse
+    (a folder artifact's metadata sits beside the folder, its graphs inside it)."""
+    for candidate in (artifact, artifact.parent):
+        meta = metadata_path(candidate)
+        if meta.is_file():
+            return "built" if meta.stat().st_mtime_ns >= started_ns else "reused"
+    return "given"
 
 
 def _size(artifact: Path) -> int:

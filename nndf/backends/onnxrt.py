@@ -15,19 +15,21 @@ layout always binds (its point is that past and present are one buffer).
 from __future__ import annotations
 
 import os
+import re
 import weakref
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Collection, Mapping, TypeVar
 
 import numpy as np
 import torch
 
 from nndf.backends import BackendOptions
-from nndf.errors import UsageError
+from nndf.errors import HarnessError, UsageError
 from nndf.hugepages import HugePageReport, huge_pages_for_load
 from nndf.backends.ort_cache import PresentCache, SharedBufferCache, SharedStep, as_numpy, ort_module
 from nndf.kvcache import KINDS, past_name, present_name
 from nndf.loading import LoadedModel
+from nndf.progress import say
 from nndf.spec import BuildSettings, ShapeSpec
 
 DESCRIPTION = "ONNX Runtime on the exported graph (CPU; CUDA with onnxruntime-gpu and a GPU)"
@@ -53,6 +55,44 @@ def default_threads() -> int | None:
     return int(value) if value.isdigit() and int(value) > 0 else None
 
 
+class GraphLoadError(HarnessError):
+    """ONNX Runtime could not load a graph file (a damaged protobuf, a missing external data file): one sentence
+    naming the file, with `reason` the runtime's own words (`rebuilt_once` rebuilds a cached graph on it)."""
+
+    def __init__(self, graph: Path, exc: Exception) -> None:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", first)
+        self.graph, self.reason = graph, first.split("failed:", 1)[-1].strip().rstrip(".")
+        super().__init__(f"ONNX Runtime could not load {graph} ({self.reason})")
+
+
+Opened = TypeVar("Opened")
+
+
+def rebuilt_once(open_graphs: Callable[[], Opened], given: Collection[str | None] = ()) -> Opened:
+    """`open_graphs()`, which exports (or reuses) graphs and opens them; a cached graph that ONNX Runtime cannot
+    load is removed and `open_graphs()` runs once more, which builds it anew.
+
+    Why: reuse checks an export's settings and its files' sizes, not their bytes (hashing gigabytes of weights on
+    every run would cost as much as the load), so a file damaged in place at its recorded size passes; ONNX
+    Runtime's load is the check that reads it. The rebuild is said as a stale export's is ("rebuilding X: ONNX
+    Runtime could not load it (...)"). A `given` file (--decoder-onnx) is the user's: said, never removed."""
+    try:
+        return open_graphs()
+    except GraphLoadError as exc:
+        if exc.graph.resolve() in {Path(path).resolve() for path in given if path is not None}:
+            raise
+        from nndf.workspace import discard_artifact
+
+        discard_artifact(exc.graph.parent, f"ONNX Runtime could not load it ({exc.reason})", say)
+    try:
+        return open_graphs()
+    except GraphLoadError as exc:
+        raise HarnessError(f"ONNX Runtime could not load {exc.graph}, exported anew just now ({exc.reason}): check "
+                           "the disk of the working dir, and that this onnxruntime runs what this torch "
+                           "exports") from exc
+
+
 class OrtSession:
     """An InferenceSession with the same call as every backend: named tensors in, named torch tensors out."""
 
@@ -71,8 +111,12 @@ class OrtSession:
         if use_gpu:
             providers.insert(0, "CUDAExecutionProvider")
         self.huge_pages = HugePageReport()
+        state = ort.capi.onnxruntime_pybind11_state
         with huge_pages_for_load(self.huge_pages):  # the weights ONNX Runtime holds, on 2 MiB pages
-            self.session = ort.InferenceSession(str(graph), options, providers=providers)
+            try:
+                self.session = ort.InferenceSession(str(graph), options, providers=providers)
+            except (state.InvalidProtobuf, state.InvalidGraph, state.NoSuchFile, state.Fail) as exc:
+                raise GraphLoadError(Path(graph), exc) from exc
         self.artifacts = [Path(graph)]
         # onnxruntime-gpu lists CUDA as available even without a GPU and then silently falls back: trust only
         # the providers the session really got.
@@ -245,13 +289,20 @@ def open_session(loaded: LoadedModel, settings: BuildSettings, options: BackendO
 
     `options.decoder_onnx` runs a given file instead, after checking its input and output names.
     """
-    from nndf.export.onnx import asked_layout, built_export, export_decoder, kv_layout, model_io
+    from nndf.export.onnx import model_io
 
     check_fp16(settings, options)
     if options.decoder_onnx is not None:
         path = given_graph(options.decoder_onnx, "--decoder-onnx", loaded)
         inputs, outputs = model_io(loaded, settings.use_cache)
         return OrtSession(path, inputs, outputs, options.threads, options.io_binding)
+    return rebuilt_once(lambda: _open_exported(loaded, settings, options))
+
+
+def _open_exported(loaded: LoadedModel, settings: BuildSettings, options: BackendOptions) -> OrtSession:
+    """`open_session` on the decoder it exports (or reuses) for these settings."""
+    from nndf.export.onnx import asked_layout, built_export, export_decoder, kv_layout
+
     on_cuda = _cuda_provider()
     wanted = "growing" if on_cuda else asked_layout(settings.use_cache, options.kv_layout)
     export, refusal = built_export(loaded, settings.use_cache, options.working_dir, wanted), None
@@ -290,13 +341,19 @@ def open_seq2seq(loaded: LoadedModel, settings: BuildSettings, options: BackendO
         if path is not None:
             given_graph(path, f"--{SEQ2SEQ_OVERRIDES[graph].replace('_', '-')}", loaded)
     io = seq2seq_io(loaded, settings.use_cache)
-    export = None if all(given.values()) else export_seq2seq(loaded, settings.use_cache, options.working_dir)
-    sessions = {}
-    for graph, (inputs, outputs) in io.items():
-        path = Path(given[graph]) if given[graph] else runnable_graph(export.graphs[graph], loaded, settings, options)
-        sessions[graph] = OrtSession(path, inputs, outputs, options.threads, None if options.io_binding else False,
-                                     torch_outputs=graph != "decoder", role=graph_roles(loaded)[graph])
-    return sessions
+
+    def open_graphs() -> dict[str, OrtSession]:
+        export = None if all(given.values()) else export_seq2seq(loaded, settings.use_cache, options.working_dir)
+        sessions = {}
+        for graph, (inputs, outputs) in io.items():
+            path = Path(given[graph]) if given[graph] else runnable_graph(export.graphs[graph], loaded, settings,
+                                                                           options)
+            sessions[graph] = OrtSession(path, inputs, outputs, options.threads,
+                                         None if options.io_binding else False, torch_outputs=graph != "decoder",
+                                         role=graph_roles(loaded)[graph])
+        return sessions
+
+    return rebuilt_once(open_graphs, given.values())
 
 
 def _name_difference(expected: set[str], found: set[str], shown: int = 4) -> str:

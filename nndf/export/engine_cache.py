@@ -20,6 +20,7 @@ from typing import Callable, Mapping
 from nndf.errors import HarnessError, UsageError
 from nndf.export.engine_build import build_engine, describe_profiles
 from nndf.export.engine_request import EngineRequest
+from nndf.option_checks import check_engine_postfix as validate_postfix
 from nndf.progress import say
 from nndf.workspace import artifact_lock, artifact_name, as_json, file_stale_reason, read_metadata
 
@@ -58,12 +59,6 @@ class DeviceInfo:
         """A file-name-safe tag: trt10.3.0-NVIDIA-A100-SXM4-40GB-sm80."""
         gpu = re.sub(r"[^A-Za-z0-9.]+", "-", self.gpu_name).strip("-") or "gpu"
         return f"trt{self.tensorrt_version}-{gpu}-sm{self.compute_capability.replace('.', '')}"
-
-
-def validate_postfix(postfix: str) -> None:
-    """--engine-postfix ends up in a file name: keep it to characters that are safe everywhere."""
-    if postfix and not re.fullmatch(r"[A-Za-z0-9._+-]+", postfix):
-        raise UsageError(f"--engine-postfix '{postfix}' may contain only letters, digits and . _ + -")
 
 
 def engine_settings(request: EngineRequest, device: DeviceInfo) -> dict:

@@ -16,28 +16,44 @@ from nndf.errors import HarnessError
 INSTALL_HINT = "pip install -e '.[tensorrt]' (or pip install tensorrt polygraphy)"
 
 
-def unavailable_reason(cuda_available: bool, tensorrt_installed: bool) -> str | None:
-    """One sentence on why the trt backend cannot run here, or None when it can."""
+RUN_INSTEAD = "choose the frameworks or onnxrt backend"  # what a run can do here instead
+
+
+def unavailable_reason(cuda_available: bool, tensorrt_installed: bool, instead: str = RUN_INSTEAD) -> str | None:
+    """One sentence on why the trt backend cannot run here, or None when it can; `instead` says what the action
+    can do on this machine instead (an action that runs nothing, such as `export`, has its own)."""
     if not cuda_available:
         return ("the trt backend needs an NVIDIA GPU with CUDA, and none is visible to PyTorch here; run it on a "
-                "GPU machine with a CUDA build of torch and " + INSTALL_HINT + ", or choose the frameworks or "
-                "onnxrt backend")
+                f"GPU machine with a CUDA build of torch and {INSTALL_HINT}, or {instead}")
     if not tensorrt_installed:
         return ("the trt backend needs TensorRT and Polygraphy, which are not installed here; on this CUDA "
                 "machine run " + INSTALL_HINT)
     return None
 
 
+class TrtUnavailable(HarnessError):
+    """The trt backend cannot run here (`unavailable_reason`). Raised where every action checks its backends
+    (nndf.actions.common.open_models); an action whose alternative is not a run's rewords it with `instead`, so
+    that generic code never asks which action it serves."""
+
+    def __init__(self, cuda_available: bool, tensorrt_installed: bool) -> None:
+        super().__init__(unavailable_reason(cuda_available, tensorrt_installed))
+        self.cuda_available, self.tensorrt_installed = cuda_available, tensorrt_installed
+
+    def instead(self, what: str) -> HarnessError:
+        """The same refusal, ending in `what` the action can do on this machine instead."""
+        return HarnessError(unavailable_reason(self.cuda_available, self.tensorrt_installed, what))
+
+
 def check_available() -> None:
-    """Raise a one-sentence HarnessError unless a CUDA device is visible and TensorRT is installed.
+    """Raise a one-sentence TrtUnavailable unless a CUDA device is visible and TensorRT is installed.
 
     The device is checked first and TensorRT is only looked up (`find_spec` imports nothing), never imported here.
     """
     cuda = torch.cuda.is_available()
     installed = cuda and importlib.util.find_spec("tensorrt") is not None
-    reason = unavailable_reason(cuda, installed)
-    if reason is not None:
-        raise HarnessError(reason)
+    if unavailable_reason(cuda, installed) is not None:
+        raise TrtUnavailable(cuda, installed)
 
 
 def _tensorrt():
