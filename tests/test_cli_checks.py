@@ -134,6 +134,8 @@ def test_the_weights_have_their_own_seed(capsys, tmp_path, monkeypatch):
         code, out, _ = run_cli(capsys, "benchmark", "GPT2", "trt", "--random-weights", *flags, "--info",
                                "--working-dir", tmp_path)
         assert code == 1 and f"weights: random weights (seed {seed}) from the known gpt2 config" in out
+        weights = "--random-weights --weights-seed 3" if seed else "--random-weights --working-dir"
+        assert f"python run.py export GPT2 onnxrt {weights}" in " ".join(out.split())  # the same weights' graphs
 
 
 @needs_shared(TOKENIZER_DIR)

@@ -14,7 +14,7 @@ from nndf.architectures import architecture
 
 def onnx_export_argv(args, spec) -> list[str]:
     """`export FAMILY onnxrt ...` with the flags that shape the graph a TensorRT build of `args` reads, and no other:
-    the weights (--variant, --torch-dir, --random-weights with its --seed), the working dir the engines are built
+    the weights (--variant, --torch-dir, --random-weights with its --weights-seed), the working dir the engines are built
     in, the cache, and --kv-layout growing where a decoder-only graph has a cache (TensorRT has no ONNX Runtime
     contrib ops, so it reads the growing layout; a cache-less graph has no layout, an encoder-decoder its own)."""
     argv = ["export", spec.family, "onnxrt"]
@@ -24,8 +24,8 @@ def onnx_export_argv(args, spec) -> list[str]:
         argv += ["--torch-dir", str(args.torch_dir)]
     if args.random_weights:
         argv.append("--random-weights")
-        if args.seed is not None:
-            argv += ["--seed", str(args.seed)]
+        if args.weights_seed:
+            argv += ["--weights-seed", str(args.weights_seed)]
     argv += ["--working-dir", str(args.working_dir)]
     if not args.use_cache:
         argv.append("--no-use-cache")
