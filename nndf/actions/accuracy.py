@@ -77,12 +77,15 @@ def run(args) -> list[Result]:
     for model in models:
         say(f"scoring {len(chosen)} LAMBADA passages on {label(model)}")
         metrics = model.architecture.lambada(chosen, model, args.tokens_to_generate, args.topN, args.batch_size)
-        row = dict(backend=label(model), **metrics.as_dict())
-        if args.fidelity and not model.is_reference:
-            say(f"comparing {label(model)} logits with PyTorch on the same passages")
-            fidelity = model.architecture.fidelity(chosen, model, args.batch_size)
+        rows.append(dict(backend=label(model), **metrics.as_dict()))
+    judged = [(row, model) for row, model in zip(rows, models) if args.fidelity and not model.is_reference]
+    if judged:
+        names = ", ".join(label(model) for _, model in judged)
+        say(f"fidelity: comparing the logits of {names} with PyTorch's on the same passages, one more PyTorch pass "
+            "(--no-fidelity skips it)")
+        fidelities = models[0].architecture.fidelities(chosen, [model for _, model in judged], args.batch_size)
+        for (row, _), fidelity in zip(judged, fidelities):
             row.update(top1_agreement=fidelity.top1_agreement, mean_kl=fidelity.mean_kl)
-        rows.append(row)
     n = args.topN
     columns = [
         Column("backend", "backend"),
@@ -111,3 +114,4 @@ def run(args) -> list[Result]:
     context = dict(describe(first), dataset=args.dataset_file or "EleutherAI/lambada_openai",
                    num_samples=len(chosen), tokens_to_generate=args.tokens_to_generate, topN=n)
     return [Result("accuracy", title, columns, rows, context, notes)]
+
