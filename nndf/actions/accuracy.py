@@ -110,8 +110,18 @@ def run(args) -> list[Result]:
                      "KL vs PyTorch: mean KL(PyTorch || backend) per position. On random weights the logits are "
                      "nearly flat, so quantized agreement says little there: judge fidelity on trained weights.")
     first = models[0]
-    title = f"accuracy {first.spec.family} {first.loaded.name}: LAMBADA, {len(chosen)} passages"
+    title = f"accuracy {first.spec.family} {first.loaded.name}: LAMBADA, {sample_words(len(chosen), len(texts), args)}"
     context = dict(describe(first), dataset=args.dataset_file or "EleutherAI/lambada_openai",
-                   num_samples=len(chosen), tokens_to_generate=args.tokens_to_generate, topN=n)
+                   num_samples=len(chosen), passages_in_dataset=len(texts),
+                   sample="random" if len(chosen) < len(texts) else "all", sample_seed=data_seed(args),
+                   tokens_to_generate=args.tokens_to_generate, topN=n)
     return [Result("accuracy", title, columns, rows, context, notes)]
 
+
+def sample_words(chosen: int, available: int, args) -> str:
+    """How many passages were scored and how they were chosen, so that a run can be repeated: `sample_texts` draws
+    a seeded random sample (in data set order) when --num-samples is below the data set's size."""
+    passages = f"{chosen} passage{'' if chosen == 1 else 's'}"
+    if chosen >= available:
+        return f"{passages} (all)"
+    return f"{passages} of {available}, drawn at random with --seed {data_seed(args)}"
