@@ -12,6 +12,8 @@ import pytest
 
 from conftest import LAMBADA_FILE, SHARED_DATA, TRAINED_TINY_GPT2
 
+from nndf.errors import UsageError
+
 pytest.importorskip("lm_eval", reason="lm-eval (the eval and test extras) is absent")
 from lm_eval.tasks import TaskManager  # noqa: E402
 if not SHARED_DATA.exists():
@@ -149,6 +151,29 @@ def test_bad_task_flags_are_one_sentence_before_any_model_loads(flags, message, 
                  str(onnx_work_dir), *flags])
     err = capsys.readouterr().err
     assert code == 2 and message in err and "loading" not in err
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "abc"])
+def test_a_limit_that_is_not_a_finite_number_is_one_sentence_naming_what_it_takes(value, tiny_gpt2_dir, capsys):
+    """NaN and infinity passed float() and stopped lm-eval after the models loaded; 'abc' named `_limit`."""
+    from nndf.cli import main
+
+    code = main(["evaluate", "GPT2", "frameworks", "--torch-dir", str(tiny_gpt2_dir), "--tasks", "lambada_openai",
+                 f"--limit={value}"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert (f"error: argument --limit: a number of documents per task (e.g. 200) or a share of them below 1 "
+            f"(e.g. 0.1), not '{value}'\n") in err
+    assert "_limit" not in err and "loading" not in err
+
+
+def test_a_limit_that_is_not_finite_from_python_is_refused_before_any_model_loads(tiny_gpt2_dir, capsys):
+    import nndf
+
+    with pytest.raises(UsageError, match=r"--limit: a number of documents per task .*, not 'nan'"):
+        nndf.run("evaluate", "GPT2", "frameworks", torch_dir=str(tiny_gpt2_dir), tasks="lambada_openai",
+                 limit=float("nan"))
+    assert "loading" not in capsys.readouterr().err
 
 
 def test_image_captioning_family_is_refused_before_loading(capsys):
