@@ -176,6 +176,40 @@ def test_a_limit_that_is_not_finite_from_python_is_refused_before_any_model_load
     assert "loading" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("content", "message"), [
+    ("", "is empty; lm-eval task lambada_openai's prompts read the field(s) text of each row"),
+    ("\n\n", "contains no rows; lm-eval task lambada_openai's prompts read the field(s) text of each row"),
+    ('{"text": "a b c"}\nnot json\n', "line 2 is not valid JSON (Expecting value); lm-eval task lambada_openai's"),
+    ('{"text": "a b c"}\n[1, 2]\n', "line 2 is a JSON list, not an object"),
+    ('{"text": "a b c"}\n{"txt": "a b c"}\n', 'line 2 has no "text" field, which lm-eval task lambada_openai\'s '
+                                               'prompt reads (text)'),
+])
+def test_a_malformed_dataset_file_names_file_and_line_before_any_model_loads(content, message, tiny_gpt2_dir,
+                                                                              onnx_work_dir, tmp_path, capsys):
+    """These gave exit 1 and 'could not be loaded (StopIteration) ... give the data with --dataset-file'."""
+    from nndf.cli import main
+
+    data = tmp_path / "bad.jsonl"
+    data.write_text(content, encoding="utf-8")
+    code = main(["evaluate", "GPT2", "frameworks", "--torch-dir", str(tiny_gpt2_dir), "--working-dir",
+                 str(onnx_work_dir), "--tasks", "lambada_openai", "--dataset-file", str(data)])
+    err = capsys.readouterr().err
+    error = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(error) == 1, err
+    assert f"dataset file {data.resolve()} " in error[0] and message in error[0]
+    assert "StopIteration" not in err and "--dataset-file TASK=FILE" not in err and "loading" not in err
+
+
+def test_template_fields_are_what_a_task_prompt_reads_unless_it_rewrites_its_documents():
+    from nndf.lm_eval_tasks import template_fields
+
+    assert template_fields({"doc_to_text": "{{text.split(' ')[:-1]|join(' ')}}",
+                            "doc_to_target": "{{' '+text.split(' ')[-1]}}"}) == {"text"}
+    assert template_fields({"doc_to_text": "Q: {{question}}", "doc_to_target": "answer",
+                            "doc_to_choice": "{{[a, b]}}"}) == {"question", "a", "b"}
+    assert template_fields({"doc_to_text": "{{query}}", "process_docs": "!function utils.process_docs"}) == set()
+
+
 def test_image_captioning_family_is_refused_before_loading(capsys):
     from nndf.cli import main
 
