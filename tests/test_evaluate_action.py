@@ -200,6 +200,24 @@ def test_a_malformed_dataset_file_names_file_and_line_before_any_model_loads(con
     assert "StopIteration" not in err and "--dataset-file TASK=FILE" not in err and "loading" not in err
 
 
+@pytest.mark.parametrize(("name", "content", "message"), [
+    ("bad.csv", "txt\na b c\n", '(its header row) has no "text" field, which lm-eval task lambada_openai\'s prompt'),
+    ("bad.parquet", "not parquet", "lm-eval task lambada_openai could not read --dataset-file "),
+])
+def test_a_dataset_file_of_another_kind_that_cannot_serve_says_so(name, content, message, tiny_gpt2_dir,
+                                                                  onnx_work_dir, tmp_path, capsys):
+    """A file lm-eval cannot read is the user's to fix (exit 2), not advice to give the --dataset-file just given."""
+    from nndf.cli import main
+
+    data = tmp_path / name
+    data.write_text(content, encoding="utf-8")
+    code = main(["evaluate", "GPT2", "frameworks", "--torch-dir", str(tiny_gpt2_dir), "--working-dir",
+                 str(onnx_work_dir), "--tasks", "lambada_openai", "--dataset-file", str(data)])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and str(data.resolve()) in err, err
+    assert "--dataset-file TASK=FILE" not in err and "loading" not in err
+
+
 def test_template_fields_are_what_a_task_prompt_reads_unless_it_rewrites_its_documents():
     from nndf.lm_eval_tasks import template_fields
 
