@@ -226,15 +226,16 @@ def template_fields(config: dict) -> set[str]:
 
     if config.get("process_docs") is not None:
         return set()
+    environment = jinja2.Environment()
     fields: set[str] = set()
     for key in ("doc_to_text", "doc_to_target", "doc_to_choice"):
         template = config.get(key)
         if isinstance(template, str) and ("{{" in template or "{%" in template):
             try:
-                fields |= meta.find_undeclared_variables(jinja2.Environment().parse(template))
+                fields |= meta.find_undeclared_variables(environment.parse(template))
             except jinja2.TemplateSyntaxError:
                 continue  # lm-eval says what is wrong with its own template when it loads the task
-    return fields
+    return fields - set(environment.globals)  # range, dict, ...: Jinja's own names, not the document's
 
 
 def _columns(data_file: Path, hint: str) -> list[tuple[str, set[str]]]:
@@ -336,8 +337,8 @@ def prepare_tasks(task_names: str, dataset_files: list[str] | None, include_path
     manager = task_manager(tuple(str(Path(p).resolve()) for p in include_paths or []),
                            None if cache_dir is None else str(Path(cache_dir).resolve()))
     _check_known(manager, names)
+    specs = [_override(manager, name, files[name], Path(folder)) if name in files else name for name in names]
     for name, data_file in files.items():
         check_data_file(manager, name, data_file)
-    specs = [_override(manager, name, files[name], Path(folder)) if name in files else name for name in names]
     _check_loads(manager, specs, names, files)
     return Tasks(manager, specs, names)

@@ -226,6 +226,7 @@ def test_template_fields_are_what_a_task_prompt_reads_unless_it_rewrites_its_doc
     assert template_fields({"doc_to_text": "Q: {{question}}", "doc_to_target": "answer",
                             "doc_to_choice": "{{[a, b]}}"}) == {"question", "a", "b"}
     assert template_fields({"doc_to_text": "{{query}}", "process_docs": "!function utils.process_docs"}) == set()
+    assert template_fields({"doc_to_choice": "{{range(n)|list}}"}) == {"n"}  # range is Jinja's, not a field
 
 
 def test_image_captioning_family_is_refused_before_loading(capsys):
