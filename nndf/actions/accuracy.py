@@ -107,8 +107,9 @@ def run(args) -> list[Result]:
                      "average (-)")
     if any("top1_agreement" in row for row in rows):
         notes.append("top-1 = PyTorch: share of all positions whose next-token argmax equals the PyTorch model's; "
-                     "KL vs PyTorch: mean KL(PyTorch || backend) per position. On random weights the logits are "
-                     "nearly flat, so quantized agreement says little there: judge fidelity on trained weights.")
+                     "KL vs PyTorch: mean KL(PyTorch || backend) per position, both from one more pass over the "
+                     "passages on PyTorch, which --no-fidelity skips. On random weights the logits are nearly flat, "
+                     "so quantized agreement says little there: judge fidelity on trained weights.")
     first = models[0]
     title = f"accuracy {first.spec.family} {first.loaded.name}: LAMBADA, {sample_words(len(chosen), len(texts), args)}"
     context = dict(describe(first), dataset=args.dataset_file or "EleutherAI/lambada_openai",
