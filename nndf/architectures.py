@@ -64,6 +64,10 @@ class TextInputs:
     def check_lambada(self, spec) -> None:
         """LAMBADA scores text; every text model can be scored."""
 
+    def fidelities(self, texts, models, batch_size: int = 1) -> list:
+        """`fidelity` of each model (an architecture that can share one reference pass between them overrides it)."""
+        return [self.fidelity(texts, model, batch_size) for model in models]
+
     @staticmethod
     def reference_logits(model, *inputs) -> torch.Tensor:
         """The PyTorch model's float logits for what `decoder.logits(*inputs)` scores (the fp16 check)."""
@@ -138,22 +142,35 @@ class DecoderOnly(TextInputs):
                              max_positions=model.max_positions, progress=progress, **batching(model, batch_size, 4))
 
     def fidelity(self, texts, model, batch_size: int = 1):
-        from nndf.evaluation import logit_fidelity
+        return self.fidelities(texts, [model], batch_size)[0]
+
+    def fidelities(self, texts, models, batch_size: int = 1) -> list:
+        """Each model's fidelity against one PyTorch pass (the models share their PyTorch model: `open_models`),
+        compared batch by batch, so that the reference is not computed again for every backend."""
+        from nndf.evaluation import logit_fidelities
+
+        first = models[0]
 
         def reference(ids, mask):
-            return model.reference_logits(ids, attention_mask=mask)
+            return first.reference_logits(ids, attention_mask=mask)
 
-        def candidate(ids, mask):
-            return model.logits(ids, attention_mask=mask)
+        def candidate(model):
+            return lambda ids, mask: model.logits(ids, attention_mask=mask)
 
-        return logit_fidelity(texts, model.tokenizer, reference, candidate, max_positions=model.max_positions,
-                              **batching(model, batch_size, 8))
+        return logit_fidelities(texts, first.tokenizer, reference, [candidate(model) for model in models],
+                                max_positions=first.max_positions,
+                                **batching(first, batch_size, FIDELITY_BYTES_PER_LOGIT))
 
     def lambada_note(self, tokens_to_generate: int) -> str:
         return (f"top-N, token and sequence perplexity as NVIDIA's demo defines them over the last "
                 f"{tokens_to_generate} token(s); lm-eval columns as lm-evaluation-harness 0.4.13's hf model computes "
                 "lambada_openai (target = last word, encoded with the tokenizer's own special tokens; acc = every "
                 "target token greedy; ppl per passage).")
+
+
+# What fidelity holds per logit of a batch: the reference's float64 log-probabilities and probabilities (kept while
+# every candidate is compared, `nndf.evaluation.ReferenceLogits`) and a candidate's float32 logits.
+FIDELITY_BYTES_PER_LOGIT = 20
 
 
 def batching(model, batch_size: int, bytes_per_logit: int) -> dict:

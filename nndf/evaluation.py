@@ -265,56 +265,96 @@ def evaluate_lambada(
     )
 
 
+class ReferenceLogits:
+    """One passage's reference logits (T, V), prepared once for comparing any number of candidates with them: its
+    float64 log-probabilities, their probabilities and its argmax. `accuracy` judges every backend against the same
+    PyTorch pass, so this half of the work is done once per passage, not once per backend, and each candidate's
+    figures are, to the last bit, those of comparing it alone.
+
+    float64 because a KL of 1e-12 (what an exact export shows) is a small difference of log-probabilities near -10,
+    lost to float32's rounding of 1e-7. Rewriting KL as  sum p log p - sum p c + logsumexp(c)  (c: the candidate's
+    logits) would spare a candidate one pass over the vocabulary (about a quarter of its comparison), but then two
+    identical backends would differ by a rounding KL of ~1e-14 instead of 0: not done."""
+
+    def __init__(self, ref: torch.Tensor):
+        self.shape = tuple(ref.shape)
+        self.log_probs = torch.log_softmax(ref.double(), dim=-1)
+        self.probs = self.log_probs.exp()
+        self.argmax = ref.argmax(dim=-1)
+
+    def compare(self, cand: torch.Tensor) -> tuple[int, int, float]:
+        """(positions, positions whose argmax agrees, summed KL(reference || candidate)) for candidate logits
+        (T, V)."""
+        if self.shape != tuple(cand.shape):
+            raise HarnessError(
+                f"reference logits have shape {self.shape} but candidate logits {tuple(cand.shape)}; "
+                "compare two models that share the tokenizer and vocabulary"
+            )
+        cand_logp = torch.log_softmax(cand.double(), dim=-1)
+        kl = (self.probs * (self.log_probs - cand_logp)).sum(dim=-1)
+        return self.shape[0], int((self.argmax == cand.argmax(dim=-1)).sum()), float(kl.sum())
+
+
 def compare_logits(ref: torch.Tensor, cand: torch.Tensor) -> tuple[int, int, float]:
     """(positions, positions whose argmax agrees, summed KL(reference || candidate)) of two (T, V) logit tensors."""
-    if ref.shape != cand.shape:
-        raise HarnessError(
-            f"reference logits have shape {tuple(ref.shape)} but candidate logits {tuple(cand.shape)}; "
-            "compare two models that share the tokenizer and vocabulary"
-        )
-    ref_logp = torch.log_softmax(ref.double(), dim=-1)
-    cand_logp = torch.log_softmax(cand.double(), dim=-1)
-    kl = (ref_logp.exp() * (ref_logp - cand_logp)).sum(dim=-1)
-    return ref.shape[0], int((ref.argmax(dim=-1) == cand.argmax(dim=-1)).sum()), float(kl.sum())
+    return ReferenceLogits(ref).compare(cand)
 
 
-def logit_fidelity(
+def fidelity_metrics(per_passage: Sequence[tuple[int, int, float]]) -> FidelityMetrics:
+    """Top-1 agreement and mean KL from each passage's `compare` triple, summed in passage order (so that the figures
+    do not depend on the batching)."""
+    positions = agree = 0
+    kl_sum = 0.0
+    for n, a, k in per_passage:
+        positions, agree, kl_sum = positions + n, agree + a, kl_sum + k
+    if positions == 0:
+        raise UsageError("there are no tokens to compare; pass at least one non-empty passage")
+    return FidelityMetrics(positions=positions, top1_agreement=agree / positions, mean_kl=kl_sum / positions)
+
+
+FIDELITY_DESC = "fidelity vs PyTorch (--no-fidelity skips)"  # the progress bar's name for the comparison pass
+
+
+def logit_fidelities(
     texts: Sequence[str],
     tokenizer,
     reference_fn: LogitsFn,
-    candidate_fn: LogitsFn,
+    candidate_fns: Sequence[LogitsFn],
     *,
     max_positions: int,
     progress: bool = True,
     batch_size: int = 1,
     max_batch_tokens: int | None = None,
-) -> FidelityMetrics:
-    """Top-1 agreement and mean KL(reference || candidate) over every position of every passage, in float64.
+) -> list[FidelityMetrics]:
+    """Top-1 agreement and mean KL(reference || candidate) of each candidate, over every position of every passage.
 
     Meant for judging int8/int4 models against fp32: accuracy on a small sample moves in coarse steps, while these
     per-position numbers show drift long before a greedy answer flips. Each passage is `tokenizer(text)` cut from
     the right to `max_positions`; every position counts once, so long passages weigh more than short ones.
+
+    The reference runs once per batch and every candidate is compared with it there: the reference pass (PyTorch)
+    and its float64 log-softmax cost as much as a candidate's, so judging three backends costs four passes, not six,
+    and no reference logits are kept beyond their batch (a whole data set's would not fit in memory).
     """
     if max_positions < 1:
         raise UsageError(f"max_positions must be at least 1, got {max_positions}")
     sequences = [ids for ids in (list(tokenizer(text)["input_ids"])[:max_positions] for text in texts) if ids]
-    per_passage: list[tuple[int, int, float]] = [(0, 0, 0.0)] * len(sequences)
+    per_passage = [[(0, 0, 0.0)] * len(sequences) for _ in candidate_fns]
     lengths = [len(ids) for ids in sequences]
-    with tqdm(total=len(texts), desc="fidelity", unit="passage", file=sys.stderr, disable=not progress) as bar:
+    with tqdm(total=len(texts), desc=FIDELITY_DESC, unit="passage", file=sys.stderr, disable=not progress) as bar:
         if len(texts) > len(sequences):  # empty passages, done at once (an update of 0 draws the bar again)
             bar.update(len(texts) - len(sequences))
         for group in length_groups(lengths, batch_size, max_batch_tokens):
             batch = [sequences[i] for i in group]
-            refs = batch_logits(reference_fn, batch, torch.float64)
-            cands = batch_logits(candidate_fn, batch, torch.float64)
-            for index, ref, cand in zip(group, refs, cands):
-                per_passage[index] = compare_logits(ref, cand)
+            refs = [ReferenceLogits(ref) for ref in batch_logits(reference_fn, batch)]
+            for scores, candidate_fn in zip(per_passage, candidate_fns):
+                for index, ref, cand in zip(group, refs, batch_logits(candidate_fn, batch)):
+                    scores[index] = ref.compare(cand)
             bar.update(len(group))
-    positions = sum(n for n, _, _ in per_passage)
-    agree = sum(a for _, a, _ in per_passage)
-    kl_sum = 0.0
-    for _, _, k in per_passage:  # in passage order, as the figures must not depend on the batching
-        kl_sum += k
-    if positions == 0:
-        raise UsageError("there are no tokens to compare; pass at least one non-empty passage")
-    return FidelityMetrics(positions=positions, top1_agreement=agree / positions, mean_kl=kl_sum / positions)
+    return [fidelity_metrics(scores) for scores in per_passage]
+
+
+def logit_fidelity(texts: Sequence[str], tokenizer, reference_fn: LogitsFn, candidate_fn: LogitsFn,
+                   **keywords) -> FidelityMetrics:
+    """`logit_fidelities` of one candidate."""
+    return logit_fidelities(texts, tokenizer, reference_fn, [candidate_fn], **keywords)[0]

@@ -1,5 +1,6 @@
 """LAMBADA passages: a jsonl file with a "text" field per line, or the `lambada_openai` test split from the hub,
-and a seeded sample of them. Every malformed input is one UsageError that names the file and line to fix.
+and a seeded sample of them. The jsonl checker serves `evaluate`'s --dataset-file of any
+task too. Every malformed input is one UsageError that names the file and line to fix.
 
 Kept apart from `nndf.evaluation` (which scores passages) because reading and choosing them is the same for
 decoder-only and encoder-decoder scoring.
@@ -19,24 +20,24 @@ _LAMBADA_HUB = ("EleutherAI/lambada_openai", "default", "test")
 
 
 
-def read_jsonl_texts(path: str | Path) -> list[str]:
-    """Read the "text" field of every line of a jsonl file, failing with the file and line a user must fix.
-
-    Blank lines are skipped, so a trailing newline or a gap does not count as a malformed passage.
-    """
+def read_jsonl_records(path: str | Path, hint: str, rows: str = "rows") -> list[tuple[int, dict]]:
+    """(line number, object) of every line of a jsonl file, failing with the file and line a user must fix, and
+    `hint` (what the file should hold; `rows`: what its lines are called). Blank lines are skipped, so a trailing newline or a gap does not count as a
+    malformed row. `accuracy` reads LAMBADA with it, `evaluate` checks a --dataset-file with it before a model
+    loads (lm-eval would stop later, with a bare StopIteration for an empty file)."""
     p = Path(path)
     if not p.exists():
-        raise UsageError(f"dataset file {p} does not exist; {_JSONL_HINT}")
+        raise UsageError(f"dataset file {p} does not exist; {hint}")
     if not p.is_file():
-        raise UsageError(f"dataset file {p} is not a regular file; {_JSONL_HINT}")
+        raise UsageError(f"dataset file {p} is not a regular file; {hint}")
     try:
         lines = p.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError as exc:
-        raise UsageError(f"dataset file {p} is not UTF-8 text ({exc.reason}); {_JSONL_HINT}") from exc
+        raise UsageError(f"dataset file {p} is not UTF-8 text ({exc.reason}); {hint}") from exc
     except OSError as exc:
-        raise UsageError(f"dataset file {p} cannot be read ({exc.strerror}); {_JSONL_HINT}") from exc
+        raise UsageError(f"dataset file {p} cannot be read ({exc.strerror}); {hint}") from exc
 
-    texts: list[str] = []
+    records: list[tuple[int, dict]] = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -44,17 +45,26 @@ def read_jsonl_texts(path: str | Path) -> list[str]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise UsageError(f"{where} is not valid JSON ({exc.msg}); {_JSONL_HINT}") from exc
+            raise UsageError(f"{where} is not valid JSON ({exc.msg}); {hint}") from exc
         if not isinstance(record, dict):
-            raise UsageError(f"{where} is a JSON {type(record).__name__}, not an object; {_JSONL_HINT}")
+            raise UsageError(f"{where} is a JSON {type(record).__name__}, not an object; {hint}")
+        records.append((number, record))
+    if not records:
+        raise UsageError(f"dataset file {p} contains no {rows}; {hint}")
+    return records
+
+
+def read_jsonl_texts(path: str | Path) -> list[str]:
+    """The "text" field of every line of a jsonl file (`read_jsonl_records`), each a passage with words."""
+    texts: list[str] = []
+    for number, record in read_jsonl_records(path, _JSONL_HINT, "passages"):
+        where = f"dataset file {Path(path)} line {number}"
         text = record.get("text")
         if not isinstance(text, str):
             raise UsageError(f'{where} has no string "text" field; {_JSONL_HINT}')
         if not text.strip():
             raise UsageError(f'{where} has an empty "text"; every passage needs words to score')
         texts.append(text)
-    if not texts:
-        raise UsageError(f"dataset file {p} contains no passages; {_JSONL_HINT}")
     return texts
 
 

@@ -218,6 +218,73 @@ def _override(manager, name: str, data_file: Path, folder: Path) -> str:
     return str(path)
 
 
+def template_fields(config: dict) -> set[str]:
+    """The document fields a task's Jinja prompts read (doc_to_text, doc_to_target, doc_to_choice); none when the
+    task first rewrites its documents (`process_docs`: its prompts read the rewritten ones, not the file's)."""
+    import jinja2
+    from jinja2 import meta
+
+    if config.get("process_docs") is not None:
+        return set()
+    environment = jinja2.Environment()
+    fields: set[str] = set()
+    for key in ("doc_to_text", "doc_to_target", "doc_to_choice"):
+        template = config.get(key)
+        if isinstance(template, str) and ("{{" in template or "{%" in template):
+            try:
+                fields |= meta.find_undeclared_variables(environment.parse(template))
+            except jinja2.TemplateSyntaxError:
+                continue  # lm-eval says what is wrong with its own template when it loads the task
+    return fields - set(environment.globals)  # range, dict, ...: Jinja's own names, not the document's
+
+
+def _columns(data_file: Path, hint: str) -> list[tuple[str, set[str]]]:
+    """(where, fields) of each row of a local data file, read as cheaply as its kind allows; a json/jsonl file is
+    checked line by line (`nndf.lambada.read_jsonl_records`), so that a line lm-eval could not read is named."""
+    from nndf.lambada import read_jsonl_records
+
+    if data_file.stat().st_size == 0:
+        raise UsageError(f"dataset file {data_file} is empty; {hint}")
+    kind = FILE_BUILDERS[data_file.suffix.lower()]
+    if kind == "csv":
+        import csv
+
+        with open(data_file, newline="", encoding="utf-8", errors="replace") as file:
+            header = next(csv.reader(file), [])
+        return [(f"dataset file {data_file} (its header row)", set(header))]
+    if kind != "json":
+        return []  # parquet: its reader says what is wrong
+    if data_file.suffix.lower() == ".json":
+        import json
+
+        try:
+            whole = json.loads(data_file.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError):
+            whole = None  # JSON lines in a .json file, as `datasets` reads them too
+        if isinstance(whole, list):
+            return [(f"dataset file {data_file} item {n}", set(row) if isinstance(row, dict) else set())
+                    for n, row in enumerate(whole, start=1)]
+        if whole is not None:
+            return []  # an object of columns: `datasets` reads it (or says why not)
+    return [(f"dataset file {data_file} line {n}", set(row)) for n, row in read_jsonl_records(data_file, hint)]
+
+
+def check_data_file(manager, name: str, data_file: Path) -> None:
+    """The --dataset-file of task `name`, before any model loads: a file with no rows, a line that is not a JSON
+    object, or a row without a field the task's prompts read is one sentence naming the file, line and field
+    (lm-eval itself would stop with a bare StopIteration or KeyError, after the index and data loading)."""
+    config = manager.task_index[name].cfg or {}
+    fields = template_fields(config)
+    hint = (f"lm-eval task {name}'s prompts read the field(s) {', '.join(sorted(fields))} of each row" if fields
+            else f"give one JSON object per row, with the fields lm-eval task {name} reads")
+    rows = _columns(data_file, hint)
+    for where, present in rows:
+        missing = sorted(fields - present)
+        if missing:
+            raise UsageError(f"{where} has no \"{missing[0]}\" field, which lm-eval task {name}'s prompt reads "
+                             f"({', '.join(sorted(fields))})")
+
+
 def _hub_path(manager, spec: str) -> str | None:
     """The hub data set a task reads (None: local files, or not a single task)."""
     entry = manager.task_index.get(spec)
@@ -237,8 +304,9 @@ def _unreachable(exc: BaseException) -> bool:
     return False
 
 
-def _check_loads(manager, specs: list[str], names: list[str]) -> None:
-    """Build each task once (lm-eval loads its data then), so that a missing data set fails before a model loads."""
+def _check_loads(manager, specs: list[str], names: list[str], files: dict[str, Path]) -> None:
+    """Build each task once (lm-eval loads its data then), so that a missing data set fails before a model loads;
+    a task that cannot read the --dataset-file given for it says so, rather than advising to give one."""
     for spec, name in zip(specs, names):
         try:
             manager.load([spec])
@@ -249,6 +317,9 @@ def _check_loads(manager, specs: list[str], names: list[str]) -> None:
                 raise HarnessError(f"lm-eval task {name} reads its data set {hub} from the Hugging Face hub, which "
                                    f"cannot be reached ({why}); {DATASET_FILE_HINT}") from exc
             reason = " ".join(str(exc).split()) or type(exc).__name__
+            if name in files:
+                raise UsageError(f"lm-eval task {name} could not read --dataset-file {files[name]} ({reason[:300]}); "
+                                 "check that its rows have the fields the task's prompts read") from exc
             raise HarnessError(f"lm-eval task {name} could not be loaded ({reason[:300]}); check its YAML and data "
                                f"files, or {DATASET_FILE_HINT}") from exc
 
@@ -267,5 +338,7 @@ def prepare_tasks(task_names: str, dataset_files: list[str] | None, include_path
                            None if cache_dir is None else str(Path(cache_dir).resolve()))
     _check_known(manager, names)
     specs = [_override(manager, name, files[name], Path(folder)) if name in files else name for name in names]
-    _check_loads(manager, specs, names)
+    for name, data_file in files.items():
+        check_data_file(manager, name, data_file)
+    _check_loads(manager, specs, names, files)
     return Tasks(manager, specs, names)

@@ -218,6 +218,31 @@ def test_accuracy_end_to_end_on_shared_lambada(capsys, tiny_gpt2_dir, onnx_work_
     assert "top1_agreement" not in onnxrt and "top-1 = PyTorch" not in out and "comparing" not in err
 
 
+@needs_shared(LAMBADA_FILE)
+def test_accuracy_says_its_passages_are_a_seeded_random_sample(capsys, tiny_gpt2_dir, tmp_path):
+    """The title said "LAMBADA, 1 passages" and neither it nor the JSON said the passages were drawn at random, nor
+    with which seed."""
+    out_file = tmp_path / "acc.json"
+    code, out, err = run_cli(capsys, "accuracy", "GPT2", "frameworks", "--torch-dir", tiny_gpt2_dir,
+                             "--dataset-file", LAMBADA_FILE, "--num-samples", 1, "--seed", 7, "--json", out_file)
+    assert code == 0, err
+    total = sum(1 for line in LAMBADA_FILE.read_text(encoding="utf-8").splitlines() if line.strip())
+    assert f"LAMBADA, 1 passage of {total}, drawn at random with --seed 7\n" in out
+    context = json.loads(out_file.read_text())["results"][0]["context"]
+    assert (context["num_samples"], context["passages_in_dataset"]) == (1, total)
+    assert (context["sample"], context["sample_seed"]) == ("random", 7)
+
+
+def test_accuracy_title_counts_passages_in_words():
+    from argparse import Namespace
+
+    from nndf.actions.accuracy import sample_words
+
+    assert sample_words(1, 1, Namespace(seed=None)) == "1 passage (all)"
+    assert sample_words(3, 3, Namespace(seed=5)) == "3 passages (all)"
+    assert sample_words(2, 9, Namespace(seed=None)) == "2 passages of 9, drawn at random with --seed 0"
+
+
 @needs_shared(TOKENIZER_DIR)
 def test_chat_answers_each_backend_and_ends_on_exit(capsys, tiny_gpt2_dir, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.StringIO("Hello there\n\nHow are you\nexit\nnever read\n"))

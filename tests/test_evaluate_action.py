@@ -12,6 +12,8 @@ import pytest
 
 from conftest import LAMBADA_FILE, SHARED_DATA, TRAINED_TINY_GPT2
 
+from nndf.errors import UsageError
+
 pytest.importorskip("lm_eval", reason="lm-eval (the eval and test extras) is absent")
 from lm_eval.tasks import TaskManager  # noqa: E402
 if not SHARED_DATA.exists():
@@ -149,6 +151,82 @@ def test_bad_task_flags_are_one_sentence_before_any_model_loads(flags, message, 
                  str(onnx_work_dir), *flags])
     err = capsys.readouterr().err
     assert code == 2 and message in err and "loading" not in err
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "abc"])
+def test_a_limit_that_is_not_a_finite_number_is_one_sentence_naming_what_it_takes(value, tiny_gpt2_dir, capsys):
+    """NaN and infinity passed float() and stopped lm-eval after the models loaded; 'abc' named `_limit`."""
+    from nndf.cli import main
+
+    code = main(["evaluate", "GPT2", "frameworks", "--torch-dir", str(tiny_gpt2_dir), "--tasks", "lambada_openai",
+                 f"--limit={value}"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert (f"error: argument --limit: a number of documents per task (e.g. 200) or a share of them below 1 "
+            f"(e.g. 0.1), not '{value}'\n") in err
+    assert "_limit" not in err and "loading" not in err
+
+
+def test_a_limit_that_is_not_finite_from_python_is_refused_before_any_model_loads(tiny_gpt2_dir, capsys):
+    import nndf
+
+    with pytest.raises(UsageError, match=r"--limit: a number of documents per task .*, not 'nan'"):
+        nndf.run("evaluate", "GPT2", "frameworks", torch_dir=str(tiny_gpt2_dir), tasks="lambada_openai",
+                 limit=float("nan"))
+    assert "loading" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ("", "is empty; lm-eval task lambada_openai's prompts read the field(s) text of each row"),
+    ("\n\n", "contains no rows; lm-eval task lambada_openai's prompts read the field(s) text of each row"),
+    ('{"text": "a b c"}\nnot json\n', "line 2 is not valid JSON (Expecting value); lm-eval task lambada_openai's"),
+    ('{"text": "a b c"}\n[1, 2]\n', "line 2 is a JSON list, not an object"),
+    ('{"text": "a b c"}\n{"txt": "a b c"}\n', 'line 2 has no "text" field, which lm-eval task lambada_openai\'s '
+                                               'prompt reads (text)'),
+])
+def test_a_malformed_dataset_file_names_file_and_line_before_any_model_loads(content, message, tiny_gpt2_dir,
+                                                                              onnx_work_dir, tmp_path, capsys):
+    """These gave exit 1 and 'could not be loaded (StopIteration) ... give the data with --dataset-file'."""
+    from nndf.cli import main
+
+    data = tmp_path / "bad.jsonl"
+    data.write_text(content, encoding="utf-8")
+    code = main(["evaluate", "GPT2", "frameworks", "--torch-dir", str(tiny_gpt2_dir), "--working-dir",
+                 str(onnx_work_dir), "--tasks", "lambada_openai", "--dataset-file", str(data)])
+    err = capsys.readouterr().err
+    error = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(error) == 1, err
+    assert f"dataset file {data.resolve()} " in error[0] and message in error[0]
+    assert "StopIteration" not in err and "--dataset-file TASK=FILE" not in err and "loading" not in err
+
+
+@pytest.mark.parametrize(("name", "content", "message"), [
+    ("bad.csv", "txt\na b c\n", '(its header row) has no "text" field, which lm-eval task lambada_openai\'s prompt'),
+    ("bad.parquet", "not parquet", "lm-eval task lambada_openai could not read --dataset-file "),
+])
+def test_a_dataset_file_of_another_kind_that_cannot_serve_says_so(name, content, message, tiny_gpt2_dir,
+                                                                  onnx_work_dir, tmp_path, capsys):
+    """A file lm-eval cannot read is the user's to fix (exit 2), not advice to give the --dataset-file just given."""
+    from nndf.cli import main
+
+    data = tmp_path / name
+    data.write_text(content, encoding="utf-8")
+    code = main(["evaluate", "GPT2", "frameworks", "--torch-dir", str(tiny_gpt2_dir), "--working-dir",
+                 str(onnx_work_dir), "--tasks", "lambada_openai", "--dataset-file", str(data)])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and str(data.resolve()) in err, err
+    assert "--dataset-file TASK=FILE" not in err and "loading" not in err
+
+
+def test_template_fields_are_what_a_task_prompt_reads_unless_it_rewrites_its_documents():
+    from nndf.lm_eval_tasks import template_fields
+
+    assert template_fields({"doc_to_text": "{{text.split(' ')[:-1]|join(' ')}}",
+                            "doc_to_target": "{{' '+text.split(' ')[-1]}}"}) == {"text"}
+    assert template_fields({"doc_to_text": "Q: {{question}}", "doc_to_target": "answer",
+                            "doc_to_choice": "{{[a, b]}}"}) == {"question", "a", "b"}
+    assert template_fields({"doc_to_text": "{{query}}", "process_docs": "!function utils.process_docs"}) == set()
+    assert template_fields({"doc_to_choice": "{{range(n)|list}}"}) == {"n"}  # range is Jinja's, not a field
 
 
 def test_image_captioning_family_is_refused_before_loading(capsys):

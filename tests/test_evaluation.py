@@ -314,6 +314,46 @@ def test_fidelity_hand_computed_kl_and_agreement():
     assert f.as_dict() == {"positions": 3, "top1_agreement": f.top1_agreement, "mean_kl": f.mean_kl}
 
 
+class _FakeScored:
+    """What `DecoderOnly.fidelities` reads of a model: its logits, the PyTorch reference's (counted), tokenizer,
+    positions and vocabulary."""
+
+    def __init__(self, logits_fn, reference_fn, calls: list):
+        self.logits_fn, self.reference_fn, self.calls = logits_fn, reference_fn, calls
+        self.tokenizer, self.max_positions = XYZTokenizer(), 8
+        self.shapes = type("Shapes", (), {"vocab_size": 3})()
+
+    def logits(self, ids, attention_mask=None):
+        return self.logits_fn(ids, attention_mask)
+
+    def reference_logits(self, ids, attention_mask=None):
+        self.calls.append(ids.shape)
+        return self.reference_fn(ids, attention_mask)
+
+
+def test_fidelities_compare_every_backend_with_one_reference_pass():
+    """`accuracy` ran the PyTorch reference again for every backend it judged (28 s of a 50 s pass each)."""
+    from nndf.architectures import DecoderOnly
+
+    ref = fixed_logits([[0.5, 0.25, 0.25], [0.2, 0.3, 0.5], [0.1, 0.1, 0.8]])
+    near = fixed_logits([[0.25, 0.5, 0.25], [0.2, 0.3, 0.5], [0.1, 0.1, 0.8]])
+    calls: list = []
+    models = [_FakeScored(ref, ref, calls), _FakeScored(near, ref, calls)]
+    texts = ["xyz", "xy", "zz", "x"]  # three lengths: three batches
+    same, changed = DecoderOnly().fidelities(texts, models, batch_size=4)
+    assert len(calls) == 3  # one reference pass per batch, for both backends
+    assert same == logit_fidelity(texts, XYZTokenizer(), ref, ref, max_positions=8, progress=False)
+    assert changed == logit_fidelity(texts, XYZTokenizer(), ref, near, max_positions=8, progress=False)
+    assert changed.top1_agreement == pytest.approx(4 / 8)  # position 0 of each passage disagrees
+    assert DecoderOnly().fidelity(texts, models[1], batch_size=4) == changed
+
+
+def test_the_fidelity_progress_bar_says_what_it_is_and_how_to_skip_it(capsys):
+    fn = fixed_logits([[0.5, 0.25, 0.25]])
+    logit_fidelity(["x"], XYZTokenizer(), fn, fn, max_positions=8)
+    assert "fidelity vs PyTorch (--no-fidelity skips)" in capsys.readouterr().err
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Trained tiny GPT-2 that memorised LAMBADA passages 2500-2999
 # ----------------------------------------------------------------------------------------------------------------

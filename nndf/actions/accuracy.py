@@ -77,12 +77,15 @@ def run(args) -> list[Result]:
     for model in models:
         say(f"scoring {len(chosen)} LAMBADA passages on {label(model)}")
         metrics = model.architecture.lambada(chosen, model, args.tokens_to_generate, args.topN, args.batch_size)
-        row = dict(backend=label(model), **metrics.as_dict())
-        if args.fidelity and not model.is_reference:
-            say(f"comparing {label(model)} logits with PyTorch on the same passages")
-            fidelity = model.architecture.fidelity(chosen, model, args.batch_size)
+        rows.append(dict(backend=label(model), **metrics.as_dict()))
+    judged = [(row, model) for row, model in zip(rows, models) if args.fidelity and not model.is_reference]
+    if judged:
+        names = ", ".join(label(model) for _, model in judged)
+        say(f"fidelity: comparing the logits of {names} with PyTorch's on the same passages, one more PyTorch pass "
+            "(--no-fidelity skips it)")
+        fidelities = models[0].architecture.fidelities(chosen, [model for _, model in judged], args.batch_size)
+        for (row, _), fidelity in zip(judged, fidelities):
             row.update(top1_agreement=fidelity.top1_agreement, mean_kl=fidelity.mean_kl)
-        rows.append(row)
     n = args.topN
     columns = [
         Column("backend", "backend"),
@@ -104,10 +107,22 @@ def run(args) -> list[Result]:
                      "average (-)")
     if any("top1_agreement" in row for row in rows):
         notes.append("top-1 = PyTorch: share of all positions whose next-token argmax equals the PyTorch model's; "
-                     "KL vs PyTorch: mean KL(PyTorch || backend) per position. On random weights the logits are "
-                     "nearly flat, so quantized agreement says little there: judge fidelity on trained weights.")
+                     "KL vs PyTorch: mean KL(PyTorch || backend) per position, both from one more pass over the "
+                     "passages on PyTorch, which --no-fidelity skips. On random weights the logits are nearly flat, "
+                     "so quantized agreement says little there: judge fidelity on trained weights.")
     first = models[0]
-    title = f"accuracy {first.spec.family} {first.loaded.name}: LAMBADA, {len(chosen)} passages"
+    title = f"accuracy {first.spec.family} {first.loaded.name}: LAMBADA, {sample_words(len(chosen), len(texts), args)}"
     context = dict(describe(first), dataset=args.dataset_file or "EleutherAI/lambada_openai",
-                   num_samples=len(chosen), tokens_to_generate=args.tokens_to_generate, topN=n)
+                   num_samples=len(chosen), passages_in_dataset=len(texts),
+                   sample="random" if len(chosen) < len(texts) else "all", sample_seed=data_seed(args),
+                   tokens_to_generate=args.tokens_to_generate, topN=n)
     return [Result("accuracy", title, columns, rows, context, notes)]
+
+
+def sample_words(chosen: int, available: int, args) -> str:
+    """How many passages were scored and how they were chosen, so that a run can be repeated: `sample_texts` draws
+    a seeded random sample (in data set order) when --num-samples is below the data set's size."""
+    passages = f"{chosen} passage{'' if chosen == 1 else 's'}"
+    if chosen >= available:
+        return f"{passages} (all)"
+    return f"{passages} of {available}, drawn at random with --seed {data_seed(args)}"

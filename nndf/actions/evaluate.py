@@ -11,8 +11,10 @@ messages go to stderr, so stdout holds the tables.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
+import math
 import os
 import sys
 import tempfile
@@ -56,8 +58,19 @@ def add_arguments(parser) -> None:
                    "skips stderr (default 100000, as lm-eval)")
 
 
+LIMIT_TAKES = "a number of documents per task (e.g. 200) or a share of them below 1 (e.g. 0.1)"
+
+
 def _limit(text: str) -> int | float:
-    value = float(text)
+    """--limit's value as lm-eval takes it (a whole count, or a share below 1). argparse says an
+    ArgumentTypeError's own sentence; a ValueError would show this function's name instead. NaN and infinity pass
+    float() but would stop lm-eval after the models load."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{LIMIT_TAKES}, not '{text}'")
     return int(value) if value >= 1 and value.is_integer() else value
 
 
