@@ -75,9 +75,12 @@ class LoadedModel:
             return self._model.generation_config
         from transformers import GenerationConfig
 
-        folder = self.tokenizer_source if self.source.startswith("local folder") else None
-        if folder and (Path(folder) / "generation_config.json").is_file():
-            return GenerationConfig.from_pretrained(folder)
+        # the --torch-dir folder's own (not the tokenizer's folder: a checkpoint without tokenizer files, run with
+        # --tokenizer-dir, lost its generation rules wherever the weights were not loaded, as on trt)
+        if self.folder is not None:  # as from_pretrained: the file, else what the model config implies
+            if (self.folder / "generation_config.json").is_file():
+                return GenerationConfig.from_pretrained(self.folder)
+            return GenerationConfig.from_model_config(self.config)
         return known_generation_config(self.variant, self.config)
 
     @property

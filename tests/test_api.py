@@ -208,3 +208,17 @@ def test_export_to_a_folder_runs_without_the_weights(tiny_gpt2_dir, onnx_work_di
         nndf.run("export", "GPT2", "onnxrt", torch_dir=str(tiny_gpt2_dir), output=str(tmp_path))
     with pytest.raises(UsageError, match="holds no nndf.json"):
         nndf.load_exported(tmp_path)
+
+
+def test_a_folders_generation_rules_hold_before_its_weights_load(tmp_path):
+    """The generation config of a --torch-dir folder without tokenizer files (run with --tokenizer-dir) is the
+    folder's own even where the weights never load (a cached export, trt): it was read from the tokenizer's folder,
+    so mBART's forced language token and BART's no-repeat rule were lost there."""
+    from conftest import build_tiny
+    from family_examples import SEQ2SEQ_EXAMPLES
+    from nndf.loading import load_model
+    from nndf.registry import resolve
+
+    folder = build_tiny(tmp_path, "mbart", SEQ2SEQ_EXAMPLES["mbart"][1])
+    loaded = load_model(*resolve("BART", None), torch_dir=str(folder))
+    assert loaded.generation_config.forced_bos_token_id == 250 and loaded._model is None
