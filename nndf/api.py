@@ -14,16 +14,16 @@ from nndf.errors import UsageError
 from nndf.results import Result
 
 
-def _argv(flags: dict, options: dict, action: str, flags_of: dict[str, set[str]]) -> list[str]:
+def _argv(flags: dict, options: dict, action: str, parsers: dict) -> list[str]:
     """Keywords as command-line flags: `output_seq_len=32` -> `--output-seq-len 32`, `random_weights=True` ->
     `--random-weights` (False: left out), `use_cache=False` -> `--no-use-cache` (a flag with a `--no-` form), a list
     -> the flag followed by each value, None -> left out. `options`: the action's option strings and their argparse
-    actions; `flags_of`: every action's option strings (a flag of another action is named as such)."""
+    actions; `parsers`: every action's parser (a flag of another action is named as such)."""
     argv: list[str] = []
     for key, value in flags.items():
         flag = "--" + key.replace("_", "-")
         if flag not in options:
-            raise UsageError(f"{key}= is not a flag of {action}{_elsewhere(flag, options, action, flags_of)}; see "
+            raise UsageError(f"{key}= is not a flag of {action}{_elsewhere(flag, options, action, parsers)}; see "
                              f"python run.py {action} --help")
         switch = options[flag].nargs == 0  # store_true and --x/--no-x take no value
         if value is None:
@@ -47,9 +47,11 @@ def _argv(flags: dict, options: dict, action: str, flags_of: dict[str, set[str]]
     return argv
 
 
-def _elsewhere(flag: str, options: dict, action: str, flags_of: dict[str, set[str]]) -> str:
+def _elsewhere(flag: str, options: dict, action: str, parsers: dict) -> str:
     """What to suggest for a flag `action` lacks: the actions that have it, else a close name among its own."""
-    others = [name for name, known in flags_of.items() if flag in known and name != action]
+    from nndf.cli import actions_with_flag
+
+    others = actions_with_flag(flag, parsers, action)
     if others:
         return f" (it is a flag of {', '.join(others)})"
     import difflib
@@ -74,12 +76,12 @@ def run(action: str, model: str | None = None, *backends: str, input: str | list
     if action not in ACTIONS:
         raise UsageError(f"unknown action '{action}'; allowed: {', '.join(ACTIONS)}")
     parser = build_parser()
-    flags_of = {name: set(sub._option_string_actions) for name, sub in parser.action_parsers.items()}
     options = parser.action_parsers[action]._option_string_actions
     if flags.get("help") is True:  # argparse's help would end the process (SystemExit) from inside a library call
         print(parser.action_parsers[action].format_help())
         return []
-    argv = [action, *([model] if model is not None else []), *backends, *_argv(flags, options, action, flags_of)]
+    argv = [action, *([model] if model is not None else []), *backends,
+            *_argv(flags, options, action, parser.action_parsers)]
     args = parser.parse_args(argv)
     check_unused_flags(args)
     check_given_paths(args)

@@ -57,10 +57,16 @@ class _Parser(OneSentenceParser):
         for flag in dict.fromkeys(word.split("=")[0] for word in extras if word.startswith("-")):
             if flag in REPLACED:
                 continue
-            others = [name for name, p in parsers.items() if name != action and flag in p._option_string_actions]
+            others = actions_with_flag(flag, parsers, action)
             if others:
                 notes.append(f"{flag} is a flag of {', '.join(others)}")
         return f" ({'; '.join(notes)}; see python run.py {action} --help)" if notes else ""
+
+
+def actions_with_flag(flag: str, parsers: dict, action: str) -> list[str]:
+    """The actions other than `action` whose parser (`build_parser().action_parsers`) takes `flag`: what to name for
+    a flag given to the wrong action, on the command line and through nndf.run."""
+    return [name for name, parser in parsers.items() if name != action and flag in parser._option_string_actions]
 
 
 def _model_arguments(p: argparse.ArgumentParser, batch_size: int = 1, batch_help: str = "sequences per batch",

@@ -44,7 +44,7 @@ def check_decoding(decoding: dict) -> None:
                          "return_dict_in_generate are not built: the result is generate()'s token tensor)")
 
 
-DEFAULT_NEW_TOKENS = 20  # generate()'s new tokens when nothing sets a length
+GENERATE_DEFAULT_NEW_TOKENS = 20  # generate()'s new tokens when nothing sets a length
 
 
 def new_token_budget(architecture, loaded, input_ids, max_new_tokens: int | None, max_length: int | None) -> int:
@@ -63,7 +63,7 @@ def new_token_budget(architecture, loaded, input_ids, max_new_tokens: int | None
     before = architecture.prompt_length(input_ids, loaded)
     total = max_length if max_length is not None else getattr(gen, "max_length", None)
     if total is None:  # generate()'s default: 20 new tokens, within the model's positions
-        total = before + DEFAULT_NEW_TOKENS
+        total = before + GENERATE_DEFAULT_NEW_TOKENS
         positions = getattr(loaded.spec.hooks.generating_config(loaded.config), "max_position_embeddings", None)
         if positions is not None:
             total = min(total, int(positions))
