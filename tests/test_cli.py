@@ -29,7 +29,11 @@ def test_list_shows_every_variant(capsys):
     assert code == 0
     for name in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "openai-community/gpt2-xl"):
         assert name in out
-    assert "frameworks" in out
+    # each row says what kind of generator the family is; the backends, the same for every family, are one note
+    kinds = {line.split()[0]: line.split()[-1] for line in out.splitlines()
+             if line.split() and line.split()[-1] in ("decoder-only", "encoder-decoder", "image-to-text")}
+    assert kinds["GPT2"] == "decoder-only" and kinds["T5"] == "encoder-decoder" and kinds["BLIP"] == "image-to-text"
+    assert out.count("frameworks") == 1 and "backends: frameworks, onnxrt, trt (every family)" in out
 
 
 def test_benchmark_table_and_json(capsys, tiny_gpt2_dir, tmp_path):
