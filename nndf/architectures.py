@@ -11,7 +11,8 @@ The strategy answers the few questions where the two differ:
 - `prompt` / `hf_inputs`: what the loop and Hugging Face `generate()` take from a caller's input ids, mask and
   images (an image-to-text model's vision encoder reads the images, its text decoder starts from a prompt);
 - `new_tokens` / `label_ids`: which tokens of an output are generated, and a label's tokens in the same terms;
-- `lambada` / `fidelity` / `lambada_note`: how LAMBADA is scored (and said to be scored) for this kind of model;
+- `lambada` / `fidelities` / `lambada_note`: how LAMBADA is scored (and said to be scored) for this kind of model
+  (`fidelities`: every judged backend against one PyTorch pass);
 - `lm_eval_backend` / `loglikelihoods`: how lm-evaluation-harness encodes and scores its requests for it (None:
   lm-eval's text tasks do not apply);
 - `pad_side`: where a batch of prompts is padded (decoder-only: left, so every row ends at the same position).
@@ -64,9 +65,9 @@ class TextInputs:
     def check_lambada(self, spec) -> None:
         """LAMBADA scores text; every text model can be scored."""
 
-    def fidelities(self, texts, models, batch_size: int = 1) -> list:
-        """`fidelity` of each model (an architecture that can share one reference pass between them overrides it)."""
-        return [self.fidelity(texts, model, batch_size) for model in models]
+    def fidelity(self, texts, model, batch_size: int = 1):
+        """`fidelities` of one model."""
+        return self.fidelities(texts, [model], batch_size)[0]
 
     @staticmethod
     def reference_logits(model, *inputs) -> torch.Tensor:
@@ -141,24 +142,14 @@ class DecoderOnly(TextInputs):
         return causal_scores(lambda ids, mask: model.logits(ids, attention_mask=mask), pairs,
                              max_positions=model.max_positions, progress=progress, **batching(model, batch_size, 4))
 
-    def fidelity(self, texts, model, batch_size: int = 1):
-        return self.fidelities(texts, [model], batch_size)[0]
-
     def fidelities(self, texts, models, batch_size: int = 1) -> list:
         """Each model's fidelity against one PyTorch pass (the models share their PyTorch model: `open_models`),
         compared batch by batch, so that the reference is not computed again for every backend."""
         from nndf.evaluation import logit_fidelities
 
         first = models[0]
-
-        def reference(ids, mask):
-            return first.reference_logits(ids, attention_mask=mask)
-
-        def candidate(model):
-            return lambda ids, mask: model.logits(ids, attention_mask=mask)
-
-        return logit_fidelities(texts, first.tokenizer, reference, [candidate(model) for model in models],
-                                max_positions=first.max_positions,
+        return logit_fidelities(texts, first.tokenizer, scorer(first.reference_logits),
+                                [scorer(model.logits) for model in models], max_positions=first.max_positions,
                                 **batching(first, batch_size, FIDELITY_BYTES_PER_LOGIT))
 
     def lambada_note(self, tokens_to_generate: int) -> str:
@@ -171,6 +162,12 @@ class DecoderOnly(TextInputs):
 # What fidelity holds per logit of a batch: the reference's float64 log-probabilities and probabilities (kept while
 # every candidate is compared, `nndf.evaluation.ReferenceLogits`) and a candidate's float32 logits.
 FIDELITY_BYTES_PER_LOGIT = 20
+
+
+def scorer(score):
+    """`score` (a Model's `logits` or `reference_logits`) as the scoring loops call it: with (ids, mask) for a
+    decoder-only model, (ids, mask, decoder ids) for an encoder-decoder one."""
+    return lambda ids, mask, *decoder_ids: score(ids, *decoder_ids, attention_mask=mask)
 
 
 def batching(model, batch_size: int, bytes_per_logit: int) -> dict:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -314,6 +314,41 @@ def fidelity_metrics(per_passage: Sequence[tuple[int, int, float]]) -> FidelityM
 
 FIDELITY_DESC = "fidelity vs PyTorch (--no-fidelity skips)"  # the progress bar's name for the comparison pass
 
+# a batch (row indices) -> each row's logits (T, V), in the batch's order
+RowsFn = Callable[[list[int]], Sequence[torch.Tensor]]
+
+
+def shared_reference_fidelities(
+    groups: Iterable[list[int]],
+    reference_rows: RowsFn,
+    candidate_rows: Sequence[RowsFn],
+    *,
+    rows: int,
+    passages: int,
+    progress: bool = True,
+) -> list[FidelityMetrics]:
+    """Top-1 agreement and mean KL(reference || candidate) of each candidate, over `rows` scored sequences, with the
+    reference run once for all of them: every architecture's fidelity pass (`logit_fidelities`, the encoder-decoder
+    `logit_fidelities_seq2seq`) is this loop, only what a row is and how a batch of them is scored differ.
+
+    `groups` are the batches (row indices); `reference_rows(group)` and each `candidate_rows[i](group)` return the
+    group's logits, one (T, V) tensor per row in the group's order. The reference runs once per batch and every
+    candidate is compared with it there: the reference pass (PyTorch) and its float64 log-softmax cost as much as a
+    candidate's, so judging three backends costs four passes, not six, and no reference logits are kept beyond their
+    batch (a whole data set's would not fit in memory). The progress bar counts `passages`; those beyond `rows`
+    (passages with nothing to score) are counted at once."""
+    per_passage = [[(0, 0, 0.0)] * rows for _ in candidate_rows]
+    with tqdm(total=passages, desc=FIDELITY_DESC, unit="passage", file=sys.stderr, disable=not progress) as bar:
+        if passages > rows:  # done at once (an update of 0 draws the bar again)
+            bar.update(passages - rows)
+        for group in groups:
+            refs = [ReferenceLogits(ref) for ref in reference_rows(group)]
+            for scores, candidate in zip(per_passage, candidate_rows):
+                for index, ref, cand in zip(group, refs, candidate(group)):
+                    scores[index] = ref.compare(cand)
+            bar.update(len(group))
+    return [fidelity_metrics(scores) for scores in per_passage]
+
 
 def logit_fidelities(
     texts: Sequence[str],
@@ -326,32 +361,23 @@ def logit_fidelities(
     batch_size: int = 1,
     max_batch_tokens: int | None = None,
 ) -> list[FidelityMetrics]:
-    """Top-1 agreement and mean KL(reference || candidate) of each candidate, over every position of every passage.
+    """Top-1 agreement and mean KL(reference || candidate) of each candidate, over every position of every passage
+    (`shared_reference_fidelities`: the reference runs once for all candidates).
 
     Meant for judging int8/int4 models against fp32: accuracy on a small sample moves in coarse steps, while these
     per-position numbers show drift long before a greedy answer flips. Each passage is `tokenizer(text)` cut from
     the right to `max_positions`; every position counts once, so long passages weigh more than short ones.
-
-    The reference runs once per batch and every candidate is compared with it there: the reference pass (PyTorch)
-    and its float64 log-softmax cost as much as a candidate's, so judging three backends costs four passes, not six,
-    and no reference logits are kept beyond their batch (a whole data set's would not fit in memory).
     """
     if max_positions < 1:
         raise UsageError(f"max_positions must be at least 1, got {max_positions}")
     sequences = [ids for ids in (list(tokenizer(text)["input_ids"])[:max_positions] for text in texts) if ids]
-    per_passage = [[(0, 0, 0.0)] * len(sequences) for _ in candidate_fns]
-    lengths = [len(ids) for ids in sequences]
-    with tqdm(total=len(texts), desc=FIDELITY_DESC, unit="passage", file=sys.stderr, disable=not progress) as bar:
-        if len(texts) > len(sequences):  # empty passages, done at once (an update of 0 draws the bar again)
-            bar.update(len(texts) - len(sequences))
-        for group in length_groups(lengths, batch_size, max_batch_tokens):
-            batch = [sequences[i] for i in group]
-            refs = [ReferenceLogits(ref) for ref in batch_logits(reference_fn, batch)]
-            for scores, candidate_fn in zip(per_passage, candidate_fns):
-                for index, ref, cand in zip(group, refs, batch_logits(candidate_fn, batch)):
-                    scores[index] = ref.compare(cand)
-            bar.update(len(group))
-    return [fidelity_metrics(scores) for scores in per_passage]
+
+    def rows_of(logits_fn: LogitsFn) -> RowsFn:
+        return lambda group: batch_logits(logits_fn, [sequences[i] for i in group])
+
+    groups = length_groups([len(ids) for ids in sequences], batch_size, max_batch_tokens)
+    return shared_reference_fidelities(groups, rows_of(reference_fn), [rows_of(fn) for fn in candidate_fns],
+                                       rows=len(sequences), passages=len(texts), progress=progress)
 
 
 def logit_fidelity(texts: Sequence[str], tokenizer, reference_fn: LogitsFn, candidate_fn: LogitsFn,

@@ -106,19 +106,17 @@ class EncoderDecoder(TextInputs):
         return seq2seq_scores(scored, cut, self.decoder_inputs(model), progress=progress,
                               **batching(model, batch_size, 4))
 
-    def fidelity(self, texts, model, batch_size: int = 1):
-        from nndf.architectures import batching
-        from nndf.seq2seq.evaluation import logit_fidelity_seq2seq
+    def fidelities(self, texts, models, batch_size: int = 1) -> list:
+        """Each model's fidelity over the teacher-forced target tokens, against one PyTorch pass shared by all of
+        them (the models share their PyTorch model and tokenizer: `open_models`), as `DecoderOnly.fidelities`."""
+        from nndf.architectures import FIDELITY_BYTES_PER_LOGIT, batching, scorer
+        from nndf.seq2seq.evaluation import logit_fidelities_seq2seq
 
-        def reference(ids, mask, decoder_ids):
-            return model.reference_logits(ids, decoder_ids, attention_mask=mask)
-
-        def candidate(ids, mask, decoder_ids):
-            return model.logits(ids, decoder_ids, attention_mask=mask)
-
-        return logit_fidelity_seq2seq(texts, model.tokenizer, reference, candidate,
-                                      decoder_inputs=self.decoder_inputs(model), max_positions=model.max_positions,
-                                      **batching(model, batch_size, 8))
+        first = models[0]
+        return logit_fidelities_seq2seq(texts, first.tokenizer, scorer(first.reference_logits),
+                                        [scorer(model.logits) for model in models],
+                                        decoder_inputs=self.decoder_inputs(first), max_positions=first.max_positions,
+                                        **batching(first, batch_size, FIDELITY_BYTES_PER_LOGIT))
 
     def lambada_note(self, tokens_to_generate: int) -> str:
         return ("encoder-decoder scoring as lm-evaluation-harness's hf model does it: the passage without its last "

@@ -168,5 +168,5 @@ class ImageToText(EncoderDecoder):
     def lambada(self, texts, model, tokens_to_generate: int, top_n: int):
         self.check_lambada(model.spec)
 
-    def fidelity(self, texts, model):
-        self.check_lambada(model.spec)
+    def fidelities(self, texts, models, batch_size: int = 1):
+        self.check_lambada(models[0].spec)

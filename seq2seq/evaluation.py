@@ -32,7 +32,7 @@ from tqdm import tqdm
 from nndf.batching import length_groups, pad_right
 from nndf.errors import UsageError
 from nndf.evaluation import (MAX_LOG_PPL, MAX_PPL, FidelityMetrics, LambadaMetrics, check_lambada_settings,
-                             compare_logits, lm_eval_pair)
+                             lm_eval_pair, shared_reference_fidelities)
 from nndf.loglikelihood import score
 
 # (encoder ids (B, S), encoder mask (B, S), decoder ids (B, T)), each padded on the right -> logits (B, T, V)
@@ -50,19 +50,29 @@ def encode_pair(tokenizer, text: str, max_positions: int) -> tuple[list[int], li
     return context_ids[-max_positions:], target_ids[-max_positions:]
 
 
+def pair_groups(pairs: Sequence[tuple[list[int], list[int]]], batch_size: int, max_batch_tokens: int | None):
+    """Batches (indices) of (encoder ids, target ids) pairs whose encoder and target lengths are equal
+    (`nndf.batching`: the figures of one pair at a time)."""
+    return length_groups([(len(c), len(t)) for c, t in pairs], batch_size, max_batch_tokens)
+
+
+def pair_logits(logits_fn: Seq2SeqLogitsFn, pairs: Sequence[tuple[list[int], list[int]]], group: list[int],
+                decoder_inputs: DecoderInputsFn) -> list[torch.Tensor]:
+    """The float32 logits (T, V) of the pairs of one batch (`group`), T = each target's length, in the group's
+    order."""
+    context_ids, context_mask = pad_right([pairs[i][0] for i in group])
+    decoder_ids, _ = pad_right([decoder_inputs(pairs[i][1]) for i in group])
+    with torch.no_grad():
+        out = torch.as_tensor(logits_fn(context_ids, context_mask, decoder_ids))
+    out = out.detach().to(device="cpu", dtype=torch.float32)
+    return [out[row, : len(pairs[index][1])] for row, index in enumerate(group)]
+
+
 def teacher_forced_logits(logits_fn: Seq2SeqLogitsFn, pairs: Sequence[tuple[list[int], list[int]]],
-                          decoder_inputs: DecoderInputsFn, batch_size: int, max_batch_tokens: int | None,
-                          dtype: torch.dtype = torch.float32):
-    """(index, logits (T, V)) for every (encoder ids, target ids) pair, T = the target's length, computed in batches
-    of pairs whose encoder and target lengths are equal (`nndf.batching`: the figures of one pair at a time)."""
-    for group in length_groups([(len(c), len(t)) for c, t in pairs], batch_size, max_batch_tokens):
-        context_ids, context_mask = pad_right([pairs[i][0] for i in group])
-        decoder_ids, _ = pad_right([decoder_inputs(pairs[i][1]) for i in group])
-        with torch.no_grad():
-            out = torch.as_tensor(logits_fn(context_ids, context_mask, decoder_ids))
-        out = out.detach().to(device="cpu", dtype=dtype)
-        for row, index in enumerate(group):
-            yield index, out[row, : len(pairs[index][1])]
+                          decoder_inputs: DecoderInputsFn, batch_size: int, max_batch_tokens: int | None):
+    """(index, logits (T, V)) for every (encoder ids, target ids) pair, batch by batch (`pair_groups`)."""
+    for group in pair_groups(pairs, batch_size, max_batch_tokens):
+        yield from zip(group, pair_logits(logits_fn, pairs, group, decoder_inputs))
 
 
 def seq2seq_scores(logits_fn: Seq2SeqLogitsFn, pairs: Sequence[tuple[list[int], list[int]]],
@@ -118,25 +128,17 @@ def evaluate_lambada_seq2seq(texts: Sequence[str], tokenizer, logits_fn: Seq2Seq
                           lm_eval_accuracy=greedy_count / len(texts), lm_eval_perplexity=lm_ppl)
 
 
-def logit_fidelity_seq2seq(texts: Sequence[str], tokenizer, reference_fn: Seq2SeqLogitsFn,
-                           candidate_fn: Seq2SeqLogitsFn, *, decoder_inputs: DecoderInputsFn, max_positions: int,
-                           progress: bool = True, batch_size: int = 1,
-                           max_batch_tokens: int | None = None) -> FidelityMetrics:
-    """Top-1 agreement and mean KL(reference || candidate) over the teacher-forced target positions."""
+def logit_fidelities_seq2seq(texts: Sequence[str], tokenizer, reference_fn: Seq2SeqLogitsFn,
+                             candidate_fns: Sequence[Seq2SeqLogitsFn], *, decoder_inputs: DecoderInputsFn,
+                             max_positions: int, progress: bool = True, batch_size: int = 1,
+                             max_batch_tokens: int | None = None) -> list[FidelityMetrics]:
+    """Top-1 agreement and mean KL(reference || candidate) of each candidate over the teacher-forced target
+    positions, the reference run once for all of them (`nndf.evaluation.shared_reference_fidelities`)."""
     pairs = [encode_pair(tokenizer, text, max_positions) for text in texts]
-    per_passage: list = [None] * len(pairs)
-    with tqdm(total=len(pairs), desc="fidelity", unit="passage", file=sys.stderr, disable=not progress) as bar:
-        candidates = teacher_forced_logits(candidate_fn, pairs, decoder_inputs, batch_size, max_batch_tokens,
-                                           torch.float64)
-        references = teacher_forced_logits(reference_fn, pairs, decoder_inputs, batch_size, max_batch_tokens,
-                                           torch.float64)
-        for (index, ref), (_, cand) in zip(references, candidates):  # both walk the same groups in the same order
-            per_passage[index] = compare_logits(ref, cand)
-            bar.update(1)
-    positions = agree = 0
-    kl_sum = 0.0
-    for n, a, k in per_passage:  # in passage order
-        positions, agree, kl_sum = positions + n, agree + a, kl_sum + k
-    if positions == 0:
-        raise UsageError("there are no tokens to compare; pass at least one non-empty passage")
-    return FidelityMetrics(positions=positions, top1_agreement=agree / positions, mean_kl=kl_sum / positions)
+
+    def rows_of(logits_fn: Seq2SeqLogitsFn):
+        return lambda group: pair_logits(logits_fn, pairs, group, decoder_inputs)
+
+    return shared_reference_fidelities(pair_groups(pairs, batch_size, max_batch_tokens), rows_of(reference_fn),
+                                       [rows_of(fn) for fn in candidate_fns], rows=len(pairs), passages=len(texts),
+                                       progress=progress)

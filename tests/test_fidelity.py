@@ -82,3 +82,69 @@ def test_the_fidelity_progress_bar_says_what_it_is_and_how_to_skip_it(capsys):
     fn = fixed_logits([[0.5, 0.25, 0.25]])
     logit_fidelity(["x"], XYZTokenizer(), fn, fn, max_positions=8)
     assert "fidelity vs PyTorch (--no-fidelity skips)" in capsys.readouterr().err
+
+
+class _Drifted:
+    """Another backend of `model` whose logits drift from its own by a fixed pattern (as a quantized export's do)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __getattr__(self, name):  # tokenizer, PyTorch reference, shapes: those of the model it drifts from
+        return getattr(self.model, name)
+
+    def logits(self, *inputs, attention_mask=None):
+        out = self.model.logits(*inputs, attention_mask=attention_mask)
+        return out + 0.5 * torch.cos(torch.arange(out.shape[-1], dtype=out.dtype))
+
+
+def _one_backend_as_before(texts, model, backend, batch_size):
+    """The encoder-decoder fidelity of one backend as accuracy computed it before the reference was shared: the
+    reference and the candidate each over every batch, compared pair by pair in float64, summed in passage order."""
+    from nndf.evaluation import compare_logits
+    from nndf.seq2seq.evaluation import encode_pair, teacher_forced_logits
+
+    pairs = [encode_pair(model.tokenizer, text, model.max_positions) for text in texts]
+    decoder_inputs = model.architecture.decoder_inputs(model)
+    per_pair = [None] * len(pairs)
+    references = teacher_forced_logits(lambda i, m, d: model.reference_logits(i, d, attention_mask=m), pairs,
+                                       decoder_inputs, batch_size, None)
+    candidates = teacher_forced_logits(lambda i, m, d: backend.logits(i, d, attention_mask=m), pairs,
+                                       decoder_inputs, batch_size, None)
+    for (index, ref), (_, cand) in zip(references, candidates):
+        per_pair[index] = compare_logits(ref, cand)
+    positions, agree, kl = 0, 0, 0.0
+    for n, a, k in per_pair:
+        positions, agree, kl = positions + n, agree + a, kl + k
+    return FidelityMetrics(positions=positions, top1_agreement=agree / positions, mean_kl=kl / positions)
+
+
+def test_encoder_decoder_fidelities_share_one_reference_pass(text_models, monkeypatch):
+    """accuracy on T5, BART and mBART ran the PyTorch reference again for every backend it judged; now once per
+    batch for all of them, each backend's figures those of judging it alone, to the last bit."""
+    import nndf
+    from nndf.lambada import read_jsonl_texts
+    from nndf.seq2seq.evaluation import encode_pair, pair_groups
+
+    from conftest import LAMBADA_FILE
+
+    model = nndf.load("T5", backend="frameworks", torch_dir=str(text_models["T5"]))
+    texts = read_jsonl_texts(LAMBADA_FILE)[:8]
+    calls: list = []
+    reference = model.reference_logits
+
+    def counted(*inputs, **keywords):
+        calls.append(inputs[0].shape)
+        return reference(*inputs, **keywords)
+
+    monkeypatch.setattr(model, "reference_logits", counted)
+    backends = [model, _Drifted(model)]
+    figures = model.architecture.fidelities(texts, backends, batch_size=4)
+    pairs = [encode_pair(model.tokenizer, text, model.max_positions) for text in texts]
+    assert len(calls) == len(list(pair_groups(pairs, 4, None))) < len(texts)  # once per batch, for both backends
+    calls.clear()
+    assert figures == [_one_backend_as_before(texts, model, backend, 4) for backend in backends]
+    assert len(calls) == 2 * len(list(pair_groups(pairs, 4, None)))  # the oracle: once per batch per backend
+    assert figures[0].top1_agreement == 1.0 and figures[0].mean_kl < 1e-9
+    assert figures[1].mean_kl > 1e-3  # the drift is seen, so the two are not trivially equal
+    assert model.architecture.fidelity(texts, backends[1], batch_size=4) == figures[1]
