@@ -161,6 +161,32 @@ def copy_artifact(folder: Path, work: Path) -> Path:
     return work / folder.name
 
 
+def damage_in_place(path: Path) -> None:
+    """Overwrite bytes of `path` at its size, as `dd conv=notrunc` would: reuse, which checks sizes, passes it."""
+    size = path.stat().st_size
+    with open(path, "r+b") as f:
+        f.seek(100)
+        f.write(bytes(range(256)) * 16)
+    assert path.stat().st_size == size
+
+
+def export_by_copy(monkeypatch, clean: Path) -> list[Path]:
+    """Make a decoder export in a test's own working dir copy the graph files of `clean` (an intact export of the
+    same settings) instead of tracing the model again (~15 s each): for tests of what triggers a rebuild, not of
+    the export. Returns the list of graphs so written."""
+    import nndf.export.onnx as onnx_export
+
+    written = []
+
+    def copy(wrapper, args, dynamic, io, path, model, label):
+        for file in clean.iterdir():
+            shutil.copy(file, Path(path).parent / file.name)
+        written.append(Path(path))
+
+    monkeypatch.setattr(onnx_export, "trace_to_onnx", copy)
+    return written
+
+
 @pytest.fixture(scope="session")
 def tiny_gpt2_dir(tmp_path_factory) -> Path:
     return built_once(tmp_path_factory, "models", lambda root: build_tiny(root, "tiny-gpt2", TINY_GPT2)) / "tiny-gpt2"

@@ -98,6 +98,21 @@ from test_cli import run_cli
     (["export", "GPT2", "onnxrt", "--random-weights", "--use-mask"],
      "--use-mask does not apply to export: the graphs take an attention mask whether or not a run feeds one"),
     (["export", "GPT2", "onnxrt", "--random-weights", "--tgt-lang", "de_DE"], "--tgt-lang does not apply to export"),
+    # with trt too: a usage error before the refusal of a machine without a GPU (nndf.actions.plans), so that it is
+    # found where the command is prepared, not on the GPU machine; --info prints no plan of a wrong command
+    (["run", "GPT2", "trt", "--variant", "gpt2", "--random-weights", "--output-seq-len", "5000"],
+     "--output-seq-len 5000 leaves no position for a prompt: this model has 1024 positions"),
+    (["run", "GPT2", "trt", "--variant", "gpt2", "--random-weights", "--output-seq-len", "5000", "--info"],
+     "--output-seq-len 5000 leaves no position for a prompt: this model has 1024 positions"),
+    (["benchmark", "GPT2", "frameworks", "trt", "--random-weights", "--input-seq-len", "2000", "--output-seq-len",
+      "2000", "--cuda-graph"], "--input-seq-len 2000 plus --output-seq-len 2000 is 4000 tokens, more than the 1024"),
+    (["compare", "GPT2", "trt", "--random-weights", "--output-seq-len", "5000"], "--output-seq-len 5000 leaves no"),
+    (["chat", "GPT2", "trt", "--random-weights", "--output-seq-len", "1024"], "--output-seq-len 1024 leaves no"),
+    (["export", "GPT2", "trt", "--random-weights", "--output-seq-len", "5000"], "--output-seq-len 5000 leaves no"),
+    (["benchmark", "GPT2", "trt", "--random-weights", "--kv-layout", "growing"],
+     "--kv-layout lays out the onnxrt backend's graph, and no onnxrt backend is asked for"),
+    (["benchmark", "T5", "trt", "--variant", "t5-small", "--random-weights", "--input-seq-len", "600"],
+     "--input-seq-len 600"),
 ])
 def test_every_given_path_is_checked_before_anything_loads(capsys, argv, needle):
     code, out, err = run_cli(capsys, *argv)
@@ -153,3 +168,30 @@ def test_a_sample_longer_than_the_model_names_the_sample(capsys, tmp_path):
     code, _, err = run_cli(capsys, "run", "GPT2", "frameworks", "--torch-dir", folder, "--iterations", 1,
                            "--warmup", 0, "--output-seq-len", 2)
     assert code == 0, err
+
+
+def test_info_prints_the_plan_where_the_gpu_is_missing(capsys, tmp_path, monkeypatch):
+    """--info with --cuda-graph on a machine without a GPU prints the plan (saying that CUDA graphs need a GPU), then
+    the refusal a run gets; without --info the refusal alone. --info on trt beside a quantized onnxrt prints the
+    engines' plan too (their options are the run's, --int8 among them)."""
+    import torch
+
+    from nndf.actions.plans import CUDA_GRAPH_NEEDS_GPU, CUDA_GRAPH_NOTE
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # also where a GPU is present
+    common = ("--variant", "gpt2", "--random-weights", "--working-dir", tmp_path)
+    code, out, err = run_cli(capsys, "run", "GPT2", "frameworks", *common, "--cuda-graph", "--info")
+    flat = " ".join(out.split())
+    assert code == 2 and err.strip().splitlines()[-1] == f"error: {CUDA_GRAPH_NEEDS_GPU}"
+    assert "GPT2 gpt2: the frameworks steps these settings run" in out and CUDA_GRAPH_NOTE in flat
+    assert "static KV cache of 1024 positions per row" in out and "present.{0..11}.key|value" in out
+    assert "loading" not in err, "a plan reads the config, not the weights"
+
+    code, out, err = run_cli(capsys, "benchmark", "GPT2", "trt", *common, "--cuda-graph", "--info")
+    assert code == 1 and "trtexec --onnx=" in out and CUDA_GRAPH_NOTE in " ".join(out.split())
+    assert err.strip().splitlines()[-1].startswith("error: the trt backend needs an NVIDIA GPU")
+    code, out, err = run_cli(capsys, "benchmark", "GPT2", "trt", *common, "--cuda-graph")
+    assert code == 1 and not out and "error: the trt backend needs an NVIDIA GPU" in err
+
+    code, out, err = run_cli(capsys, "benchmark", "GPT2", "onnxrt", "trt", *common, "--int8", "--info")
+    assert code == 1 and "trtexec --onnx=" in out and "--int8 applies" not in err

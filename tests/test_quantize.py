@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ import torch
 from onnx import TensorProto, helper
 
 import nndf
-from conftest import LAMBADA_FILE, TRAINED_TINY_GPT2, needs_shared
+from conftest import LAMBADA_FILE, TRAINED_TINY_GPT2, copy_artifact, damage_in_place, export_by_copy, needs_shared
 from nndf.errors import HarnessError, UsageError
 from nndf.export.onnx import export_decoder
 from nndf.export.cpu_int8 import nbits_accuracy_level
@@ -134,6 +135,43 @@ def test_artifact_is_reused_then_rebuilt_when_stale_or_truncated(tiny, tmp_path,
     err = capsys.readouterr().err
     assert f"rebuilding {graph.parent}: decoder.onnx.data is missing or truncated" in err
     assert json.loads(meta_file.read_text())["files"]["decoder.onnx.data"] == data.stat().st_size
+
+
+def test_a_damaged_base_is_rebuilt_once_then_quantized_then_one_sentence(tiny, tmp_path, capsys, monkeypatch):
+    """A base fp32 graph damaged in place (same size: reuse passes it) still to be quantized: the quantizer's read
+    of it fails, the export is rebuilt once with the reason (here by a copy of the intact one, `export_by_copy`),
+    then quantized; a base on which quantization fails again, exported just now, is one sentence."""
+    import nndf.export.weight_quant as weight_quant
+
+    loaded, export = tiny
+    folder = copy_artifact(export.folder, tmp_path)
+    damage_in_place(folder / "decoder.onnx")
+    exported = export_by_copy(monkeypatch, export.folder)
+    capsys.readouterr()
+    load = lambda: nndf.load("GPT2", backend="onnxrt", loaded=loaded, working_dir=str(tmp_path), quantize="int8",
+                             kv_layout="growing")
+    model = load()
+    err = capsys.readouterr().err
+    assert (f"rebuilding {folder}: onnx could not read it (DecodeError: Error parsing message with type "
+            "'onnx.ModelProto'") in err
+    assert len(exported) == 1 and err.index("rebuilding") < err.index("exporting") < err.index("done in")
+    assert _ops(model.artifacts[0]).get("MatMulInteger") == 9
+    assert model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=2).shape == (1, 5)
+
+    def scale_issue(*args):
+        raise AssertionError("scale issue")  # what ORT's quantizer says of damaged weights (NaN in a block)
+
+    shutil.rmtree(Path(model.artifacts[0]).parent)  # the quantized copy, so that the base is read again
+    monkeypatch.setattr(weight_quant, "quantize_graph", scale_issue)
+    with pytest.raises(HarnessError) as caught:
+        load()
+    assert f"rebuilding {folder}: int8 quantization failed on it (AssertionError: scale issue)" in \
+        capsys.readouterr().err
+    assert len(exported) == 2
+    assert str(caught.value) == (f"int8 quantization failed on {folder / 'decoder.onnx'}, exported anew just now "
+                                 "(AssertionError: scale issue): check the disk of the working dir, and that this "
+                                 "onnxruntime quantizes what this torch exports")
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")], "no temporary folder left behind"
 
 
 def test_kinds_and_parameters_name_different_artifacts(tiny, tmp_path):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import subprocess
 import sys
 import types
@@ -27,7 +28,7 @@ import pytest
 import torch
 
 import nndf
-from conftest import REPO, copy_artifact, decoder_only_families
+from conftest import REPO, copy_artifact, damage_in_place, decoder_only_families, export_by_copy
 from fake_tensorrt import DEVICE, fake_gpu, spec_with_trt  # noqa: F401  (fake_gpu: a fixture)
 from nndf.backends import BackendOptions
 from nndf.backends import trt as trt_backend
@@ -154,6 +155,37 @@ def test_fake_engine_dynamic_batch_and_int32_inputs(fake_gpu, tiny_gpt2_dir, wor
                            reference_model.hf_generate(ids, mask, max_new_tokens=6))
     with pytest.raises(HarnessError, match="no optimization profile of the engine accepts"):
         model.generate(*_batch([3, 3, 3, 3]), max_new_tokens=2)
+
+
+def test_a_graph_damaged_at_its_recorded_size_is_rebuilt_once_before_the_build(fake_gpu, tiny_gpt2_dir, work,
+                                                                              onnx_work_dir, capsys, monkeypatch):
+    """An engine built from a decoder.onnx damaged in place (same size: reuse passes it) reads it first: the export is
+    rebuilt once with the reason (by a copy of the intact one, `export_by_copy`), then built into an engine; a graph
+    that cannot be read again, exported just now, is one sentence, the same rule as the onnxrt backend's."""
+    folder = next(p for p in work.iterdir() if p.is_dir())
+    damage_in_place(folder / "decoder.onnx")
+    exported = export_by_copy(monkeypatch, onnx_work_dir / folder.name)
+    capsys.readouterr()
+    model = _load(tiny_gpt2_dir, work, input_seq_len=8, output_seq_len=4)
+    err = capsys.readouterr().err
+    assert f"rebuilding {folder}: onnx could not read it (DecodeError: Error parsing message" in err
+    assert len(exported) == 1 and len(fake_gpu) == 1 and err.index("rebuilding") < err.rindex("building a TensorRT")
+    assert model.generate(torch.tensor([[10, 20, 30]]), max_new_tokens=4).shape == (1, 7)
+
+    bad = work / "bad"  # a rebuild that writes a damaged graph again (a failing disk)
+    bad.mkdir()
+    for file in (onnx_work_dir / folder.name).iterdir():
+        shutil.copy(file, bad / file.name)
+    damage_in_place(bad / "decoder.onnx")
+    damage_in_place(folder / "decoder.onnx")
+    exported = export_by_copy(monkeypatch, bad)
+    with pytest.raises(HarnessError) as caught:
+        _load(tiny_gpt2_dir, work, input_seq_len=9, output_seq_len=4)  # another engine: built from the graph
+    assert len(exported) == 1 and len(fake_gpu) == 1
+    assert str(caught.value).startswith(f"onnx could not read {folder / 'decoder.onnx'}, exported anew just now "
+                                        "(DecodeError: Error parsing message")
+    assert str(caught.value).endswith("): check the disk of the working dir, and that this onnx reads what this "
+                                      "torch exports")
 
 
 def test_fake_engine_without_cache_and_logits(fake_gpu, tiny_gpt2_dir, onnx_work_dir, reference_model):

@@ -9,18 +9,19 @@ from pathlib import Path
 import torch
 
 from nndf.architectures import architecture
-from nndf.backends import RUNS_ONNX_FILES, BackendOptions, backend_module, split_backend
-from nndf.errors import HarnessError, UsageError
+from nndf.backends import RUNS_ONNX_FILES, BackendOptions, split_backend
+from nndf.errors import UsageError
 from nndf.generation import BEAMS_WITH_SAMPLING
 from nndf.images import caption_inputs, image_files
 from nndf.keyword_terms import in_flag_terms
 from nndf.measure import TimingSettings
 from nndf.model import Model, default_device, target_language_token
 from nndf.option_checks import check_kv_layout
+from nndf.actions.plans import check_machine, shapes_result
 from nndf.progress import say  # noqa: F401 - the actions' progress lines
 from nndf.loading import load_config, load_model
 from nndf.registry import resolve
-from nndf.results import Column, Result
+from nndf.results import Result
 from nndf.sampling import SAMPLING_KEYWORDS, Sampling, check_repetition_penalty
 from nndf.spec import BuildSettings
 
@@ -134,7 +135,8 @@ def _flag(field: str) -> str:
 
 def backend_options(args, backends: list[str]) -> BackendOptions:
     """Backend options from the flags; --int8/--int4 and given ONNX files need a backend that runs ONNX files,
-    given engines the trt backend, --cuda-graph frameworks or trt."""
+    given engines the trt backend, --cuda-graph frameworks or trt (and a CUDA GPU: `check_machine`, after the
+    other flags)."""
     quantize = "int8" if args.int8 else "int4" if args.int4 else None
     onnx_flags = [f"--{quantize}"] * bool(quantize) + [_flag(f) for f in GIVEN_ONNX if getattr(args, f)]
     if onnx_flags and not any(b in RUNS_ONNX_FILES for b in backends):
@@ -148,8 +150,6 @@ def backend_options(args, backends: list[str]) -> BackendOptions:
         raise UsageError(f"{trt_flags[0]} applies to the trt backend; add trt")
     if args.cuda_graph and not {"trt", "frameworks"} & set(backends):
         raise UsageError("--cuda-graph applies to the frameworks and trt backends; add one of them")
-    if args.cuda_graph and default_device().type != "cuda":
-        raise UsageError("--cuda-graph replays decode steps on a CUDA GPU, and none is visible to PyTorch here")
     return BackendOptions(working_dir=args.working_dir, threads=args.threads, quantize=quantize, block_size=block_size,
                           cuda_graph=args.cuda_graph, kv_layout=getattr(args, "kv_layout", None) or "shared",
                           **{f: getattr(args, f) for f in (*GIVEN_ONNX, *GIVEN_ENGINES)})
@@ -189,16 +189,6 @@ def open_models(args, needs_text: bool = False, new_tokens_flag: str | None = No
     if any(quantize for _, quantize in named) and (args.int8 or args.int4):
         raise UsageError(f"--{'int8' if args.int8 else 'int4'} quantizes every onnxrt row; with a quantized backend "
                          "name such as onnxrt-int8 in the list, leave the flag out")
-    for name in backends:
-        check = getattr(backend_module(name), "check_available", None)
-        if check is not None:  # fail before a slow load when the backend cannot run on this machine
-            try:
-                check()
-            except HarnessError:
-                if getattr(args, "info", False):  # show what would be built, then refuse
-                    print(engine_plan_result(args, spec, variant, name).render(verbose=True))
-                    print()
-                raise
     check_kv_layout(getattr(args, "kv_layout", None), backends, spec, getattr(args, "use_cache", True))
     settings = build_settings(args)
     options = backend_options(args, backends)  # its flags checked before the slow load
@@ -215,6 +205,7 @@ def open_models(args, needs_text: bool = False, new_tokens_flag: str | None = No
                          f"{shapes.max_positions} positions")
     if getattr(args, "tgt_lang", None):
         spec.hooks.language_token_id(args.tgt_lang, None, config)  # a family or code without it, before the load
+    check_machine(args, spec, variant, backends, settings, options, shapes)  # after every flag, before the load
     loaded = load_model(
         spec, variant, torch_dir=args.torch_dir, random_weights=args.random_weights,
         tokenizer_dir=args.tokenizer_dir, dtype=torch.float16 if settings.fp16 else torch.float32,
@@ -233,29 +224,6 @@ def open_models(args, needs_text: bool = False, new_tokens_flag: str | None = No
         print()
         args.info_context = info.context  # the results below show only what it did not
     return models
-
-
-def engine_plan_result(args, spec, variant, backend: str) -> Result:
-    """`--info` where the backend cannot run: the settings, each graph's profiles and its trtexec command, from the
-    config alone (no weights, no GPU), so that a build can be prepared on this machine."""
-    from nndf.actions.export_command import onnx_export_command
-    from nndf.backends.trt.plan import engine_plan
-
-    settings = build_settings(args)
-    loaded = load_model(spec, variant, torch_dir=args.torch_dir, random_weights=args.random_weights,
-                        tokenizer_dir=args.tokenizer_dir, seed=args.weights_seed)
-    architecture(spec).derive_shapes(settings, spec, loaded.config)  # the flags against the model first
-    rows = engine_plan(loaded, settings, backend_options(args, [backend]))
-    columns = [Column("graph", "graph"), Column("onnx", "ONNX file"), Column("profiles", "profiles")]
-    context = {"model": spec.family, "variant": loaded.name, "weights": loaded.source,
-               "settings": settings.as_dict()}
-    notes = [f"{row['graph']}: {row['trtexec']}" + (f" ({row.pop('pending')})" if "pending" in row else "")
-             for row in rows]
-    notes.append("These engines need a GPU with TensorRT. Engine files are named here after their graph; the "
-                 "backend's own names also hash the GPU they are built on. The ONNX files they read are written on "
-                 f"any machine by: {onnx_export_command(args, spec)}")
-    return Result("info", f"{spec.family} {loaded.name}: the {backend} engines these settings build", columns, rows,
-                  context, notes)
 
 
 def label(model: Model) -> str:
@@ -287,18 +255,9 @@ def describe(model: Model) -> dict:
 
 def info_result(model: Model) -> Result:
     """`--info`: the settings and every decoder tensor shape, derived from the one ShapeSpec."""
-    rows = [{"tensor": name, "shape": shape} for name, shape in model.shapes.describe()]
     notes = [note for session in model.decoder.sessions for note in getattr(session, "info_notes", [])]
-    if model.shapes.use_cache:
-        notes.append(model.shapes.kv_cache_note(2 if model.settings.fp16 else 4))
-    return Result(
-        action="info",
-        title=f"{model.spec.family} {model.loaded.name}: tensor shapes",
-        columns=[Column("tensor", "tensor"), Column("shape", "shape")],
-        rows=rows,
-        context=describe(model),
-        notes=notes,
-    )
+    return shapes_result(f"{model.spec.family} {model.loaded.name}: tensor shapes", model.shapes, describe(model),
+                         notes, model.settings.fp16)
 
 
 def random_input_ids(batch: int, length: int, vocab_size: int, seed: int) -> torch.Tensor:

@@ -15,21 +15,20 @@ layout always binds (its point is that past and present are one buffer).
 from __future__ import annotations
 
 import os
-import re
 import weakref
 from pathlib import Path
-from typing import Callable, Collection, Mapping, TypeVar
+from typing import Mapping
 
 import numpy as np
 import torch
 
 from nndf.backends import BackendOptions
-from nndf.errors import HarnessError, UsageError
+from nndf.errors import UsageError
+from nndf.export.graph_reads import GraphLoadError, rebuilt_once
 from nndf.hugepages import HugePageReport, huge_pages_for_load
 from nndf.backends.ort_cache import PresentCache, SharedBufferCache, SharedStep, as_numpy, ort_module
 from nndf.kvcache import KINDS, past_name, present_name
 from nndf.loading import LoadedModel
-from nndf.progress import say
 from nndf.spec import BuildSettings, ShapeSpec
 
 DESCRIPTION = "ONNX Runtime on the exported graph (CPU; CUDA with onnxruntime-gpu and a GPU)"
@@ -53,44 +52,6 @@ def default_threads() -> int | None:
     one thread per physical core."""
     value = os.environ.get("OMP_NUM_THREADS", "").strip()
     return int(value) if value.isdigit() and int(value) > 0 else None
-
-
-class GraphLoadError(HarnessError):
-    """ONNX Runtime could not load a graph file (a damaged protobuf, a missing external data file): one sentence
-    naming the file, with `reason` the runtime's own words (`rebuilt_once` rebuilds a cached graph on it)."""
-
-    def __init__(self, graph: Path, exc: Exception) -> None:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        first = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", first)
-        self.graph, self.reason = graph, first.split("failed:", 1)[-1].strip().rstrip(".")
-        super().__init__(f"ONNX Runtime could not load {graph} ({self.reason})")
-
-
-Opened = TypeVar("Opened")
-
-
-def rebuilt_once(open_graphs: Callable[[], Opened], given: Collection[str | None] = ()) -> Opened:
-    """`open_graphs()`, which exports (or reuses) graphs and opens them; a cached graph that ONNX Runtime cannot
-    load is removed and `open_graphs()` runs once more, which builds it anew.
-
-    Why: reuse checks an export's settings and its files' sizes, not their bytes (hashing gigabytes of weights on
-    every run would cost as much as the load), so a file damaged in place at its recorded size passes; ONNX
-    Runtime's load is the check that reads it. The rebuild is said as a stale export's is ("rebuilding X: ONNX
-    Runtime could not load it (...)"). A `given` file (--decoder-onnx) is the user's: said, never removed."""
-    try:
-        return open_graphs()
-    except GraphLoadError as exc:
-        if exc.graph.resolve() in {Path(path).resolve() for path in given if path is not None}:
-            raise
-        from nndf.workspace import discard_artifact
-
-        discard_artifact(exc.graph.parent, f"ONNX Runtime could not load it ({exc.reason})", say)
-    try:
-        return open_graphs()
-    except GraphLoadError as exc:
-        raise HarnessError(f"ONNX Runtime could not load {exc.graph}, exported anew just now ({exc.reason}): check "
-                           "the disk of the working dir, and that this onnxruntime runs what this torch "
-                           "exports") from exc
 
 
 class OrtSession:

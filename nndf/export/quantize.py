@@ -68,6 +68,7 @@ transposes the whole key cache at every step (Reshape-Transpose-Reshape, which O
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import shutil
 import sys
@@ -76,6 +77,7 @@ from typing import Mapping
 
 from nndf.errors import HarnessError, UsageError
 from nndf.export.cpu_int8 import int8_weight_type, nbits_accuracy_level
+from nndf.export.graph_reads import ONNX_HINT, GraphLoadError
 from nndf.export.onnx import derived_graph
 from nndf.export.weight_graph import prepare_graph, weight_matmuls
 from nndf.workspace import read_metadata
@@ -126,8 +128,7 @@ def _quiet_quantizers():
     root = logging.getLogger()
     level, handlers = root.level, list(root.handlers)
     try:
-        import onnxruntime.quantization  # noqa: F401
-        import onnxruntime.quantization.matmul_nbits_quantizer  # noqa: F401
+        importlib.import_module("onnxruntime.quantization.matmul_nbits_quantizer")  # its import logs
 
         root.setLevel(logging.ERROR)
         with contextlib.redirect_stdout(sys.stderr):  # its prints are progress, not results
@@ -218,7 +219,9 @@ def quantized_decoder(export, kind: str, working_dir: str | Path, params: Mappin
     """The quantized graph (.onnx path) of `export` for `kind` ("int8" or "int4"), reused or (re)built.
 
     `block_size` replaces the kind's default block size (the --block-size flag); `params` replaces all of the
-    kind's default parameters (for measuring alternatives). Both name the artifact too.
+    kind's default parameters (for measuring alternatives). Both name the artifact too. A base graph that cannot be
+    read or quantized (damaged at its recorded size, which reuse does not see) is a `GraphLoadError` naming it: the
+    onnxrt backend rebuilds the export once on it (`nndf.export.graph_reads.rebuilt_once`).
     """
     from nndf.export.weight_quant import quantize_graph
 
@@ -228,8 +231,8 @@ def quantized_decoder(export, kind: str, working_dir: str | Path, params: Mappin
         params["block_size"] = block_size
     _check_params(kind, params)
     try:
-        import onnx  # noqa: F401
-        import onnxruntime.quantization  # noqa: F401
+        for module in ("onnx", "onnxruntime.quantization"):
+            importlib.import_module(module)
     except ImportError:
         raise HarnessError("quantization needs onnx and onnxruntime: pip install -e '.[onnxruntime]'") from None
     if not export.graph.is_file():
@@ -242,11 +245,14 @@ def quantized_decoder(export, kind: str, working_dir: str | Path, params: Mappin
 
         tmp, graph_file = out.parent, out.name
         with _quiet_quantizers():
-            try:
+            try:  # a base damaged at its recorded size is found here: the onnxrt backend rebuilds it once
                 model = onnx.load(str(export.graph), load_external_data=True)
+            except Exception as exc:  # onnx raises many types for a damaged graph
+                raise GraphLoadError(export.graph, exc, "onnx", "could not read", ONNX_HINT, with_type=True) from exc
+            try:
                 counts = prepare_graph(model)
                 nodes = weight_matmuls(model)
-            except Exception as exc:  # onnx raises many types for a damaged graph; the user needs one sentence
+            except Exception as exc:  # a graph that reads but is not shaped as ours: one sentence and the cause
                 raise HarnessError(f"preparing {export.graph} for quantization failed: {type(exc).__name__}: "
                                    f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
             if not nodes:
@@ -260,9 +266,9 @@ def quantized_decoder(export, kind: str, working_dir: str | Path, params: Mappin
                 report = quantize_graph(model, nodes, params, out, tmp / "prepared")
             except HarnessError:
                 raise
-            except Exception as exc:  # the quantizer raises many types; the user needs one sentence and the cause
-                raise HarnessError(f"{kind} quantization of {export.graph} failed: {type(exc).__name__}: "
-                                   f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+            except Exception as exc:  # the quantizer raises many types: damaged weights ("scale issue") among them
+                raise GraphLoadError(export.graph, exc, f"{kind} quantization", "failed on",
+                                     "that this onnxruntime quantizes what this torch exports", with_type=True) from exc
         head = "the LM head among them" if report["lm_head"] else "not the LM head"
         say(f"  {report['matmuls']} MatMuls quantized ({head}), {report['gathers']} embedding lookups"
             + (f"; {', '.join(report['fp32_tables'])} kept in fp32 (width not a multiple of the block)"

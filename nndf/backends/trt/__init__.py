@@ -12,8 +12,9 @@ per module:
 
 This module opens the sessions: one engine for a decoder-only model (`open_session`), three for an encoder-decoder
 model (`open_seq2seq`: encoder, cross-attention cache generator, decoder). Every engine goes through the same
-path (`_open_engine`): built (or reused) through `nndf.export.engine_cache` from its exported graph, with its own
-stem, profiles, layers kept in fp32 and trtexec command, or given (`--decoder-engine`, `--encoder-engine`,
+path (`_open_engine`): built (or reused) through `nndf.export.engine_cache` from its exported graph (a graph
+damaged in place is exported once more: `nndf.export.graph_reads`), with its own stem, profiles, layers kept in
+fp32 and trtexec command, or given (`--decoder-engine`, `--encoder-engine`,
 `--cache-generator-engine`) and checked by tensor names and profile ranges. Everything but the engine run itself is
 plain data and torch, tested without a GPU against a fake `tensorrt` module.
 """
@@ -36,6 +37,7 @@ from nndf.backends.trt.fp16 import (
     FP16_LOGIT_BOUND, Fidelity, fp16_check, fp16_warning, fp32_cpu_copy, logit_fidelity,
 )
 from nndf.backends.trt.runner import TrtSession
+from nndf.export.graph_reads import rebuilt_once
 from nndf.measure import available_host_memory
 from nndf.progress import say
 from nndf.loading import LoadedModel
@@ -98,9 +100,24 @@ def fp32_layer_nodes(loaded: LoadedModel, settings: BuildSettings, onnx_path: Pa
     modules = loaded.spec.hooks.fp32_modules()
     if not (settings.fp16 and modules):
         return ()
+    from nndf.export.graph_reads import read_graph
     from nndf.export.precision import module_nodes
 
+    read_graph(onnx_path)  # a damaged graph is a GraphLoadError (rebuilt once), not protobuf's traceback
     return module_nodes(onnx_path, modules)
+
+
+def _build_read_graph(request, *args) -> float:
+    """`engine_cache.build_engine`, once the graph it builds from is read (its protobuf: milliseconds, no weights).
+
+    Why: an export damaged at its recorded size passes reuse, and TensorRT's parser would fail on it deep inside
+    the build; read first, it is a GraphLoadError, on which `rebuilt_once` rebuilds the export once, as the onnxrt
+    backend does when ONNX Runtime cannot load it. A reused engine reads no graph."""
+    from nndf.export import engine_cache
+    from nndf.export.graph_reads import read_graph
+
+    read_graph(request.onnx_path)
+    return engine_cache.build_engine(request, *args)
 
 
 def _open_engine(loaded: LoadedModel, settings: BuildSettings, options: BackendOptions, gpu: Gpu,
@@ -130,7 +147,7 @@ def _open_engine(loaded: LoadedModel, settings: BuildSettings, options: BackendO
     )
     path, built = engine_cache.obtain_engine(
         request, gpu.info, options.working_dir, _num_params(export),
-        free_gpu=_free_gpu_memory(gpu.device), free_host=available_host_memory(), report=say,
+        free_gpu=_free_gpu_memory(gpu.device), free_host=available_host_memory(), report=say, build=_build_read_graph,
     )
     pinned = (read_metadata(path) or {}).get(engine_build.PINNED_LAYERS_KEY)  # the layers its build pinned
     trtexec = engine_build.trtexec_command(request, path, engine_cache.timing_cache_path(options.working_dir, gpu.info),
@@ -192,8 +209,8 @@ def open_session(loaded: LoadedModel, settings: BuildSettings, options: BackendO
     inputs, outputs = model_io(loaded, settings.use_cache)
     graph = GraphEngine("decoder", "decoder", "--decoder-engine", options.decoder_engine, inputs, outputs,
                         shapes.profiles(inputs))
-    sessions, built = _open_engines(loaded, settings, options, gpu, [graph], lambda: {
-        "decoder": export_decoder(loaded, settings.use_cache, options.working_dir)})
+    sessions, built = rebuilt_once(lambda: _open_engines(loaded, settings, options, gpu, [graph], lambda: {
+        "decoder": export_decoder(loaded, settings.use_cache, options.working_dir)}))
     session = sessions["decoder"]
     if settings.fp16 and graph.given is None:
         _check_fp16(session, built, Decoder(session, shapes, loaded.spec.hooks), loaded,
@@ -219,8 +236,8 @@ def open_seq2seq(loaded: LoadedModel, settings: BuildSettings, options: BackendO
     graphs = [GraphEngine(name, roles[name], "--" + SEQ2SEQ_ENGINES[name].replace("_", "-"),
                           getattr(options, SEQ2SEQ_ENGINES[name]), inputs, outputs, shapes.graph_profiles(name, inputs))
               for name, (inputs, outputs) in seq2seq_io(loaded, settings.use_cache).items()]
-    sessions, built = _open_engines(loaded, settings, options, gpu, graphs, lambda: export_seq2seq(
-        loaded, settings.use_cache, options.working_dir).graphs)
+    sessions, built = rebuilt_once(lambda: _open_engines(loaded, settings, options, gpu, graphs, lambda: export_seq2seq(
+        loaded, settings.use_cache, options.working_dir).graphs))
     if settings.fp16 and all(graph.given is None for graph in graphs):
         _check_fp16(sessions["decoder"], built, strategy.decoder_over(sessions, shapes, loaded), loaded,
                     strategy.check_batches(shapes, loaded), strategy.reference_logits)
