@@ -4,6 +4,13 @@ Each is a tiny config of the family's architecture with the quirks that matter s
 projection, GPT-Neo's local attention with a window shorter than the test sequences, partial rotary for
 GPT-NeoX and GPT-J), small enough to build with random weights in a fraction of a second.
 
+Layers: two where a family's layers differ from one another (GPT-Neo's and Gemma 2's global and local layers
+alternate) and in the examples that prove the per-layer plumbing of every graph layout (GPT-2, BLOOM, Llama: each
+layer's past and present tensors, or its shared buffer, bound to the right inputs); one elsewhere, since what is
+a family's own is in every layer alike. Why: an export's time grows with its layers (a tiny Qwen2's 13-16 s with
+two, 8.6-8.8 s with one, measured here), and the family tests export each family three ways; the suite must stay
+under 15 minutes on 2 cores.
+
 Encoder-decoder families have more than one architecture behind one family name (T5 and Flan-T5, BART and
 mBART); `SEQ2SEQ_EXAMPLES` holds one example of each, with the family it runs under.
 """
@@ -17,14 +24,14 @@ FAMILY_EXAMPLES: dict[str, dict] = {
     "GPTNeo": dict(model_type="gpt_neo", num_layers=2, num_heads=2, hidden_size=32, max_position_embeddings=128,
                    attention_types=[[["global", "local"], 1]], window_size=8, vocab_size=1000, bos_token_id=999,
                    eos_token_id=999),
-    "GPTNeoX": dict(model_type="gpt_neox", num_hidden_layers=2, num_attention_heads=2, hidden_size=32,
+    "GPTNeoX": dict(model_type="gpt_neox", num_hidden_layers=1, num_attention_heads=2, hidden_size=32,
                     intermediate_size=64, rotary_pct=0.25, max_position_embeddings=128, vocab_size=1000,
                     bos_token_id=0, eos_token_id=0),
-    "GPTJ": dict(model_type="gptj", n_layer=2, n_head=2, n_embd=32, rotary_dim=8, n_positions=128, vocab_size=1000,
+    "GPTJ": dict(model_type="gptj", n_layer=1, n_head=2, n_embd=32, rotary_dim=8, n_positions=128, vocab_size=1000,
                  tie_word_embeddings=False, bos_token_id=999, eos_token_id=999),
-    "CerebrasGPT": dict(model_type="gpt2", n_layer=2, n_head=2, n_embd=32, n_inner=128, n_positions=128,
+    "CerebrasGPT": dict(model_type="gpt2", n_layer=1, n_head=2, n_embd=32, n_inner=128, n_positions=128,
                         vocab_size=50257, bos_token_id=50256, eos_token_id=50256),
-    "OPT": dict(model_type="opt", num_hidden_layers=2, num_attention_heads=2, hidden_size=32, ffn_dim=64,
+    "OPT": dict(model_type="opt", num_hidden_layers=1, num_attention_heads=2, hidden_size=32, ffn_dim=64,
                 word_embed_proj_dim=16, do_layer_norm_before=False, max_position_embeddings=128, vocab_size=1000,
                 bos_token_id=2, eos_token_id=2, pad_token_id=1),
     "BLOOM": dict(model_type="bloom", n_layer=2, n_head=2, hidden_size=32, vocab_size=1000, bos_token_id=1,
@@ -38,22 +45,22 @@ FAMILY_EXAMPLES: dict[str, dict] = {
                                     original_max_position_embeddings=16),
                   tie_word_embeddings=True, initializer_range=0.2, bos_token_id=1, eos_token_id=2),
     # multi-query attention (one KV head), a sliding window (6) shorter than the test prompts (10), an untied head
-    "Mistral": dict(model_type="mistral", num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
+    "Mistral": dict(model_type="mistral", num_hidden_layers=1, hidden_size=32, num_attention_heads=4,
                     num_key_value_heads=1, intermediate_size=64, max_position_embeddings=128, sliding_window=6,
                     vocab_size=1000, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2),
     # q/k/v biases (drawn non-zero: CONSTANTS_DRAWN), tied head
-    "Qwen2": dict(model_type="qwen2", num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+    "Qwen2": dict(model_type="qwen2", num_hidden_layers=1, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
                   intermediate_size=64, max_position_embeddings=128, vocab_size=1000, tie_word_embeddings=True,
                   bos_token_id=1, eos_token_id=2),
     # q/k norms, head_dim (16) other than width / heads (8), untied head
-    "Qwen3": dict(model_type="qwen3", num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+    "Qwen3": dict(model_type="qwen3", num_hidden_layers=1, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
                   head_dim=16, intermediate_size=64, max_position_embeddings=128, vocab_size=1000,
                   tie_word_embeddings=False, bos_token_id=1, eos_token_id=2),
     # fused qkv and gate_up projections, partial rotary (0.75: 6 of 8 frequency pairs), longrope whose original
     # length (16) the test sequences cross: short and long factors, and generate()'s cache restart between them;
     # weights drawn wide, as Llama's. Phi-3's and Gemma's vocabularies hold GPT-2's tokenizer's ids, so that LAMBADA
     # scores on their family exports (tests/test_families.py) with no export of their own
-    "Phi3": dict(model_type="phi3", num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+    "Phi3": dict(model_type="phi3", num_hidden_layers=1, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
                  intermediate_size=96, max_position_embeddings=128, original_max_position_embeddings=16,
                  partial_rotary_factor=0.75, vocab_size=50272, tie_word_embeddings=False, initializer_range=0.2,
                  bos_token_id=1, eos_token_id=2, pad_token_id=0,
