@@ -7,11 +7,6 @@ take transformers' defaults. A passed config may hold settings this loop does no
 prompt, scores, banned words...): one that would change the result from what the model's own config gives is refused
 in one sentence, never ignored. Settings that change how `generate()` computes but not its tokens (cache, compile)
 are left aside.
-
-`Model.generate`'s `num_beams=1` and `min_new_tokens=0` are this harness's defaults (greedy, no minimum), where
-`generate()` reads the generation config. They are `Unstated` ints, so that a default can step aside where the
-call states the rule it would mask: a `generation_config` object (its beams and lengths, over the model's, as
-`generate(generation_config=...)` takes them), or `min_length=` (which `min_new_tokens=0` would override).
 """
 
 from __future__ import annotations
@@ -25,14 +20,6 @@ from nndf.generate_arguments import RULE_KEYWORDS, check_decoding
 from nndf.generation import GenerationOptions
 from nndf.sampling import SAMPLING_KEYWORDS, Sampling
 
-
-class Unstated(int):
-    """A keyword's default that the caller did not state: the same int (and repr), but a passed generation config,
-    or a rule it would mask, replaces it (see the module)."""
-
-
-GREEDY = Unstated(1)  # Model.generate's num_beams=
-NO_MINIMUM = Unstated(0)  # Model.generate's min_new_tokens=
 
 # generate()'s settings this loop takes from a (merged) generation config: lengths, beams, the sampling settings,
 # the repetition penalty, special tokens and the rules (nndf.generation.GenerationOptions, nndf.sampling.Sampling)
@@ -101,17 +88,6 @@ def call_generation_config(model_config, passed):
     return merged
 
 
-def stated(num_beams, min_new_tokens, decoding: dict):
-    """`num_beams` and `min_new_tokens` as the call means them: None (the generation config's) where an `Unstated`
-    default steps aside for a passed generation config, or (min_new_tokens) for a `min_length=` it would mask."""
-    passed = decoding.get("generation_config") is not None
-    if passed and isinstance(num_beams, Unstated):
-        num_beams = None
-    if isinstance(min_new_tokens, Unstated) and (passed or decoding.get("min_length") is not None):
-        min_new_tokens = None
-    return num_beams, min_new_tokens
-
-
 def _whole(value, low: int = 0) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= low
 
@@ -136,12 +112,11 @@ def check_rules(rules: dict, vocab_size: int) -> None:
             raise UsageError(f"{name} must be {allowed}, got {rules[name]!r}")
 
 
-def generation_options(model, max_new_tokens: int, min_new_tokens: int | None = 0, num_beams: int | None = 1,
+def generation_options(model, max_new_tokens: int, min_new_tokens: int | None = None, num_beams: int | None = None,
                        forced_bos_token_id: int | None = None, **decoding) -> GenerationOptions:
     """`Model.generation_options`: the options `generate()` would pick from the call's keywords over a passed
     `generation_config` over the model's own (None: the next one's), then transformers' defaults."""
     check_decoding(decoding)
-    num_beams, min_new_tokens = stated(num_beams, min_new_tokens, decoding)
     passed = decoding.pop("generation_config", None)
     gen = call_generation_config(model.loaded.generation_config, passed)
     seed = decoding.pop("seed", None)

@@ -29,7 +29,7 @@ import torch
 from nndf.architectures import architecture
 from nndf.backends import RUNS_ONNX_FILES, BackendOptions, split_backend
 from nndf.errors import HarnessError, UsageError
-from nndf.call_config import GREEDY, NO_MINIMUM, call_generation_config, generation_options, stated, warn_unused
+from nndf.call_config import call_generation_config, generation_options, warn_unused
 from nndf.generate_arguments import RULE_KEYWORDS, check_prompt_tensors, new_token_budget, warn_right_padding
 from nndf.generation import GenerationOptions, generate
 from nndf.keyword_terms import speaks_keywords
@@ -84,7 +84,7 @@ class Model:
     def max_positions(self) -> int:
         return self.shapes.max_positions
 
-    def generation_options(self, max_new_tokens: int, min_new_tokens: int | None = 0, num_beams: int | None = 1,
+    def generation_options(self, max_new_tokens: int, min_new_tokens: int | None = None, num_beams: int | None = None,
                            forced_bos_token_id: int | None = None, **decoding) -> GenerationOptions:
         """Options from the model's own generation config, as Hugging Face `generate()` would pick them; the
         arguments override it (None: the config's value). `decoding`: `generate()`'s sampling keywords,
@@ -97,8 +97,8 @@ class Model:
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         max_new_tokens: int | None = None,
-        min_new_tokens: int | None = NO_MINIMUM,
-        num_beams: int | None = GREEDY,
+        min_new_tokens: int | None = None,
+        num_beams: int | None = None,
         on_token: Callable[[], None] | None = None,
         forced_bos_token_id: int | None = None,
         on_encoded: Callable[[], None] | None = None,
@@ -111,9 +111,9 @@ class Model:
     ) -> torch.Tensor:
         """Generate with this backend through the shared loop; returns what `generate()` returns (see the module).
 
-        `num_beams` / `min_new_tokens` None take the model's generation config (left at their defaults, 1 and 0,
-        they yield to a `generation_config` object, and `min_new_tokens` to `min_length=`: nndf.call_config);
-        `forced_bos_token_id` overrides the config's (mBART's target language); `pixel_values` are an image-to-text model's images (BLIP), and its
+        `num_beams` / `min_new_tokens` None (their default) take the generation config's, as `generate()` does
+        (a `generation_config` object's over the model's: nndf.call_config); `forced_bos_token_id` overrides the
+        config's (mBART's target language); `pixel_values` are an image-to-text model's images (BLIP), and its
         `input_ids` an optional text prefix, as its `generate()` takes them; `stopping` ends rows early in greedy
         search, as `generate(stopping_criteria=...)` does (lm-eval's stop sequences).
 
@@ -158,8 +158,8 @@ class Model:
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         max_new_tokens: int | None = None,
-        min_new_tokens: int | None = NO_MINIMUM,
-        num_beams: int | None = GREEDY,
+        min_new_tokens: int | None = None,
+        num_beams: int | None = None,
         on_token: Callable[[], None] | None = None,
         forced_bos_token_id: int | None = None,
         on_encoded: Callable[[], None] | None = None,
@@ -185,7 +185,6 @@ class Model:
                 on_token()
                 return scores
 
-        num_beams, min_new_tokens = stated(num_beams, min_new_tokens, decoding)  # None: generate()'s own pick
         gen = call_generation_config(self.loaded.generation_config, decoding.get("generation_config"))
         max_new_tokens = new_token_budget(self.architecture, self.loaded, input_ids, max_new_tokens,
                                           decoding.pop("max_length", None), gen)
@@ -324,7 +323,8 @@ def load(
     `quantize` ("int8" or "int4") quantizes the onnxrt backend's weights (as does a backend named "onnxrt-int8"),
     in blocks of `block_size` (default: the kind's, nndf.export.quantize); `threads` sets intra-op threads;
     `decoder_onnx` runs a given ONNX file on onnxrt (and an encoder-decoder's `encoder_onnx` and
-    `cache_generator_onnx`, as their flags; all three given: nothing is exported). `loaded` lets several backends share one PyTorch model.
+    `cache_generator_onnx`, as their flags; all three given: nothing is exported). `loaded` lets several backends
+    share one PyTorch model.
     `tgt_lang` (mBART-50, e.g. "de_DE") makes every generation start with that language's token. `cuda_graph`
     replays decode steps as CUDA graphs (frameworks and trt on a CUDA GPU). `kv_layout` ("shared" or "growing") is
     the onnxrt decoder graph's KV cache layout (`nndf.export.fused_attention`; default shared where the model allows).

@@ -83,7 +83,7 @@ def test_length_penalty_and_early_stopping_steer_beams_as_generate(model, prompt
 
 
 def test_a_generation_config_object_is_generates(model, prompts):
-    """A passed config stands in for the model's (its beams too: Model.generate's num_beams=1 default steps aside),
+    """A passed config stands in for the model's (its beams too: num_beams left out is the config's),
     its unset fields the model's; a keyword still overrides it; the object is left as it was. The reference is
     transformers' generate() itself, given the same."""
     ids, mask, _ = prompts
