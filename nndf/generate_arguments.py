@@ -16,6 +16,8 @@ from nndf.sampling import SAMPLING_KEYWORDS
 DECODING_KEYWORDS = (*SAMPLING_KEYWORDS, "repetition_penalty", "seed", "sampling_stream")
 # generate()'s keywords for lengths and special tokens, with its meanings (they override the generation config)
 LENGTH_AND_TOKEN_KEYWORDS = ("max_length", "eos_token_id", "pad_token_id")
+# generate()'s generation-config rules, per call (they override the generation config: nndf.call_config)
+RULE_KEYWORDS = ("no_repeat_ngram_size", "min_length", "length_penalty", "early_stopping", "forced_eos_token_id")
 
 
 # generate() keywords that live elsewhere here: where to give them instead
@@ -23,23 +25,20 @@ ELSEWHERE = {
     "use_cache": "the cache is the build's: nndf.load(..., use_cache=False)",
     "inputs": "give the prompt as input_ids (the first argument)",
     "tokenizer": "stop_strings use the model's own tokenizer (m.tokenizer)",
-    "generation_config": "the model's generation_config.json is read as generate() reads it; give its settings as "
-                         "keywords (do_sample=, max_new_tokens=, ...)",
-    **dict.fromkeys(("no_repeat_ngram_size", "min_length", "length_penalty", "early_stopping", "forced_eos_token_id"),
-                    "this rule is read from the model's generation_config.json (as generate() reads it there); "
-                    "edit that file to change it"),
 }
 
 
 def check_decoding(decoding: dict) -> None:
-    unknown = sorted(set(decoding) - set(DECODING_KEYWORDS) - set(LENGTH_AND_TOKEN_KEYWORDS))
+    unknown = sorted(set(decoding) - {*DECODING_KEYWORDS, *LENGTH_AND_TOKEN_KEYWORDS, *RULE_KEYWORDS,
+                                      "generation_config"})
     placed = [key for key in unknown if key in ELSEWHERE]
     if placed:
         raise UsageError(f"generate() got {placed[0]}=, which this loop does not take: {ELSEWHERE[placed[0]]}")
     if unknown:
         raise UsageError(f"generate() got unknown keyword(s) {', '.join(unknown)}; besides input_ids, "
                          "attention_mask, pixel_values, max_new_tokens, min_new_tokens, num_beams, streamer, "
-                         f"stop_strings, {', '.join(LENGTH_AND_TOKEN_KEYWORDS)}, it takes the decoding keywords "
+                         f"stop_strings, generation_config, {', '.join(LENGTH_AND_TOKEN_KEYWORDS)}, "
+                         f"{', '.join(RULE_KEYWORDS)}, it takes the decoding keywords "
                          f"{', '.join(DECODING_KEYWORDS)} (num_return_sequences, output_scores and "
                          "return_dict_in_generate are not built: the result is generate()'s token tensor)")
 
@@ -47,18 +46,20 @@ def check_decoding(decoding: dict) -> None:
 GENERATE_DEFAULT_NEW_TOKENS = 20  # generate()'s new tokens when nothing sets a length
 
 
-def new_token_budget(architecture, loaded, input_ids, max_new_tokens: int | None, max_length: int | None) -> int:
+def new_token_budget(architecture, loaded, input_ids, max_new_tokens: int | None, max_length: int | None,
+                     generation_config=None) -> int:
     """How many new tokens `generate()` (transformers 5) would produce at most: `max_new_tokens` when given; else
-    a `max_length` (the call's, else the generation config's `max_new_tokens`, else its `max_length`) less the part
-    of the output before the new tokens (the prompt of a decoder-only model, the start token of an encoder-decoder
-    one), refused as generate() refuses it when that part already fills it; else 20 new tokens, fewer where the
-    model's `max_position_embeddings` ends sooner."""
+    the generation config's `max_new_tokens` (it wins over a `max_length` keyword, as in generate(), which warns);
+    else a `max_length` (the call's, else the config's) less the part of the output before the new tokens (the
+    prompt of a decoder-only model, the start token of an encoder-decoder one), refused as generate() refuses it
+    when that part already fills it; else 20 new tokens, fewer where the model's `max_position_embeddings` ends
+    sooner. `generation_config`: the call's (nndf.call_config), else the model's."""
     if max_new_tokens is not None:
         return max_new_tokens
     if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1):
         raise UsageError(f"max_length must be a whole number of at least 1, got {max_length!r}")
-    gen = loaded.generation_config
-    if max_length is None and getattr(gen, "max_new_tokens", None) is not None:
+    gen = loaded.generation_config if generation_config is None else generation_config
+    if getattr(gen, "max_new_tokens", None) is not None:
         return int(gen.max_new_tokens)
     before = architecture.prompt_length(input_ids, loaded)
     total = max_length if max_length is not None else getattr(gen, "max_length", None)

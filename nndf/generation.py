@@ -61,7 +61,7 @@ class GenerationOptions:
     repetition_penalty: float = 1.0  # instruct generation configs set it (Qwen2.5-Instruct: 1.05 to 1.1)
     no_repeat_ngram_size: int = 0
     forced_bos_token_id: int | None = None
-    forced_eos_token_id: int | None = None
+    forced_eos_token_id: int | tuple[int, ...] | None = None  # several: any of them at the last position
     sampling: Sampling = Sampling()
 
     def __post_init__(self) -> None:

@@ -9,8 +9,10 @@ decoder's tokens from its start token for an encoder-decoder one such as T5), an
 Hugging Face `generate()` itself on the same PyTorch model, as the reference. The model's own generation config
 (beams, sampling, no-repeat n-grams, minimum length, forced tokens) applies unless an argument overrides it, as in
 `generate()`; so do its length and special-token keywords (`max_new_tokens`, else `max_length`, else the
-generation config's, else 20 new tokens; `eos_token_id`, `pad_token_id`). Sampling takes `generate()`'s
-keywords plus a seed, and a streamer gets the tokens as they come:
+generation config's, else 20 new tokens; `eos_token_id`, `pad_token_id`), its rules per call
+(`no_repeat_ngram_size`, `min_length`, `length_penalty`, `early_stopping`, `forced_eos_token_id`) and a
+`generation_config=GenerationConfig(...)` that stands in for the model's (keywords still override it:
+nndf.call_config). Sampling takes `generate()`'s keywords plus a seed, and a streamer gets the tokens as they come:
 
     out = m.generate(input_ids, do_sample=True, temperature=0.8, top_k=40, top_p=0.9, repetition_penalty=1.1,
                      seed=4321, streamer=transformers.TextStreamer(m.tokenizer), stop_strings=["\n"])
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import warnings
 from typing import Callable
 
 import torch
@@ -28,14 +29,14 @@ import torch
 from nndf.architectures import architecture
 from nndf.backends import RUNS_ONNX_FILES, BackendOptions, split_backend
 from nndf.errors import HarnessError, UsageError
-from nndf.generate_arguments import check_decoding, check_prompt_tensors, new_token_budget, warn_right_padding
+from nndf.call_config import call_generation_config, generation_options, warn_unused
+from nndf.generate_arguments import RULE_KEYWORDS, check_prompt_tensors, new_token_budget, warn_right_padding
 from nndf.generation import GenerationOptions, generate
 from nndf.keyword_terms import speaks_keywords
 from nndf.option_checks import check_unused_options
 from nndf.loading import LoadedModel, load_model
 from nndf.reference import pytorch_logits
 from nndf.registry import resolve
-from nndf.sampling import SAMPLING_KEYWORDS, Sampling
 from nndf.spec import BuildSettings
 
 
@@ -83,49 +84,21 @@ class Model:
     def max_positions(self) -> int:
         return self.shapes.max_positions
 
-    def generation_options(self, max_new_tokens: int, min_new_tokens: int | None = 0, num_beams: int | None = 1,
+    def generation_options(self, max_new_tokens: int, min_new_tokens: int | None = None, num_beams: int | None = None,
                            forced_bos_token_id: int | None = None, **decoding) -> GenerationOptions:
         """Options from the model's own generation config, as Hugging Face `generate()` would pick them; the
         arguments override it (None: the config's value). `decoding`: `generate()`'s sampling keywords,
-        `repetition_penalty` and `seed` (nndf.sampling), the same None rule."""
-        check_decoding(decoding)
-        gen = self.loaded.generation_config
-        seed = decoding.pop("seed", None)
-        stream = decoding.pop("sampling_stream", None)
-        penalty = decoding.pop("repetition_penalty", None)
-        decoding.pop("max_length", None)  # a length: `new_token_budget` turned it into max_new_tokens
-        defaults = self.spec.hooks.generation_defaults(self.loaded.config)  # what the model's generate() passes
-        for key in ("eos_token_id", "pad_token_id"):  # the caller's, as generate(eos_token_id=...) takes them
-            given = decoding.pop(key, None)
-            if given is not None:
-                defaults = dict(defaults, **{key: given})
-        eos = defaults.get("eos_token_id", gen.eos_token_id)
-        if isinstance(eos, (list, tuple)):  # instruct checkpoints end at any of several tokens
-            eos = tuple(eos) or None
-        return GenerationOptions(
-            max_new_tokens=max_new_tokens,
-            min_new_tokens=min_new_tokens,
-            num_beams=num_beams if num_beams is not None else int(gen.num_beams or 1),
-            length_penalty=float(gen.length_penalty if gen.length_penalty is not None else 1.0),
-            early_stopping=gen.early_stopping if gen.early_stopping is not None else False,
-            eos_token_id=eos,
-            pad_token_id=defaults.get("pad_token_id", gen.pad_token_id),
-            min_length=int(gen.min_length or 0),
-            no_repeat_ngram_size=int(gen.no_repeat_ngram_size or 0),
-            forced_bos_token_id=next((t for t in (forced_bos_token_id, self.forced_bos_token_id,
-                                                  gen.forced_bos_token_id) if t is not None), None),
-            forced_eos_token_id=gen.forced_eos_token_id,
-            repetition_penalty=next(p for p in (penalty, gen.repetition_penalty, 1.0) if p is not None),
-            sampling=Sampling.resolve(gen, seed=seed, stream=stream, **decoding),
-        )
+        `repetition_penalty`, `seed` (nndf.sampling), the rules and a `generation_config` object over the model's
+        (nndf.call_config), the same None rule."""
+        return generation_options(self, max_new_tokens, min_new_tokens, num_beams, forced_bos_token_id, **decoding)
 
     def generate(
         self,
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         max_new_tokens: int | None = None,
-        min_new_tokens: int | None = 0,
-        num_beams: int | None = 1,
+        min_new_tokens: int | None = None,
+        num_beams: int | None = None,
         on_token: Callable[[], None] | None = None,
         forced_bos_token_id: int | None = None,
         on_encoded: Callable[[], None] | None = None,
@@ -138,7 +111,8 @@ class Model:
     ) -> torch.Tensor:
         """Generate with this backend through the shared loop; returns what `generate()` returns (see the module).
 
-        `num_beams` / `min_new_tokens` None take the model's generation config; `forced_bos_token_id` overrides the
+        `num_beams` / `min_new_tokens` None (their default) take the generation config's, as `generate()` does
+        (a `generation_config` object's over the model's: nndf.call_config); `forced_bos_token_id` overrides the
         config's (mBART's target language); `pixel_values` are an image-to-text model's images (BLIP), and its
         `input_ids` an optional text prefix, as its `generate()` takes them; `stopping` ends rows early in greedy
         search, as `generate(stopping_criteria=...)` does (lm-eval's stop sequences).
@@ -151,16 +125,16 @@ class Model:
         distribution with a random stream of this harness's own (`nndf.fast_draw`: far cheaper on the CPU, and a
         seed repeats its tokens, but they are not `generate()`'s). `streamer` is `generate(streamer=...)`'s (put/end:
         `TextStreamer`, `TextIteratorStreamer`); `stop_strings` ends a row once its text ends with one of them, as
-        `generate(stop_strings=..., tokenizer=...)` does (with this model's tokenizer)."""
+        `generate(stop_strings=..., tokenizer=...)` does (with this model's tokenizer). The rules
+        `no_repeat_ngram_size`, `min_length`, `length_penalty`, `early_stopping`, `forced_eos_token_id` and a
+        `generation_config` object mean what they mean to `generate()` (None: the model's generation config's)."""
         attention_mask = check_prompt_tensors(input_ids, attention_mask, image=pixel_values is not None)
         warn_right_padding(self.architecture, attention_mask)
+        gen = call_generation_config(self.loaded.generation_config, decoding.get("generation_config"))
         max_new_tokens = new_token_budget(self.architecture, self.loaded, input_ids, max_new_tokens,
-                                          decoding.get("max_length"))
+                                          decoding.get("max_length"), gen)
         options = self.generation_options(max_new_tokens, min_new_tokens, num_beams, forced_bos_token_id, **decoding)
-        ignored = [key for key in SAMPLING_KEYWORDS[1:] if decoding.get(key) is not None]
-        if ignored and not options.sampling.do_sample:  # as generate() says it (the command line refuses them)
-            warnings.warn(f"the following generation flags are not valid and may be ignored: {ignored} (do_sample is "
-                          "off: pass do_sample=True to sample)", UserWarning, stacklevel=2)
+        warn_unused(decoding, options)
         ids, mask, encoder_inputs = self.architecture.prompt(self.loaded, input_ids, attention_mask, pixel_values)
         self.architecture.check_length(ids.shape[1], max_new_tokens, self.shapes)
         self.architecture.check_token_ids(ids, self.shapes)
@@ -184,8 +158,8 @@ class Model:
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         max_new_tokens: int | None = None,
-        min_new_tokens: int | None = 0,
-        num_beams: int | None = 1,
+        min_new_tokens: int | None = None,
+        num_beams: int | None = None,
         on_token: Callable[[], None] | None = None,
         forced_bos_token_id: int | None = None,
         on_encoded: Callable[[], None] | None = None,
@@ -211,13 +185,15 @@ class Model:
                 on_token()
                 return scores
 
+        gen = call_generation_config(self.loaded.generation_config, decoding.get("generation_config"))
         max_new_tokens = new_token_budget(self.architecture, self.loaded, input_ids, max_new_tokens,
-                                          decoding.pop("max_length", None))
+                                          decoding.pop("max_length", None), gen)
         ids, _, encoder_inputs = self.architecture.prompt(self.loaded, input_ids, attention_mask, pixel_values)
         self.architecture.check_length(ids.shape[1], max_new_tokens, self.shapes)
         self.architecture.check_token_ids(ids, self.shapes)
         options = self.generation_options(max_new_tokens, min_new_tokens, num_beams, forced_bos_token_id, **decoding)
-        tokens = {key: decoding.pop(key) for key in ("eos_token_id", "pad_token_id") if decoding.get(key) is not None}
+        tokens = {key: decoding.pop(key) for key in ("eos_token_id", "pad_token_id", *RULE_KEYWORDS,
+                                                     "generation_config") if decoding.get(key) is not None}
         seed = decoding.pop("seed", None)
         decoding.pop("sampling_stream", None)  # generate() draws from its own stream, whichever the loop's is
         if isinstance(seed, torch.Generator):
@@ -347,7 +323,8 @@ def load(
     `quantize` ("int8" or "int4") quantizes the onnxrt backend's weights (as does a backend named "onnxrt-int8"),
     in blocks of `block_size` (default: the kind's, nndf.export.quantize); `threads` sets intra-op threads;
     `decoder_onnx` runs a given ONNX file on onnxrt (and an encoder-decoder's `encoder_onnx` and
-    `cache_generator_onnx`, as their flags; all three given: nothing is exported). `loaded` lets several backends share one PyTorch model.
+    `cache_generator_onnx`, as their flags; all three given: nothing is exported). `loaded` lets several backends
+    share one PyTorch model.
     `tgt_lang` (mBART-50, e.g. "de_DE") makes every generation start with that language's token. `cuda_graph`
     replays decode steps as CUDA graphs (frameworks and trt on a CUDA GPU). `kv_layout` ("shared" or "growing") is
     the onnxrt decoder graph's KV cache layout (`nndf.export.fused_attention`; default shared where the model allows).

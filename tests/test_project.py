@@ -77,6 +77,15 @@ def test_readme_api_example(tiny_gpt2_dir):
     torch.manual_seed(4321)
     assert torch.equal(out, m.hf_generate(input_ids, max_new_tokens=32, do_sample=True, temperature=0.8, top_k=40,
                                           top_p=0.9, repetition_penalty=1.1))
+    # the rules example: per call, and in a GenerationConfig that a keyword overrides
+    from transformers import GenerationConfig
+
+    rules = dict(max_new_tokens=32, num_beams=4, no_repeat_ngram_size=3, length_penalty=0.8, early_stopping=True,
+                 min_length=10, forced_eos_token_id=50256)
+    assert torch.equal(m.generate(input_ids, **rules), m.hf_generate(input_ids, **rules))
+    config = dict(generation_config=GenerationConfig(num_beams=4, no_repeat_ngram_size=3, max_new_tokens=32),
+                  no_repeat_ngram_size=2)
+    assert torch.equal(m.generate(input_ids, **config), m.hf_generate(input_ids, **config))
 
 
 def test_importing_nndf_does_not_import_tensorrt_or_torch():

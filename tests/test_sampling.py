@@ -146,15 +146,15 @@ def test_stop_strings_end_rows_like_generate(model):
     (dict(do_sample=True, num_beams=2), "sampling with beam search is not built: sample with num_beams=1 "
                                         "(--num-beams 1), or search beams with do_sample=False (--no-do-sample)"),
     (dict(top_kk=3), "generate() got unknown keyword(s) top_kk; besides input_ids, attention_mask, pixel_values, "
-                     "max_new_tokens, min_new_tokens, num_beams, streamer, stop_strings, max_length, eos_token_id, "
-                     "pad_token_id, it takes the decoding keywords do_sample, temperature, top_k, top_p, min_p, "
+                     "max_new_tokens, min_new_tokens, num_beams, streamer, stop_strings, generation_config, "
+                     "max_length, eos_token_id, pad_token_id, no_repeat_ngram_size, min_length, length_penalty, "
+                     "early_stopping, forced_eos_token_id, it takes the decoding keywords do_sample, temperature, "
+                     "top_k, top_p, min_p, "
                      "typical_p, repetition_penalty, seed, sampling_stream (num_return_sequences, output_scores and "
                      "return_dict_in_generate are not built: the result is generate()'s token tensor)"),
     (dict(use_cache=False), "generate() got use_cache=, which this loop does not take: the cache is the build's: "
                             "nndf.load(..., use_cache=False)"),
-    (dict(no_repeat_ngram_size=2), "generate() got no_repeat_ngram_size=, which this loop does not take: this rule is "
-                                   "read from the model's generation_config.json (as generate() reads it there); "
-                                   "edit that file to change it"),
+    (dict(no_repeat_ngram_size=-1), "no_repeat_ngram_size must be a whole number >= 0 (0: off), got -1"),
     (dict(attention_mask=torch.tensor([[1.0, 0.5, 1.0]])), "attention_mask must hold integer token ids or 0/1 flags; "
                                                            "got torch.float32"),
     (dict(do_sample="yes"), "do_sample (--do-sample) must be True or False, got 'yes'"),
