@@ -189,3 +189,21 @@ def test_bart_takes_the_rules_per_call(seq2seq_dirs):
         ours = m.generate(ids, max_new_tokens=10, **rule, **others)
         assert torch.equal(ours, m.hf_generate(ids, max_new_tokens=10, **rule, **others)), rule
         assert not torch.equal(ours, m.generate(ids, max_new_tokens=10, **others)), f"{rule} changed nothing"
+
+
+def test_beams_and_minimum_left_out_are_the_model_generation_configs(tmp_path, tiny_gpt2_dir, prompts):
+    """A checkpoint whose generation config searches with beams and a minimum length (bart-large-cnn: 4 beams,
+    min_length 56): `m.generate(ids)` with neither given is `model.generate(ids)`, beams and minimum included."""
+    import shutil
+
+    folder = tmp_path / "beamed"
+    shutil.copytree(tiny_gpt2_dir, folder)
+    config = GenerationConfig.from_pretrained(folder)
+    config.update(num_beams=3, min_length=14)
+    config.save_pretrained(folder)
+    ids, mask, eos = prompts
+    m = nndf.load("GPT2", torch_dir=str(folder), device="cpu")
+    ours = m.generate(ids, mask, max_new_tokens=NEW, eos_token_id=eos)
+    assert torch.equal(ours, m.loaded.model.generate(ids, attention_mask=mask, max_new_tokens=NEW, eos_token_id=eos))
+    assert not torch.equal(ours, m.generate(ids, mask, max_new_tokens=NEW, eos_token_id=eos, num_beams=1,
+                                            min_new_tokens=0))
