@@ -166,3 +166,15 @@ def warn_unused(decoding: dict, options: GenerationOptions) -> None:
     if beam_only and options.num_beams == 1:
         warnings.warn(f"the following generation flags are not valid and may be ignored: {beam_only} (num_beams is "
                       "1: they shape beam search; pass num_beams=N)", UserWarning, stacklevel=3)
+
+
+def warn_unfeasible(options: GenerationOptions, before: int) -> None:
+    """generate()'s warning for a `min_length` (counted with the output's prompt part, `before` tokens) longer than
+    the longest output the call allows: the search stops at the maximum all the same. (A `min_new_tokens` above
+    `max_new_tokens` is refused by GenerationOptions.)"""
+    longest = before + options.max_new_tokens
+    if options.min_new_tokens is None and options.min_length > longest:
+        warnings.warn(f"Unfeasible length constraints: min_length ({options.min_length}) is larger than the maximum "
+                      f"possible length ({longest}: {before} prompt tokens + max_new_tokens {options.max_new_tokens})"
+                      ". Generation will stop at the maximum length; lower min_length or raise max_new_tokens",
+                      UserWarning, stacklevel=3)

@@ -60,6 +60,10 @@ def new_token_budget(architecture, loaded, input_ids, max_new_tokens: int | None
         raise UsageError(f"max_length must be a whole number of at least 1, got {max_length!r}")
     gen = loaded.generation_config if generation_config is None else generation_config
     if getattr(gen, "max_new_tokens", None) is not None:
+        if max_length is not None:  # generate() says so too (in its log)
+            warnings.warn(f"Both max_new_tokens (={gen.max_new_tokens}, the generation config's) and max_length "
+                          f"(={max_length}) are set; max_new_tokens takes precedence, as in generate(). Give "
+                          "max_new_tokens=N to set the length", UserWarning, stacklevel=3)
         return int(gen.max_new_tokens)
     before = architecture.prompt_length(input_ids, loaded)
     total = max_length if max_length is not None else getattr(gen, "max_length", None)

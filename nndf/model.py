@@ -29,7 +29,7 @@ import torch
 from nndf.architectures import architecture
 from nndf.backends import RUNS_ONNX_FILES, BackendOptions, split_backend
 from nndf.errors import HarnessError, UsageError
-from nndf.call_config import call_generation_config, generation_options, warn_unused
+from nndf.call_config import call_generation_config, generation_options, warn_unfeasible, warn_unused
 from nndf.generate_arguments import RULE_KEYWORDS, check_prompt_tensors, new_token_budget, warn_right_padding
 from nndf.generation import GenerationOptions, generate
 from nndf.keyword_terms import speaks_keywords
@@ -135,6 +135,7 @@ class Model:
                                           decoding.get("max_length"), gen)
         options = self.generation_options(max_new_tokens, min_new_tokens, num_beams, forced_bos_token_id, **decoding)
         warn_unused(decoding, options)
+        warn_unfeasible(options, self.architecture.prompt_length(input_ids, self.loaded))
         ids, mask, encoder_inputs = self.architecture.prompt(self.loaded, input_ids, attention_mask, pixel_values)
         self.architecture.check_length(ids.shape[1], max_new_tokens, self.shapes)
         self.architecture.check_token_ids(ids, self.shapes)

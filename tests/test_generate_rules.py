@@ -143,6 +143,34 @@ def test_the_rules_no_longer_refused_and_beam_rules_warn_with_one_beam(framework
     assert warning.filename == __file__
 
 
+def test_lengths_that_cannot_both_hold_warn_as_generate_does(frameworks):
+    """A config's max_new_tokens overriding a max_length keyword, and a min_length past the longest output, are
+    told (generate() logs the first and warns the second) from the caller's line, and the tokens stay generate()'s;
+    lengths that agree say nothing."""
+    import warnings
+
+    m = frameworks
+    ids, mask = _batch()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ours = m.generate(ids, mask, generation_config=GenerationConfig(max_new_tokens=3), max_length=30)
+        long_min = m.generate(ids, mask, max_new_tokens=3, min_length=ids.shape[1] + 4)
+        m.generate(ids, mask, max_new_tokens=3, min_length=ids.shape[1] + 3)
+    said = [str(w.message) for w in caught if w.filename == __file__]
+    assert said == [
+        "Both max_new_tokens (=3, the generation config's) and max_length (=30) are set; max_new_tokens takes "
+        "precedence, as in generate(). Give max_new_tokens=N to set the length",
+        f"Unfeasible length constraints: min_length ({ids.shape[1] + 4}) is larger than the maximum possible length "
+        f"({ids.shape[1] + 3}: {ids.shape[1]} prompt tokens + max_new_tokens 3). Generation will stop at the maximum "
+        "length; lower min_length or raise max_new_tokens"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert torch.equal(ours, m.loaded.model.generate(ids, attention_mask=mask, max_length=30,
+                                                         generation_config=GenerationConfig(max_new_tokens=3)))
+        assert torch.equal(long_min, m.loaded.model.generate(ids, attention_mask=mask, max_new_tokens=3,
+                                                             min_length=ids.shape[1] + 4))
+
+
 @pytest.mark.parametrize("settings, message", [
     (dict(no_repeat_ngram_size=-1), "no_repeat_ngram_size must be a whole number >= 0 (0: off), got -1"),
     (dict(no_repeat_ngram_size=2.5), "no_repeat_ngram_size must be a whole number >= 0 (0: off), got 2.5"),
