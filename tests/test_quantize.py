@@ -140,7 +140,8 @@ def test_artifact_is_reused_then_rebuilt_when_stale_or_truncated(tiny, tmp_path,
 def test_a_damaged_base_is_rebuilt_once_then_quantized_then_one_sentence(tiny, tmp_path, capsys, monkeypatch):
     """A base fp32 graph damaged in place (same size: reuse passes it) still to be quantized: the quantizer's read
     of it fails, the export is rebuilt once with the reason (here by a copy of the intact one, `export_by_copy`),
-    then quantized; a base on which quantization fails again, exported just now, is one sentence."""
+    then quantized; so are weights damaged into NaNs when the quantizer fails on them. A quantizer failure on
+    sound weights is one sentence at once, with no export again (it would fail the same)."""
     import nndf.export.weight_quant as weight_quant
 
     loaded, export = tiny
@@ -163,14 +164,19 @@ def test_a_damaged_base_is_rebuilt_once_then_quantized_then_one_sentence(tiny, t
 
     shutil.rmtree(Path(model.artifacts[0]).parent)  # the quantized copy, so that the base is read again
     monkeypatch.setattr(weight_quant, "quantize_graph", scale_issue)
-    with pytest.raises(HarnessError) as caught:
+    damage_in_place(folder / "decoder.onnx.data")  # the weights, at the file's size: NaNs among them
+    sound_failure = (f"int8 quantization failed on {folder / 'decoder.onnx'}, whose weights are all finite numbers "
+                     "(AssertionError: scale issue): check that this onnxruntime quantizes what this torch exports")
+    capsys.readouterr()
+    with pytest.raises(HarnessError) as caught:  # damaged: rebuilt once, then the failure on sound weights
         load()
-    assert f"rebuilding {folder}: int8 quantization failed on it (AssertionError: scale issue)" in \
-        capsys.readouterr().err
-    assert len(exported) == 2
-    assert str(caught.value) == (f"int8 quantization failed on {folder / 'decoder.onnx'}, exported anew just now "
-                                 "(AssertionError: scale issue): check the disk of the working dir, and that this "
-                                 "onnxruntime quantizes what this torch exports")
+    assert (f"rebuilding {folder}: int8 quantization failed on it (AssertionError: scale issue)" in
+            capsys.readouterr().err and len(exported) == 2)
+    assert str(caught.value) == sound_failure
+    with pytest.raises(HarnessError) as caught:  # sound weights: a quantizer failure is no reason to export again
+        load()
+    assert "rebuilding" not in capsys.readouterr().err and len(exported) == 2
+    assert str(caught.value) == sound_failure
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")], "no temporary folder left behind"
 
 

@@ -77,12 +77,13 @@ from typing import Mapping
 
 from nndf.errors import HarnessError, UsageError
 from nndf.export.cpu_int8 import int8_weight_type, nbits_accuracy_level
-from nndf.export.graph_reads import ONNX_HINT, GraphLoadError
+from nndf.export.graph_reads import ONNX_HINT, GraphLoadError, first_line
 from nndf.export.onnx import derived_graph
-from nndf.export.weight_graph import prepare_graph, weight_matmuls
+from nndf.export.weight_graph import non_finite_weights, prepare_graph, weight_matmuls
 from nndf.workspace import read_metadata
 from nndf.progress import say
 
+QUANTIZER_HINT = "that this onnxruntime quantizes what this torch exports"
 # Bump when a change here changes the graphs produced, so that old quantized graphs are rebuilt rather than reused.
 QUANTIZER_REVISION = 3
 
@@ -220,8 +221,10 @@ def quantized_decoder(export, kind: str, working_dir: str | Path, params: Mappin
 
     `block_size` replaces the kind's default block size (the --block-size flag); `params` replaces all of the
     kind's default parameters (for measuring alternatives). Both name the artifact too. A base graph that cannot be
-    read or quantized (damaged at its recorded size, which reuse does not see) is a `GraphLoadError` naming it: the
-    onnxrt backend rebuilds the export once on it (`nndf.export.graph_reads.rebuilt_once`).
+    read, or whose weights hold a NaN or an infinity where the quantizer fails (damaged at its recorded size, which
+    reuse does not see), is a `GraphLoadError` naming it: the onnxrt backend rebuilds the export once on it
+    (`nndf.export.graph_reads.rebuilt_once`). A quantizer failure on sound weights is one sentence at once: exporting
+    again would not change it.
     """
     from nndf.export.weight_quant import quantize_graph
 
@@ -267,8 +270,11 @@ def quantized_decoder(export, kind: str, working_dir: str | Path, params: Mappin
             except HarnessError:
                 raise
             except Exception as exc:  # the quantizer raises many types: damaged weights ("scale issue") among them
-                raise GraphLoadError(export.graph, exc, f"{kind} quantization", "failed on",
-                                     "that this onnxruntime quantizes what this torch exports", with_type=True) from exc
+                if non_finite_weights(model):  # damaged at its recorded size: the onnxrt backend rebuilds it once
+                    raise GraphLoadError(export.graph, exc, f"{kind} quantization", "failed on", QUANTIZER_HINT,
+                                         with_type=True) from exc
+                raise HarnessError(f"{kind} quantization failed on {export.graph}, whose weights are all finite "
+                                   f"numbers ({first_line(exc, with_type=True)}): check {QUANTIZER_HINT}") from exc
         head = "the LM head among them" if report["lm_head"] else "not the LM head"
         say(f"  {report['matmuls']} MatMuls quantized ({head}), {report['gathers']} embedding lookups"
             + (f"; {', '.join(report['fp32_tables'])} kept in fp32 (width not a multiple of the block)"
