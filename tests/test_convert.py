@@ -82,6 +82,44 @@ def test_embeddings_of_real_text_equal_sentence_transformers_and_int8_stays_clos
     assert int8.mean() >= 0.99 and int8.min() >= 0.95
 
 
+def test_the_served_tokenizer_cuts_long_texts_where_sentence_transformers_does(minilm_dir, minilm_converted):
+    """The Triton tokenize model cut texts at the tokenizer's 512 tokens where sentence-transformers cuts at its
+    max_seq_length, 256: a long text's served embedding was another (cosine 0.92 to sentence-transformers')."""
+    import onnxruntime as ort
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoTokenizer
+
+    repo, _ = minilm_converted
+    text = " ".join(f"word{i} river mountain" for i in range(150))  # about 600 tokens
+    served = AutoTokenizer.from_pretrained(str(repo / "transformer_onnx_tokenize" / "1" / "tokenizer"))
+    tokens = served([text], padding=True, truncation=True, return_tensors="np")  # as tokenize_model.py calls it
+    model = SentenceTransformer(str(minilm_dir), device="cpu")
+    assert tokens["input_ids"].shape == (1, model.max_seq_length) == (1, 256)
+    session = ort.InferenceSession(str(repo / "model.onnx"), providers=["CPUExecutionProvider"])
+    ours = session.run(None, {i.name: tokens[i.name].astype(np.int64) for i in session.get_inputs()})[0]
+    np.testing.assert_allclose(ours, model.encode([text], convert_to_numpy=True), atol=1e-5)
+
+
+def test_what_the_triton_repository_needs_is_checked_before_the_conversion(minilm_dir, tmp_path, capsys,
+                                                                           monkeypatch):
+    """A file where a Triton model folder goes, or no tritonclient, failed only after the conversion and the
+    benchmark (1000 timed calls per backend by default)."""
+    import sys
+
+    from nndf.convert import cli
+
+    monkeypatch.setattr(cli, "_load", lambda opts: pytest.fail("the model loaded before the refusal"))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "transformer_onnx_inference").write_text("not a folder")
+    assert convert_model(["-m", str(minilm_dir), "-o", str(out)]) == 2
+    assert "transformer_onnx_inference is a file; the Triton model" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "tritonclient.grpc", None)  # as where the `triton` extra is not installed
+    assert convert_model(["-m", str(minilm_dir), "-o", str(tmp_path / "other")]) == 1
+    assert "needs tritonclient[grpc] (pip install 'nndf[triton]')" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["transformer_onnx_inference"]
+
+
 TINY = {  # tiny random configs of the other architectures, with BERT's uncased vocabulary (the MiniLM tokenizer)
     "bert": dict(model_type="bert", hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64),
     "roberta": dict(model_type="roberta", hidden_size=32, num_hidden_layers=2, num_attention_heads=4,

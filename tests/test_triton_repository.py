@@ -131,6 +131,18 @@ def test_a_file_where_a_model_folder_goes_is_a_usage_error_and_nothing_is_writte
     assert sorted(p.name for p in tmp_path.iterdir()) == ["transformer_onnx_model"]
 
 
+def test_a_folder_of_other_files_where_a_model_goes_is_refused_not_deleted(tmp_path, onnx_file, tokenizer_dir):
+    """A model folder is replaced as a whole: one written before (it has its config.pbtxt) is, a folder of the
+    user's files of the same name was deleted with them."""
+    mine = tmp_path / "transformer_onnx_inference" / "notes.txt"
+    mine.parent.mkdir()
+    mine.write_text("the user's own file")
+    with pytest.raises(UsageError, match="transformer_onnx_inference is a folder of other files .no config.pbtxt."):
+        write(tmp_path, onnx_file, tokenizer_dir)
+    assert mine.read_text() == "the user's own file"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["transformer_onnx_inference"]
+
+
 @pytest.mark.parametrize("overrides, message", [
     (dict(engine="tflite"), "engine must be one of"), (dict(device="tpu"), "device must be one of"),
     (dict(max_batch_size=0), "max_batch_size must be at least 1"), (dict(nb_instances=0), "nb_instances"),

@@ -21,7 +21,9 @@ BACKENDS_HELP = "onnxrt, or onnxrt-int8 / onnxrt-int4 (or --int8 / --int4): the 
 UNUSED_FLAGS = {  # nndf.cli.check_unused_flags
     "batch_size": "a request brings up to --max-batch-size prompts, and Triton batches requests",
     "input_seq_len": "requests bring prompts of any length up to the model's positions",
-    "output_seq_len": "a request's new tokens are its MAX_NEW_TOKENS input, at most --max-new-tokens",
+    "output_seq_len": "a request's new tokens are its MAX_NEW_TOKENS input (--max-new-tokens where it has none)",
+    "seed": "a sampled request's draws are seeded by its own SEED input (where it has none, by the server's "
+            "random stream)",
     "use_mask": "it always feeds a mask",
 }
 
@@ -75,8 +77,8 @@ def run(args) -> list[Result]:
         raise UsageError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     spec, variant = resolve(args.model, args.variant)
     name = args.name or default_name(args.torch_dir, variant.name)
-    check_serving(name, args.max_batch_size, args.nb_instances, args.scheduler, args.streaming, args.max_rows,
-                  args.max_queue_delay_us, args.sampling_stream, args.num_beams)  # before the load
+    check_serving(args.output, name, args.max_batch_size, args.nb_instances, args.scheduler, args.streaming,
+                  args.max_rows, args.max_queue_delay_us, args.sampling_stream, args.num_beams)  # before the load
     if args.scheduler == "continuous":
         ContinuousBatcher.check_architecture(spec.family, architecture(spec), args.use_cache)
     model = open_models(args, needs_text=True, new_tokens_flag="--max-new-tokens")[0]

@@ -161,6 +161,7 @@ def _engines(opts: ConvertOptions, module: TaskModule, paths: dict[str, Path], o
 
 
 def run(opts: ConvertOptions) -> dict:
+    _check_triton(opts)
     torch.manual_seed(opts.seed)
     torch.set_num_threads(opts.nb_threads)
     out = Path(opts.output)
@@ -205,6 +206,18 @@ def run(opts: ConvertOptions) -> dict:
     return results
 
 
+def _check_triton(opts: ConvertOptions) -> None:
+    """What writing the Triton repository at the end needs (tritonclient, room for its model folders), checked
+    before the load, the conversion and the benchmark rather than after them."""
+    from nndf.triton.repository import check_model_folders, config_schema, model_names
+
+    served = [engine for engine in ("onnx", "tensorrt") if engine in opts.backends]
+    if served:
+        config_schema()
+        check_model_folders(opts.output, [folder for engine in served
+                                          for folder in model_names(opts.name, engine).values()])
+
+
 def _triton(opts: ConvertOptions, module: TaskModule, paths: dict[str, Path], tokenizer, out: Path,
             output_shapes: list[tuple[int, ...]]) -> list[str]:
     """The Triton repository for the ONNX graph served (int8 with -q on the CPU, else the optimized one) and the
@@ -215,6 +228,10 @@ def _triton(opts: ConvertOptions, module: TaskModule, paths: dict[str, Path], to
     dims = {name: [-1 if module.task.per_token and axis == 0 else size for axis, size in enumerate(shape[1:])]
             for name, shape in zip(module.task.outputs, output_shapes)}
     with tempfile.TemporaryDirectory() as tokenizer_dir:
+        if module.task.auto_class is None and module.model.max_seq_length:
+            # sentence-transformers truncates at its own max_seq_length (256 for all-MiniLM-L6-v2), not at the
+            # tokenizer's (512): the tokenize model must cut texts where it does, or long texts embed otherwise
+            tokenizer.model_max_length = module.model.max_seq_length
         tokenizer.save_pretrained(tokenizer_dir)
         for engine, model_file in (("onnx", paths.get("int8", paths.get("optimized"))),
                                    ("tensorrt", paths.get("plan"))):

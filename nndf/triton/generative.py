@@ -3,7 +3,8 @@ nndf's generation loop and KV cache inside Triton's Python backend (transformer-
 
     <name>/config.pbtxt       backend python; TEXT (+ optional MAX_NEW_TOKENS, NUM_BEAMS, sampling) -> GENERATED
     <name>/1/model.py         nndf/triton/generation_model.py, copied verbatim
-    <name>/1/nndf.json        family, variant, backend, graph, cache, threads and the generation defaults
+    <name>/1/nndf.json        family, variant, backend, graph, cache, threads, the generation defaults and
+                              the target language's forced first token (--tgt-lang)
     <name>/1/hf/              the model's config, generation config and tokenizer (no weights)
     <name>/1/decoder/...      the exported decoder graph the onnxrt backend runs (fp32, int8 or int4), its data beside
     <name>/1/encoder/, cross/ an encoder-decoder model's encoder and cross-attention cache generator graphs
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from nndf.errors import UsageError
 from nndf.sampling import Sampling
-from nndf.triton.repository import DEVICES, add_tensor, config_schema, write_model_folder
+from nndf.triton.repository import DEVICES, add_tensor, check_model_folders, config_schema, write_model_folder
 
 MODEL_SOURCE = Path(__file__).with_name("generation_model.py")
 
@@ -56,12 +57,19 @@ def generative_config(name: str, max_batch_size: int, nb_instances: int, kind: s
     return config
 
 
-def check_serving(name: str, max_batch_size: int, nb_instances: int, scheduler: str, streaming: bool,
-                  max_rows: int | None, queue_delay_us: int, sampling_stream: str, num_beams: int = 1) -> int:
-    """The serving settings, checked before any model loads (`run.py triton`) and again when a folder is written
-    (the API); returns the rows of the continuous batch."""
+def model_folders(name: str, streaming: bool) -> list[str]:
+    """The Triton models written: `name`, and with `streaming` its decoupled twin."""
+    return [name] + ([name + STREAM_SUFFIX] if streaming else [])
+
+
+def check_serving(output_dir: str | Path, name: str, max_batch_size: int, nb_instances: int, scheduler: str,
+                  streaming: bool, max_rows: int | None, queue_delay_us: int, sampling_stream: str,
+                  num_beams: int = 1) -> int:
+    """The serving settings and where the models go, checked before any model loads (`run.py triton`) and again
+    when a folder is written (the API); returns the rows of the continuous batch."""
     if not name or "/" in name or name.startswith("."):
         raise UsageError(f"--name must be a plain folder name, not {name!r}")
+    check_model_folders(output_dir, model_folders(name, streaming))
     if scheduler not in SCHEDULERS:
         raise UsageError(f"--scheduler must be one of {', '.join(SCHEDULERS)}, not {scheduler!r}")
     if streaming and scheduler != "continuous":
@@ -80,6 +88,7 @@ def check_serving(name: str, max_batch_size: int, nb_instances: int, scheduler: 
     Sampling(stream=sampling_stream)  # one sentence for a stream that does not exist
     if queue_delay_us < 0:
         raise UsageError(f"--max-queue-delay-us must be 0 or more, got {queue_delay_us}")
+    config_schema()  # tritonclient missing is said now, not after the load and the export
     return rows
 
 
@@ -94,8 +103,8 @@ def write_generative_repository(output_dir: str | Path, name: str, model, max_ba
     if model.backend != "onnxrt":
         raise UsageError(f"Triton serves the onnxrt backend's graphs (CPU, or CUDA with onnxruntime-gpu); "
                          f"{model.backend} is not served yet")
-    max_rows = check_serving(name, max_batch_size, nb_instances, scheduler, streaming, max_rows, queue_delay_us,
-                             sampling_stream, num_beams)
+    max_rows = check_serving(output_dir, name, max_batch_size, nb_instances, scheduler, streaming, max_rows,
+                             queue_delay_us, sampling_stream, num_beams)
     if scheduler == "continuous":
         from nndf.continuous import ContinuousBatcher
 
@@ -106,13 +115,14 @@ def write_generative_repository(output_dir: str | Path, name: str, model, max_ba
         files, settings = standalone_files(model, Path(tmp))  # the graphs, hf/ and nndf.json of `export -o`
         settings.update({"scheduler": scheduler, "max_rows": max_rows,
                          "defaults": {"max_new_tokens": max_new_tokens, "num_beams": num_beams,
-                                      "sampling_stream": sampling_stream}})
+                                      "sampling_stream": sampling_stream},
+                         # the target language (--tgt-lang) is the Model's, not the graphs' nor the configs'
+                         "forced_bos_token_id": model.forced_bos_token_id})
         files["model.py"] = MODEL_SOURCE
         (Path(tmp) / SETTINGS_FILE).write_text(json.dumps(settings, indent=2))
         files[SETTINGS_FILE] = Path(tmp) / SETTINGS_FILE
         Path(output_dir).mkdir(parents=True, exist_ok=True)
-        names = [name] + ([name + STREAM_SUFFIX] if streaming else [])
         return [write_model_folder(Path(output_dir), folder,
                                    generative_config(folder, max_batch_size, nb_instances, DEVICES["cpu"], scheduler,
                                                      decoupled=folder != name, queue_delay_us=queue_delay_us), files)
-                for folder in names]
+                for folder in model_folders(name, streaming)]

@@ -21,7 +21,7 @@ TEXT is one string per batch row (dims [1]) and the ONNX/TensorRT model gets the
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from nndf.errors import HarnessError, UsageError
 from nndf.export.graph_files import external_data_files
@@ -155,6 +155,22 @@ def _copy_tokenizer(tokenizer_dir: Path, target: Path) -> None:
     tokenizer.save_pretrained(str(target))
 
 
+def check_model_folders(output_dir: str | Path, folders: Iterable[str]) -> None:
+    """Each model folder to be written may be new, empty, or a Triton model written before (it is replaced), but
+    not a file, nor a folder of something else, which replacing would delete: all checked before any is written
+    (and, by `run.py triton`, before the model loads)."""
+    output_dir = Path(output_dir)
+    if output_dir.exists() and not output_dir.is_dir():
+        raise UsageError(f"the Triton repository {output_dir} is a file, not a folder")
+    for folder in folders:
+        path = output_dir / folder
+        if path.exists() and not path.is_dir():
+            raise UsageError(f"{path} is a file; the Triton model {folder!r} needs a folder there")
+        if path.is_dir() and any(path.iterdir()) and not (path / "config.pbtxt").is_file():
+            raise UsageError(f"{path} is a folder of other files (no config.pbtxt), which writing the Triton model "
+                             f"{folder!r} would replace: move it, or write the model elsewhere (-o, --name)")
+
+
 def write_model_folder(output_dir: Path, folder: str, config, files: Mapping[str, Path] | None = None,
                  tokenizer_dir: Path | None = None) -> Path:
     """One model folder, built beside its final place and renamed in: a failure leaves the old one (or nothing)."""
@@ -182,13 +198,9 @@ def write_encoder_repository(output_dir: str | Path, name: str, model_file: str 
     output_dir, model_file, tokenizer_dir = Path(output_dir), Path(model_file), Path(tokenizer_dir)
     input_names, outputs = list(input_names), {k: list(v) for k, v in outputs.items()}
     _check_args(name, model_file, engine, tokenizer_dir, input_names, outputs, max_batch_size, nb_instances, device)
-    if output_dir.exists() and not output_dir.is_dir():
-        raise UsageError(f"the Triton repository {output_dir} is a file, not a folder")
     platform, filename = ENGINES[engine]
     names = model_names(name, engine)
-    for folder in names.values():  # all three checked before any is written
-        if (output_dir / folder).exists() and not (output_dir / folder).is_dir():
-            raise UsageError(f"{output_dir / folder} is a file; the Triton model {folder!r} needs a folder there")
+    check_model_folders(output_dir, names.values())
     files = {filename: model_file}
     if engine == "onnx":
         files.update(external_data_files(model_file))

@@ -1,0 +1,91 @@
+"""`run.py triton` without a server: what it refuses before the model loads, and what a written folder serves.
+
+The served model is loaded as the server's `model.py` loads it (`nndf.triton.served.load_served`), so these run in
+seconds; test_triton_generative.py and test_triton_serving.py serve the folder for real.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+pytest.importorskip("tritonclient.grpc.model_config_pb2", reason="tritonclient[grpc] (Triton's config schema)")
+
+import nndf  # noqa: E402
+import nndf.actions.triton  # noqa: E402
+from nndf.cli import main as run_py  # noqa: E402
+
+
+@pytest.fixture
+def no_load(monkeypatch):
+    """The action's model load, made to fail the test: each refusal here must come before it."""
+    def loaded(*args, **kwargs):
+        raise AssertionError("the model was loaded before the refusal")
+
+    monkeypatch.setattr(nndf.actions.triton, "open_models", loaded)
+
+
+def triton(tmp_path, *flags):
+    return run_py(["triton", "GPT2", "onnxrt", "--variant", "gpt2", "--random-weights", "-wd", str(tmp_path / "work"),
+                   *flags])
+
+
+def test_seed_is_refused_since_each_request_brings_its_own(tmp_path, capsys, no_load):
+    assert triton(tmp_path, "-o", str(tmp_path / "models"), "--seed", "5") == 2
+    err = capsys.readouterr().err
+    assert "--seed does not apply to triton: a sampled request's draws are seeded by its own SEED input" in err
+    assert "Traceback" not in err
+
+
+def test_output_seq_len_refusal_says_what_a_request_gets(tmp_path, capsys, no_load):
+    assert triton(tmp_path, "-o", str(tmp_path / "models"), "--output-seq-len", "8") == 2
+    assert "its MAX_NEW_TOKENS input (--max-new-tokens where it has none)" in capsys.readouterr().err
+
+
+def test_what_stands_where_a_model_folder_goes_is_refused_before_the_load(tmp_path, capsys, no_load):
+    """A file there was a NotADirectoryError traceback after the load and the export; a folder of the user's files
+    was deleted. A model folder written before is replaced, as the docs say."""
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "gpt2").write_text("not a folder")
+    assert triton(tmp_path, "-o", str(models)) == 2
+    err = capsys.readouterr().err
+    assert f"{models / 'gpt2'} is a file; the Triton model 'gpt2' needs a folder there" in err
+    assert "Traceback" not in err
+    (models / "gpt2").unlink()
+    (models / "gpt2_stream").mkdir()
+    (models / "gpt2_stream" / "notes.txt").write_text("the user's")
+    assert triton(tmp_path, "-o", str(models), "--streaming") == 2
+    assert "gpt2_stream is a folder of other files (no config.pbtxt)" in capsys.readouterr().err
+    assert (models / "gpt2_stream" / "notes.txt").read_text() == "the user's"
+
+
+def test_a_missing_tritonclient_is_said_before_the_load(tmp_path, capsys, no_load, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tritonclient.grpc", None)  # as where the `triton` extra is not installed
+    assert triton(tmp_path, "-o", str(tmp_path / "models")) == 1
+    assert "needs tritonclient[grpc] (pip install 'nndf[triton]')" in capsys.readouterr().err
+
+
+def test_the_target_language_is_served(tiny_gpt2_dir, onnx_work_dir, tmp_path):
+    """--tgt-lang is the Model's forced first token (`nndf.load(tgt_lang=)` sets it), held by no graph or config:
+    the served model lost it and answered in whatever language came first. Set here directly on the tiny GPT-2,
+    since a tiny mBART-50 has no full language table; the folder must carry it to what the server loads."""
+    from nndf.actions.common import encode_prompts
+    from nndf.triton.generative import write_generative_repository
+    from nndf.triton.served import load_served
+
+    model = nndf.load("GPT2", torch_dir=str(tiny_gpt2_dir), backend="onnxrt", working_dir=str(onnx_work_dir),
+                      device="cpu")
+    model.forced_bos_token_id = 42
+    [folder] = write_generative_repository(tmp_path / "models", "gpt2", model, 2, scheduler="sequential")
+    assert json.loads((folder / "1" / "nndf.json").read_text())["forced_bos_token_id"] == 42
+    settings, served = load_served(folder / "1", str(tmp_path / "work"))
+    # a forced first token is forced where the sequence is one token long: an encoder-decoder's decoder start, here
+    # a one-token prompt
+    ids, mask = encode_prompts(served.tokenizer, ["Hello"], use_mask=True, pad_side="left")
+    assert ids.shape == (1, 1)
+    ours = model.generate(ids, mask, max_new_tokens=3)
+    assert int(model.new_tokens(ours, ids)[0, 0]) == 42
+    assert served.generate(ids, mask, max_new_tokens=3).tolist() == ours.tolist()
