@@ -2,7 +2,8 @@
 `save_pretrained` / `ORTModel.from_pretrained` do: `run.py export ... -o DIR` writes it, `nndf.load_exported(DIR)`
 runs it, and a Triton generation model (`nndf.triton.generative`) is the same folder with its serving files.
 
-    DIR/nndf.json       family, variant, backend, graphs (nndf.load keyword -> file), use_cache, threads
+    DIR/nndf.json       family, variant, backend, graphs (nndf.load keyword -> file), use_cache, threads, and
+                        the target language's forced first token (mBART-50's --tgt-lang)
     DIR/hf/             the model's config, generation config and tokenizer (an image model's processor; no weights)
     DIR/decoder/...     the decoder graph the onnxrt backend runs (fp32, int8 or int4), its external data beside it
     DIR/encoder/, cross/  the encoder (BLIP's vision encoder) and cross-attention cache generator graphs of an
@@ -46,7 +47,9 @@ def standalone_files(model, scratch: Path) -> tuple[dict[str, Path], dict]:
     files.update({f"hf/{f.name}": f for f in hf.iterdir()})
     settings = {"family": model.spec.family, "variant": model.variant.name, "backend": model.backend,
                 "graph": graphs["decoder_onnx"], "graphs": graphs, "use_cache": model.settings.use_cache,
-                "threads": model.options.threads}
+                "threads": model.options.threads,
+                # the target language (--tgt-lang, tgt_lang=) is the Model's: no graph or config file holds it
+                "forced_bos_token_id": model.forced_bos_token_id}
     return files, settings
 
 
@@ -111,4 +114,5 @@ def load_exported(folder: str | Path, working_dir: str | None = None, threads: i
                          "has them")
 
     model.loaded.loader = no_weights  # else `hf/`'s missing weight file is the message
+    model.forced_bos_token_id = settings.get("forced_bos_token_id")
     return model

@@ -3,8 +3,8 @@ nndf's generation loop and KV cache inside Triton's Python backend (transformer-
 
     <name>/config.pbtxt       backend python; TEXT (+ optional MAX_NEW_TOKENS, NUM_BEAMS, sampling) -> GENERATED
     <name>/1/model.py         nndf/triton/generation_model.py, copied verbatim
-    <name>/1/nndf.json        family, variant, backend, graph, cache, threads, the generation defaults and
-                              the target language's forced first token (--tgt-lang)
+    <name>/1/nndf.json        family, variant, backend, graph, cache, threads, the target language's forced
+                              first token (--tgt-lang) and the generation defaults
     <name>/1/hf/              the model's config, generation config and tokenizer (no weights)
     <name>/1/decoder/...      the exported decoder graph the onnxrt backend runs (fp32, int8 or int4), its data beside
     <name>/1/encoder/, cross/ an encoder-decoder model's encoder and cross-attention cache generator graphs
@@ -115,9 +115,7 @@ def write_generative_repository(output_dir: str | Path, name: str, model, max_ba
         files, settings = standalone_files(model, Path(tmp))  # the graphs, hf/ and nndf.json of `export -o`
         settings.update({"scheduler": scheduler, "max_rows": max_rows,
                          "defaults": {"max_new_tokens": max_new_tokens, "num_beams": num_beams,
-                                      "sampling_stream": sampling_stream},
-                         # the target language (--tgt-lang) is the Model's, not the graphs' nor the configs'
-                         "forced_bos_token_id": model.forced_bos_token_id})
+                                      "sampling_stream": sampling_stream}})
         files["model.py"] = MODEL_SOURCE
         (Path(tmp) / SETTINGS_FILE).write_text(json.dumps(settings, indent=2))
         files[SETTINGS_FILE] = Path(tmp) / SETTINGS_FILE

@@ -15,8 +15,6 @@ __all__ = ["SETTINGS_FILE", "load_served"]
 def load_served(version: str | Path, working_dir: str) -> tuple[dict, object]:
     """The folder's settings and its `nndf.Model`: the config, generation config and tokenizer in `hf/` (no
     weights), and each graph the model runs (the decoder's, and an encoder-decoder's encoder and cross-attention
-    cache generator) given as a file to run, so nothing is exported or read from the hub; the target language
-    (`run.py triton --tgt-lang`), which no graph or config holds, from the settings."""
-    settings, model = read_settings(version), load_exported(version, working_dir)
-    model.forced_bos_token_id = settings.get("forced_bos_token_id")
-    return settings, model
+    cache generator) given as a file to run, so nothing is exported or read from the hub (the target language,
+    `run.py triton --tgt-lang`, included: `load_exported` reads it from the settings)."""
+    return read_settings(version), load_exported(version, working_dir)
