@@ -4,8 +4,9 @@ each metric's difference from the first backend (what int8 or int4 weights cost 
     python run.py evaluate GPT2 frameworks onnxrt onnxrt-int8 --tasks lambada_openai \\
         --dataset-file lambada_test.jsonl
 
-Each backend runs `lm_eval.simple_evaluate` once with `nndf.lm_eval.NndfLM` over it; the tasks, their data and
-lm-eval itself are checked before any model loads (nndf.lm_eval_tasks). lm-eval's progress and its bootstrap
+Each backend runs `lm_eval.simple_evaluate` once with `nndf.lm_eval.NndfLM` over it; lm-eval itself, the task
+names and every other flag are checked before the tasks' data is read, and that before any model loads
+(nndf.lm_eval_tasks, `open_models`' before_load). lm-eval's progress and its bootstrap
 messages go to stderr, so stdout holds the tables.
 """
 
@@ -116,15 +117,15 @@ def run(args) -> list[Result]:
     lm_eval = require_lm_eval()
     from nndf.actions.common import describe, label, open_models, say
     from nndf.lm_eval import NndfLM, check_text_family
-    from nndf.lm_eval_tasks import prepare_tasks
+    from nndf.lm_eval_tasks import check_tasks, load_task_data
     from nndf.registry import resolve
 
     _check_flags(args)
     check_text_family(resolve(args.model, args.variant)[0])
     runs = []
     with tempfile.TemporaryDirectory(prefix="nndf-tasks-") as folder:
-        tasks = prepare_tasks(args.tasks, args.task_files, args.include_path, folder, args.working_dir)
-        models = open_models(args, needs_text=True)
+        tasks = check_tasks(args.tasks, args.task_files, args.include_path, folder, args.working_dir)
+        models = open_models(args, needs_text=True, before_load=lambda: load_task_data(tasks))
         for number, model in enumerate(models, start=1):
             say(f"evaluating {', '.join(tasks.names)} on {label(model)} ({number} of {len(models)})")
             lm = NndfLM(model, batch_size=args.batch_size, max_gen_toks=args.max_gen_toks)
