@@ -102,7 +102,20 @@ def _bootstrap_in_process():
             os.environ["DISABLE_MULTIPROC"] = previous
 
 
+# simple_evaluate's seeds, which lm-eval's own `--seed N` sets all to N (its defaults: 0, 1234, 1234, 1234); numpy's
+# takes no more than 32 bits
+LM_EVAL_SEEDS = ("random_seed", "numpy_random_seed", "torch_random_seed", "fewshot_random_seed")
+
+
+def lm_eval_seeds(seed: int | None) -> dict:
+    """--seed as lm-eval's own `--seed N`: every seed of `simple_evaluate` (few-shot examples, the bootstrap) is N;
+    without it, lm-eval's defaults."""
+    return {} if seed is None else dict.fromkeys(LM_EVAL_SEEDS, seed)
+
+
 def _check_flags(args) -> None:
+    if args.seed is not None and not 0 <= args.seed < 2**32:
+        raise UsageError(f"--seed seeds lm-eval's numpy generator too, which takes 0 to 2**32 - 1; got {args.seed}")
     if args.limit is not None and args.limit <= 0:
         raise UsageError(f"--limit must be positive, got {args.limit}")
     if args.num_fewshot is not None and args.num_fewshot < 0:
@@ -134,10 +147,10 @@ def run(args) -> list[Result]:
                 out = lm_eval.simple_evaluate(model=lm, tasks=tasks.specs, task_manager=tasks.manager,
                                               num_fewshot=args.num_fewshot, limit=args.limit,
                                               batch_size=args.batch_size, bootstrap_iters=args.bootstrap_iters,
-                                              log_samples=False)
+                                              log_samples=False, **lm_eval_seeds(args.seed))
             runs.append((model, out, time.perf_counter() - started))
     context = dict(describe(models[0]), tasks=tasks.names, limit=args.limit, num_fewshot=args.num_fewshot,
-                   dataset_files=args.task_files, include_path=args.include_path)
+                   seed=args.seed, dataset_files=args.task_files, include_path=args.include_path)
     results = [backend_table(model, out, seconds, context) for model, out, seconds in runs]
     if len(runs) > 1:
         results.append(difference_table([label(m) for m, _, _ in runs], [out for _, out, _ in runs], models[0],
