@@ -21,7 +21,7 @@ import hashlib
 import os
 import pickle
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from nndf.errors import HarnessError, UsageError
@@ -149,11 +149,12 @@ def task_manager(include_paths: tuple[str, ...] = (), cache_dir: str | None = No
 @dataclass
 class Tasks:
     """What `lm_eval.simple_evaluate` takes: the task manager and one spec per task (a name, or the path of a YAML
-    written here that points the task at a local file)."""
+    written here that points the task at a local file), and the --dataset-file of each task given one."""
 
     manager: object
     specs: list[str]
     names: list[str]
+    files: dict[str, Path] = field(default_factory=dict)
 
 
 def parse_task_names(text: str) -> list[str]:
@@ -326,9 +327,18 @@ def _check_loads(manager, specs: list[str], names: list[str], files: dict[str, P
 
 def prepare_tasks(task_names: str, dataset_files: list[str] | None, include_paths: list[str] | None,
                   folder: Path, cache_dir: str | Path | None = None) -> Tasks:
+    """`check_tasks`, then `load_task_data`: the tasks ready for `lm_eval.simple_evaluate`."""
+    tasks = check_tasks(task_names, dataset_files, include_paths, folder, cache_dir)
+    load_task_data(tasks)
+    return tasks
+
+
+def check_tasks(task_names: str, dataset_files: list[str] | None, include_paths: list[str] | None,
+                folder: Path, cache_dir: str | Path | None = None) -> Tasks:
     """The tasks of `--tasks`, local files of `--dataset-file` put in place (YAML written into `folder`, which must
-    outlive the evaluation), every one loaded once to fail early. `cache_dir` keeps lm-eval's task index between
-    runs (`task_manager`)."""
+    outlive the evaluation), with no data read: every name and flag is checked, so that `evaluate` says a typo
+    before a data set fails (`load_task_data`, after the model flags and this machine). `cache_dir` keeps lm-eval's
+    task index between runs (`task_manager`)."""
     names = parse_task_names(task_names)
     for path in include_paths or []:
         if not Path(path).is_dir():
@@ -338,7 +348,12 @@ def prepare_tasks(task_names: str, dataset_files: list[str] | None, include_path
                            None if cache_dir is None else str(Path(cache_dir).resolve()))
     _check_known(manager, names)
     specs = [_override(manager, name, files[name], Path(folder)) if name in files else name for name in names]
-    for name, data_file in files.items():
-        check_data_file(manager, name, data_file)
-    _check_loads(manager, specs, names, files)
-    return Tasks(manager, specs, names)
+    return Tasks(manager, specs, names, files)
+
+
+def load_task_data(tasks: Tasks) -> None:
+    """Each --dataset-file's rows checked, then every task loaded once (lm-eval reads its data then), so that a file
+    lm-eval could not read or a data set the hub does not give fails in one sentence before a model loads."""
+    for name, data_file in tasks.files.items():
+        check_data_file(tasks.manager, name, data_file)
+    _check_loads(tasks.manager, tasks.specs, tasks.names, tasks.files)

@@ -76,6 +76,29 @@ def test_evaluate_from_python_returns_the_tables(passages, tiny_gpt2_dir, onnx_w
     assert "|lambada_openai|" in table.render() and "--limit 5" in table.render()
 
 
+def test_seed_seeds_lm_eval_as_its_own_seed_flag(passages, tiny_gpt2_dir, onnx_work_dir):
+    """--seed was accepted and ignored: lm-eval drew its few-shot examples with its default seeds whatever it was."""
+    import nndf
+
+    [table] = nndf.run("evaluate", "GPT2", "frameworks", torch_dir=str(tiny_gpt2_dir), tasks="lambada_openai",
+                       dataset_file=[str(passages)], limit=2, num_fewshot=1, bootstrap_iters=0, seed=7,
+                       working_dir=str(onnx_work_dir))
+    config = table.lm_eval["config"]
+    assert [config[key] for key in ("random_seed", "numpy_seed", "torch_seed", "fewshot_seed")] == [7, 7, 7, 7]
+    assert table.context["seed"] == 7
+
+
+def test_a_seed_numpy_cannot_take_is_one_sentence_before_any_model_loads(tiny_gpt2_dir, capsys):
+    """It passed the CLI's own check (below 2**63) and stopped lm-eval with numpy's ValueError after the load."""
+    from nndf.cli import main
+
+    code = main(["evaluate", "GPT2", "frameworks", "--torch-dir", str(tiny_gpt2_dir), "--tasks", "lambada_openai",
+                 "--seed", str(2**32)])
+    err = capsys.readouterr().err
+    assert code == 2 and err == ("error: --seed seeds lm-eval's numpy generator too, which takes 0 to 2**32 - 1; got "
+                                 "4294967296\n")
+
+
 def test_include_path_runs_task_folders_with_rolling_and_generation_tasks(passages, tmp_path, onnx_work_dir, capsys):
     """lm-eval's --include-path: task YAMLs reading local files, here a rolling-perplexity task (as WikiText) and a
     generation task with stop sequences (as GSM8K), beside a --dataset-file task."""

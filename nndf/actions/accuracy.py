@@ -70,9 +70,9 @@ def run(args) -> list[Result]:
                                               random_weights=args.random_weights))
     if args.topN > vocab:
         raise UsageError(f"--topN {args.topN} is more than the {vocab} tokens of this model's vocabulary")
-    texts = load_lambada(args.dataset_file)
+    texts: list[str] = []
+    models = open_models(args, needs_text=True, before_load=lambda: texts.extend(load_lambada(args.dataset_file)))
     chosen = [text for _, text in sample_texts(texts, args.num_samples, seed=data_seed(args))]
-    models = open_models(args, needs_text=True)
     rows = []
     for model in models:
         say(f"scoring {len(chosen)} LAMBADA passages on {label(model)}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import secrets
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -170,13 +171,16 @@ def given_images(args, spec) -> list[Path] | None:
     return image_files(paths)
 
 
-def open_models(args, needs_text: bool = False, new_tokens_flag: str | None = None) -> list[Model]:
+def open_models(args, needs_text: bool = False, new_tokens_flag: str | None = None,
+                before_load: Callable[[], None] | None = None) -> list[Model]:
     """One Model per backend named on the command line, sharing one loaded PyTorch model.
 
     Names, flags, image files and the family are all checked before the (possibly slow) load; with `needs_text`
     (actions that tokenize or decode), the tokenizer is loaded right after the weights, so that a missing one is
     said before any export or engine build. `new_tokens_flag` names an action's own count of new tokens (triton's
-    --max-new-tokens), which must leave a position for a prompt, as --output-seq-len must.
+    --max-new-tokens), which must leave a position for a prompt, as --output-seq-len must. `before_load` reads an
+    action's data (accuracy's LAMBADA, evaluate's tasks) after every flag and this machine are checked, so that a
+    typo is told before a data set fails (offline, say), and a data set's failure before the load.
     """
     spec, variant = resolve(args.model, args.variant)
     given_images(args, spec)
@@ -206,6 +210,8 @@ def open_models(args, needs_text: bool = False, new_tokens_flag: str | None = No
     if getattr(args, "tgt_lang", None):
         spec.hooks.language_token_id(args.tgt_lang, None, config)  # a family or code without it, before the load
     check_machine(args, spec, variant, backends, settings, options, shapes)  # after every flag, before the load
+    if before_load is not None:
+        before_load()
     loaded = load_model(
         spec, variant, torch_dir=args.torch_dir, random_weights=args.random_weights,
         tokenizer_dir=args.tokenizer_dir, dtype=torch.float16 if settings.fp16 else torch.float32,

@@ -4,8 +4,9 @@ each metric's difference from the first backend (what int8 or int4 weights cost 
     python run.py evaluate GPT2 frameworks onnxrt onnxrt-int8 --tasks lambada_openai \\
         --dataset-file lambada_test.jsonl
 
-Each backend runs `lm_eval.simple_evaluate` once with `nndf.lm_eval.NndfLM` over it; the tasks, their data and
-lm-eval itself are checked before any model loads (nndf.lm_eval_tasks). lm-eval's progress and its bootstrap
+Each backend runs `lm_eval.simple_evaluate` once with `nndf.lm_eval.NndfLM` over it; lm-eval itself, the task
+names and every other flag are checked before the tasks' data is read, and that before any model loads
+(nndf.lm_eval_tasks, `open_models`' before_load). lm-eval's progress and its bootstrap
 messages go to stderr, so stdout holds the tables.
 """
 
@@ -101,7 +102,20 @@ def _bootstrap_in_process():
             os.environ["DISABLE_MULTIPROC"] = previous
 
 
+# simple_evaluate's seeds, which lm-eval's own `--seed N` sets all to N (its defaults: 0, 1234, 1234, 1234); numpy's
+# takes no more than 32 bits
+LM_EVAL_SEEDS = ("random_seed", "numpy_random_seed", "torch_random_seed", "fewshot_random_seed")
+
+
+def lm_eval_seeds(seed: int | None) -> dict:
+    """--seed as lm-eval's own `--seed N`: every seed of `simple_evaluate` (few-shot examples, the bootstrap) is N;
+    without it, lm-eval's defaults."""
+    return {} if seed is None else dict.fromkeys(LM_EVAL_SEEDS, seed)
+
+
 def _check_flags(args) -> None:
+    if args.seed is not None and not 0 <= args.seed < 2**32:
+        raise UsageError(f"--seed seeds lm-eval's numpy generator too, which takes 0 to 2**32 - 1; got {args.seed}")
     if args.limit is not None and args.limit <= 0:
         raise UsageError(f"--limit must be positive, got {args.limit}")
     if args.num_fewshot is not None and args.num_fewshot < 0:
@@ -116,15 +130,15 @@ def run(args) -> list[Result]:
     lm_eval = require_lm_eval()
     from nndf.actions.common import describe, label, open_models, say
     from nndf.lm_eval import NndfLM, check_text_family
-    from nndf.lm_eval_tasks import prepare_tasks
+    from nndf.lm_eval_tasks import check_tasks, load_task_data
     from nndf.registry import resolve
 
     _check_flags(args)
     check_text_family(resolve(args.model, args.variant)[0])
     runs = []
     with tempfile.TemporaryDirectory(prefix="nndf-tasks-") as folder:
-        tasks = prepare_tasks(args.tasks, args.task_files, args.include_path, folder, args.working_dir)
-        models = open_models(args, needs_text=True)
+        tasks = check_tasks(args.tasks, args.task_files, args.include_path, folder, args.working_dir)
+        models = open_models(args, needs_text=True, before_load=lambda: load_task_data(tasks))
         for number, model in enumerate(models, start=1):
             say(f"evaluating {', '.join(tasks.names)} on {label(model)} ({number} of {len(models)})")
             lm = NndfLM(model, batch_size=args.batch_size, max_gen_toks=args.max_gen_toks)
@@ -133,10 +147,10 @@ def run(args) -> list[Result]:
                 out = lm_eval.simple_evaluate(model=lm, tasks=tasks.specs, task_manager=tasks.manager,
                                               num_fewshot=args.num_fewshot, limit=args.limit,
                                               batch_size=args.batch_size, bootstrap_iters=args.bootstrap_iters,
-                                              log_samples=False)
+                                              log_samples=False, **lm_eval_seeds(args.seed))
             runs.append((model, out, time.perf_counter() - started))
     context = dict(describe(models[0]), tasks=tasks.names, limit=args.limit, num_fewshot=args.num_fewshot,
-                   dataset_files=args.task_files, include_path=args.include_path)
+                   seed=args.seed, dataset_files=args.task_files, include_path=args.include_path)
     results = [backend_table(model, out, seconds, context) for model, out, seconds in runs]
     if len(runs) > 1:
         results.append(difference_table([label(m) for m, _, _ in runs], [out for _, out, _ in runs], models[0],
