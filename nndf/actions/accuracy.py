@@ -65,11 +65,17 @@ def run(args) -> list[Result]:
     if args.num_samples is not None and args.num_samples < 0:
         raise UsageError(f"--num-samples must be 0 (all) or more, got {args.num_samples}")
     check_lambada_settings(args.tokens_to_generate, args.topN)
-    # the vocabulary from the config, read cheaply: a top-N covering it (100% says nothing) is refused before the load
-    vocab = spec.hooks.vocab_size(load_config(spec, variant, torch_dir=args.torch_dir,
-                                              random_weights=args.random_weights))
-    if args.topN > vocab:
-        raise UsageError(f"--topN {args.topN} is more than the {vocab} tokens of this model's vocabulary")
+    # the vocabulary and positions from the config, read cheaply: a top-N covering the vocabulary (always 100%) and
+    # target tokens that leave no position for a context (every passage skipped) are refused before the load
+    config = load_config(spec, variant, torch_dir=args.torch_dir, random_weights=args.random_weights)
+    vocab = spec.hooks.vocab_size(config)
+    if args.topN >= vocab:
+        raise UsageError(f"--topN {args.topN} covers all {vocab} tokens of this model's vocabulary (its top-N would "
+                         f"always be 100%); give less than {vocab}")
+    positions = spec.hooks.max_positions(config) if scores.lambada_tokens_to_generate else None
+    if positions is not None and args.tokens_to_generate >= positions:
+        raise UsageError(f"--tokens-to-generate {args.tokens_to_generate} leaves no position for a passage's context "
+                         f"in this model's {positions}; give less than {positions}")
     texts: list[str] = []
     models = open_models(args, needs_text=True, before_load=lambda: texts.extend(load_lambada(args.dataset_file)))
     chosen = [text for _, text in sample_texts(texts, args.num_samples, seed=data_seed(args))]
