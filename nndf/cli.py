@@ -96,7 +96,8 @@ def _model_arguments(p: argparse.ArgumentParser, batch_size: int = 1, batch_help
                    help="seed for random data (benchmark's prompts, the passages accuracy's --num-samples picks; "
                    "without it: 0) and, where tokens are sampled, for the draws: --seed S draws what "
                    "torch.manual_seed(S) before generate() draws (without it: a fresh seed, shown in the output so "
-                   "that a run can be repeated); the weights stay those of --weights-seed")
+                   "that a run can be repeated); evaluate: every seed of lm-eval, as its own --seed N; the weights "
+                   "stay those of --weights-seed")
     g.add_argument("--weights-seed", type=int, default=0,
                    help="seed of --random-weights (default 0, as nndf.load's): another seed is other weights, so a "
                    "new export")
