@@ -182,6 +182,7 @@ def test_missing_model_and_unfaithful_backend_are_errors_without_leftovers(minil
     code = convert_model(["-m", "nobody/no-such-model", "-o", str(tmp_path / "a")])  # offline: not on this machine
     assert code == 2 and "-m/--model nobody/no-such-model: cannot load it from the Hugging Face hub (" in \
         capsys.readouterr().err
+    assert not (tmp_path / "a").exists()  # no empty -o folder left by a model that did not load
     out, report = tmp_path / "b", tmp_path / "report.json"
     code = convert_model(["-m", str(minilm_dir), "--task", "embedding", "-q", "-o", str(out), "--atol", "1e-6",
                           "--json", str(report), *FAST])
@@ -242,6 +243,8 @@ def test_tensorrt_engine_through_the_fake_tensorrt(fake_gpu, minilm_dir, tmp_pat
     engine built by the engine cache into -o (reused on a second run), checked and timed like the others."""
     import dataclasses
 
+    from transformers import AutoTokenizer
+
     from nndf.convert.cli import run
     from nndf.convert.options import parse
 
@@ -258,6 +261,12 @@ def test_tensorrt_engine_through_the_fake_tensorrt(fake_gpu, minilm_dir, tmp_pat
     assert request.onnx_path == tmp_path / "out" / "model-original.onnx" and request.fp16
     assert request.workspace_mib == 10000 and not request.int8  # -w reaches the build (its default)
     assert "[TensorRT (FP16)] mean=" in capsys.readouterr().out
+    # the TensorRT model's tokenize model cuts texts at the profile's -s MAX (24), which the plan takes; a longer
+    # text was the server's shape error. The ONNX graph's takes the tokenizer's whole length.
+    served = {engine: AutoTokenizer.from_pretrained(str(tmp_path / "out" / f"transformer_{engine}_tokenize" / "1" /
+                                                        "tokenizer")) for engine in ("onnx", "tensorrt")}
+    text = " ".join(["river"] * 100)
+    assert [served[e]([text], truncation=True)["input_ids"][0].__len__() for e in ("onnx", "tensorrt")] == [102, 24]
     run(opts)
     assert len(fake_gpu) == 1  # the engine was reused
 

@@ -164,9 +164,9 @@ def run(opts: ConvertOptions) -> dict:
     _check_triton(opts)
     torch.manual_seed(opts.seed)
     torch.set_num_threads(opts.nb_threads)
-    out = Path(opts.output)
-    out.mkdir(parents=True, exist_ok=True)
     tokenizer, module, config = _load(opts)
+    out = Path(opts.output)
+    out.mkdir(parents=True, exist_ok=True)  # after the load: a model that does not load leaves no folder behind
     vocab = int(config.vocab_size)
     shapes = list(zip(opts.batch_size, opts.seq_len))
     checks = [eng.random_feeds(module.input_names, b, s, vocab, opts.seed + i, opts.device)
@@ -227,15 +227,20 @@ def _triton(opts: ConvertOptions, module: TaskModule, paths: dict[str, Path], to
     served = []
     dims = {name: [-1 if module.task.per_token and axis == 0 else size for axis, size in enumerate(shape[1:])]
             for name, shape in zip(module.task.outputs, output_shapes)}
-    with tempfile.TemporaryDirectory() as tokenizer_dir:
-        if module.task.auto_class is None and module.model.max_seq_length:
-            # sentence-transformers truncates at its own max_seq_length (256 for all-MiniLM-L6-v2), not at the
-            # tokenizer's (512): the tokenize model must cut texts where it does, or long texts embed otherwise
-            tokenizer.model_max_length = module.model.max_seq_length
-        tokenizer.save_pretrained(tokenizer_dir)
+    # sentence-transformers truncates at its own max_seq_length (256 for all-MiniLM-L6-v2), not at the tokenizer's
+    # (512): the tokenize model must cut texts where it does, or long texts embed otherwise
+    longest = module.model.max_seq_length if module.task.auto_class is None and module.model.max_seq_length \
+        else tokenizer.model_max_length
+    # a TensorRT plan takes no more tokens than its profile's maximum (-s MAX): longer texts are cut there, not
+    # refused by the server with a shape error
+    limits = {"onnx": longest, "tensorrt": min(longest, opts.seq_len[2])}
+    with tempfile.TemporaryDirectory() as scratch:
         for engine, model_file in (("onnx", paths.get("int8", paths.get("optimized"))),
                                    ("tensorrt", paths.get("plan"))):
             if engine in opts.backends and model_file is not None:
+                tokenizer_dir = Path(scratch) / engine
+                tokenizer.model_max_length = limits[engine]
+                tokenizer.save_pretrained(tokenizer_dir)
                 served += write_encoder_repository(out, opts.name, model_file, engine, tokenizer_dir,
                                                    module.graph_inputs, dims, opts.batch_size[2], opts.nb_instances,
                                                    opts.device)
