@@ -89,3 +89,20 @@ def test_the_target_language_is_served(tiny_gpt2_dir, onnx_work_dir, tmp_path):
     ours = model.generate(ids, mask, max_new_tokens=3)
     assert int(model.new_tokens(ours, ids)[0, 0]) == 42
     assert served.generate(ids, mask, max_new_tokens=3).tolist() == ours.tolist()
+
+
+def test_a_write_without_streaming_removes_the_earlier_streaming_twin(tiny_gpt2_dir, onnx_work_dir, tmp_path, capsys):
+    """`<name>_stream` from an earlier --streaming write went on serving the old graph and settings beside the new
+    model; written again without --streaming it is removed, said."""
+    from nndf.triton.generative import write_generative_repository
+
+    model = nndf.load("GPT2", torch_dir=str(tiny_gpt2_dir), backend="onnxrt", working_dir=str(onnx_work_dir),
+                      device="cpu")
+    models = tmp_path / "models"
+    assert [p.name for p in write_generative_repository(models, "gpt2", model, 2, streaming=True)] == \
+        ["gpt2", "gpt2_stream"]
+    capsys.readouterr()
+    write_generative_repository(models, "gpt2", model, 2)
+    assert sorted(p.name for p in models.iterdir()) == ["gpt2"]
+    assert f"removed {models / 'gpt2_stream'}: the streaming model of an earlier --streaming write" in \
+        capsys.readouterr().err
