@@ -30,3 +30,14 @@ def test_a_sample_too_long_is_refused_before_the_machine_and_the_load(action, ba
     code, out, err = run_cli(capsys, action, "GPT2", *backends, "--torch-dir", short_gpt2, "--working-dir", work)
     assert (code, out) == (2, "") and err.strip() == SHORT_SAMPLE
     assert not work.exists(), "nothing exported"
+
+
+@pytest.mark.parametrize("action, flag", [("run", ["--percentile", "101"]), ("compare", ["--iterations", "0"])])
+def test_timing_flags_are_refused_before_the_load(action, flag, tiny_gpt2_dir, tmp_path, capsys):
+    """A timing flag out of range is refused (exit 2) before the weights load and the onnxrt graph is exported."""
+    work = tmp_path / "work"
+    code, out, err = run_cli(capsys, action, "GPT2", "onnxrt", "--torch-dir", tiny_gpt2_dir, "--working-dir", work,
+                             *flag)
+    assert (code, out) == (2, "") and "loading" not in err and not work.exists()
+    assert err.strip() == {"run": "error: --percentile must be a number from 0 to 100, got 101.0",
+                           "compare": "error: --iterations must be a whole number of at least 1, got 0"}[action]

@@ -45,7 +45,8 @@ def add_arguments(parser) -> None:
 
 def checkpoint_samples(args) -> list[Sample]:
     """The samples to run, checked before any model loads: the given images, or the checkpoint's inputs (whose
-    images must exist, and whose prompts and new tokens must fit the model's positions)."""
+    images must exist, and whose prompts and new tokens must fit the model's positions); the timing flags too."""
+    timing_settings(args)  # --iterations 0, --percentile 101: refused here, not after the load and an export
     spec, variant = resolve(args.model, args.variant)
     given = given_images(args, spec)
     if given is not None:
