@@ -220,3 +220,12 @@ def test_a_chat_without_prompts_says_so_and_timed_replies_say_what_first_text_co
     assert refused.rows == [] and refused.notes == ["no replies: 1 prompt was refused (the errors above)"]
     [one] = nndf.run("chat", "GPT2", "frameworks", torch_dir=str(tiny_gpt2_dir), output_seq_len=2, input=["Hi"])
     assert len(one.rows) == 1 and one.notes[0].startswith("first text shown: from reading the line")
+
+
+def test_lines_with_windows_line_ends_are_the_lines_typed(tiny_gpt2_dir, prompts):
+    """A file written on Windows piped in: each prompt is its line without the carriage return, which would
+    otherwise be the prompt's last token and change the reply."""
+    tokenizer = nndf.load("GPT2", torch_dir=str(tiny_gpt2_dir), device="cpu").tokenizer
+    rows = _chat(tiny_gpt2_dir, ["The capital of France is\r"], history=False)
+    assert prompts == [tokenizer("The capital of France is")["input_ids"]]
+    assert rows[0]["prompt"] == "The capital of France is"

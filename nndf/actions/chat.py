@@ -84,7 +84,7 @@ def _prompts(stream, keep_empty: bool = False):
             continue
         if not line:
             return
-        prompt = line.rstrip("\n")
+        prompt = line.removesuffix("\n").removesuffix("\r")  # a file with Windows line ends, piped in
         try:
             prompt.encode("utf-8")
         except UnicodeEncodeError:  # bytes that are not UTF-8, kept as surrogates by the stream's decoder
