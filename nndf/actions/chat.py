@@ -217,7 +217,8 @@ class _Chat:
                                  on_token=on_token, streamer=streamer if args.num_beams == 1 else None,
                                  stop_strings=self.stops or None, **dict(self.decoding, seed=self.generators[index]))
             tokens = model.new_tokens(out, inputs.get("input_ids"))[0].tolist()
-        except Stopped:  # what was streamed so far is the reply
+        except Stopped:  # what was streamed so far is the reply: shown whole, as its end shows a finished one's
+            streamer.end()
             stopped, tokens = True, streamer.tokens
         return _Reply(tokens, stopped, time.perf_counter() - started, timer.time_to_first_token,
                       streamer.first_text_at)
