@@ -269,3 +269,16 @@ def test_a_reply_stopped_by_ctrl_c_shows_all_it_keeps(text_models, tmp_path, mon
     assert row["stopped"] and row["new_tokens"] == 5 and row["reply"].strip()
     shown = capsys.readouterr().out.split("[frameworks] ", 1)[1].split("\n", 1)[0]
     assert shown == row["reply"].strip()
+
+
+def test_a_line_too_long_for_the_model_costs_no_turns(tiny_gpt2_dir, prompts, capsys):
+    """A line that cannot fit the model's positions even alone is refused; the conversation before it is kept (not
+    dropped turn by turn while looking for room), and nothing is said of dropping turns."""
+    tokenizer = nndf.load("GPT2", torch_dir=str(tiny_gpt2_dir), device="cpu").tokenizer
+    rows = _chat(tiny_gpt2_dir, ["The capital of France is", " ".join(["word"] * 200), "And of Germany"],
+                 output_seq_len=4)
+    out = capsys.readouterr().out
+    assert "error: a prompt of 200 tokens plus 4 new tokens is 204, more than the 128 positions" in out
+    assert "no longer fits" not in out and len(rows) == 2
+    assert prompts[-1] == tokenizer("The capital of France is" + rows[0]["reply"] + TURN_SEPARATOR +
+                                    "And of Germany")["input_ids"]

@@ -148,19 +148,22 @@ class _Chat:
             prompt, image = _image_line(line, given) if model.architecture.takes_images else (line, None)
             shown = f"{image.name} {prompt}".strip() if image is not None else prompt
             return generation_inputs(model, prompt, image, use_mask=True), shown
+        dropped = 0  # the oldest turns left out; forgotten only once the rest fits (a refused line keeps them)
         while True:
-            ids = conversation.prompt_ids(line)
+            ids = conversation.prompt_ids(line, dropped)
             try:
                 model.architecture.check_length(len(ids), self.args.output_seq_len, model.shapes)
                 break
             except UsageError:
-                if not conversation.forget_oldest():
+                if dropped == len(conversation.turns):
                     raise
-                if not self.told_truncation:
-                    print(f"note: the conversation no longer fits the model's {model.max_positions} positions with "
-                          f"{self.args.output_seq_len} new tokens; its oldest turns are dropped from now on",
-                          flush=True)
-                    self.told_truncation = True
+                dropped += 1
+        if dropped:
+            conversation.forget_oldest(dropped)
+            if not self.told_truncation:
+                print(f"note: the conversation no longer fits the model's {model.max_positions} positions with "
+                      f"{self.args.output_seq_len} new tokens; its oldest turns are dropped from now on", flush=True)
+                self.told_truncation = True
         ids = torch.tensor([ids])
         model.architecture.check_token_ids(ids, model.shapes)  # before the reply's label is printed
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, line
