@@ -8,7 +8,9 @@ text end and another begin), the system text as the first paragraph. A decoder-o
 user's line, so a turn is the line and the reply as one text; an encoder-decoder model's reply answers it, so the
 reply is a paragraph of its own.
 
-When the prompt grows past what the model can take, the chat drops the oldest turns (`forget_oldest`).
+When the prompt grows past what the model can take, the chat drops the oldest turns (`forget_oldest`), once it
+has found (`prompt_ids(..., dropped=N)`) that the rest fits: a line too long to fit even alone is refused without
+costing the conversation.
 """
 
 from __future__ import annotations
@@ -30,18 +32,20 @@ class Conversation:
         """Whether the tokenizer has a chat template (else the turns are plain text)."""
         return bool(getattr(self.tokenizer, "chat_template", None))
 
-    def prompt_ids(self, user: str) -> list[int]:
-        """The token ids of the whole conversation with `user`'s new line, ready for the reply."""
+    def prompt_ids(self, user: str, dropped: int = 0) -> list[int]:
+        """The token ids of the conversation with `user`'s new line, ready for the reply; its `dropped` oldest turns
+        left out (to see whether the rest fits before forgetting them)."""
+        turns = self.turns[dropped:]
         if self.templated:
             messages = [{"role": "system", "content": self.system}] if self.system else []
-            for asked, answered in self.turns:
+            for asked, answered in turns:
                 messages += [{"role": "user", "content": asked}, {"role": "assistant", "content": answered.strip()}]
             messages.append({"role": "user", "content": user})
             encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                                          return_dict=True)
             return list(encoded["input_ids"])
         paragraphs = [self.system] if self.system else []
-        for asked, answered in self.turns:
+        for asked, answered in turns:
             paragraphs += [asked + answered] if self.continues else [asked, answered.strip()]
         return list(self.tokenizer(TURN_SEPARATOR.join([*paragraphs, user]))["input_ids"])
 
@@ -50,12 +54,9 @@ class Conversation:
         leading space)."""
         self.turns.append((user, reply))
 
-    def forget_oldest(self) -> bool:
-        """Drop the oldest turn; False when there was none left to drop."""
-        if not self.turns:
-            return False
-        self.turns.pop(0)
-        return True
+    def forget_oldest(self, count: int = 1) -> None:
+        """Drop the `count` oldest turns."""
+        del self.turns[:count]
 
     def reset(self) -> None:
         self.turns.clear()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import select
@@ -20,6 +21,7 @@ from nndf.actions.chat import one_line
 from nndf.conversation import TURN_SEPARATOR
 from nndf.errors import UsageError
 from nndf.model import Model
+from nndf.streaming import cleans_up_spaces
 
 pytestmark = needs_shared(TOKENIZER_DIR)
 
@@ -220,3 +222,63 @@ def test_a_chat_without_prompts_says_so_and_timed_replies_say_what_first_text_co
     assert refused.rows == [] and refused.notes == ["no replies: 1 prompt was refused (the errors above)"]
     [one] = nndf.run("chat", "GPT2", "frameworks", torch_dir=str(tiny_gpt2_dir), output_seq_len=2, input=["Hi"])
     assert len(one.rows) == 1 and one.notes[0].startswith("first text shown: from reading the line")
+
+
+def test_lines_with_windows_line_ends_are_the_lines_typed(tiny_gpt2_dir, prompts):
+    """A file written on Windows piped in: each prompt is its line without the carriage return, which would
+    otherwise be the prompt's last token and change the reply."""
+    tokenizer = nndf.load("GPT2", torch_dir=str(tiny_gpt2_dir), device="cpu").tokenizer
+    rows = _chat(tiny_gpt2_dir, ["The capital of France is\r"], history=False)
+    assert prompts == [tokenizer("The capital of France is")["input_ids"]]
+    assert rows[0]["prompt"] == "The capital of France is"
+
+
+class _CtrlCAfter:
+    """Stands in for StopOnInterrupt: Ctrl-C pressed as the sixth token of a reply is generated."""
+
+    def __enter__(self):
+        self.tokens = 0
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    def check(self):
+        from nndf.interrupt import Stopped
+
+        self.tokens += 1
+        if self.tokens == 6:
+            raise Stopped()
+
+
+def test_a_reply_stopped_by_ctrl_c_shows_all_it_keeps(text_models, tmp_path, monkeypatch, capsys):
+    """A tokenizer that cleans up spaces holds back the last characters of a streamed reply until the reply ends;
+    a reply stopped by Ctrl-C ends too: what the terminal shows of it is the text the conversation keeps."""
+    import nndf.actions.chat as chat
+
+    folder = tmp_path / "t5"
+    shutil.copytree(text_models["T5"], folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())  # (save_pretrained() drops the flag)
+    config["clean_up_tokenization_spaces"] = True  # as the hub's t5-small tokenizer config has it
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    assert cleans_up_spaces(nndf.load("T5", torch_dir=str(folder), device="cpu").tokenizer)
+    monkeypatch.setattr(chat, "StopOnInterrupt", _CtrlCAfter)
+    [result] = nndf.run("chat", "T5", "frameworks", torch_dir=str(folder), output_seq_len=12, do_sample=True,
+                        top_k=0, seed=1, input="translate English to German: That is good.\n")  # greedy: pad only
+    [row] = result.rows
+    assert row["stopped"] and row["new_tokens"] == 5 and row["reply"].strip()
+    shown = capsys.readouterr().out.split("[frameworks] ", 1)[1].split("\n", 1)[0]
+    assert shown == row["reply"].strip()
+
+
+def test_a_line_too_long_for_the_model_costs_no_turns(tiny_gpt2_dir, prompts, capsys):
+    """A line that cannot fit the model's positions even alone is refused; the conversation before it is kept (not
+    dropped turn by turn while looking for room), and nothing is said of dropping turns."""
+    tokenizer = nndf.load("GPT2", torch_dir=str(tiny_gpt2_dir), device="cpu").tokenizer
+    rows = _chat(tiny_gpt2_dir, ["The capital of France is", " ".join(["word"] * 200), "And of Germany"],
+                 output_seq_len=4)
+    out = capsys.readouterr().out
+    assert "error: a prompt of 200 tokens plus 4 new tokens is 204, more than the 128 positions" in out
+    assert "no longer fits" not in out and len(rows) == 2
+    assert prompts[-1] == tokenizer("The capital of France is" + rows[0]["reply"] + TURN_SEPARATOR +
+                                    "And of Germany")["input_ids"]

@@ -103,3 +103,14 @@ def test_sigterm_during_an_export_leaves_no_temporary_folder(tiny_gpt2_dir, tmp_
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM and err.strip().endswith("terminated")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_export_refuses_the_data_seed_it_would_ignore(capsys, monkeypatch, tiny_gpt2_dir):
+    """--seed seeds data and draws, of which export has none: a user who meant the random weights' seed is told
+    which flag that is, instead of getting the weights of seed 0."""
+    import nndf.actions.export as export_action
+
+    monkeypatch.setattr(export_action, "open_models", lambda args: pytest.fail("the model was loaded"))
+    code, _, err = run_cli(capsys, "export", "GPT2", "onnxrt", "--random-weights", "--seed", "3")
+    assert code == 2 and err.strip() == ("error: --seed does not apply to export: it draws nothing at random "
+                                         "(--weights-seed seeds --random-weights)")

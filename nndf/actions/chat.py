@@ -84,7 +84,7 @@ def _prompts(stream, keep_empty: bool = False):
             continue
         if not line:
             return
-        prompt = line.rstrip("\n")
+        prompt = line.removesuffix("\n").removesuffix("\r")  # a file with Windows line ends, piped in
         try:
             prompt.encode("utf-8")
         except UnicodeEncodeError:  # bytes that are not UTF-8, kept as surrogates by the stream's decoder
@@ -148,19 +148,22 @@ class _Chat:
             prompt, image = _image_line(line, given) if model.architecture.takes_images else (line, None)
             shown = f"{image.name} {prompt}".strip() if image is not None else prompt
             return generation_inputs(model, prompt, image, use_mask=True), shown
+        dropped = 0  # the oldest turns left out; forgotten only once the rest fits (a refused line keeps them)
         while True:
-            ids = conversation.prompt_ids(line)
+            ids = conversation.prompt_ids(line, dropped)
             try:
                 model.architecture.check_length(len(ids), self.args.output_seq_len, model.shapes)
                 break
             except UsageError:
-                if not conversation.forget_oldest():
+                if dropped == len(conversation.turns):
                     raise
-                if not self.told_truncation:
-                    print(f"note: the conversation no longer fits the model's {model.max_positions} positions with "
-                          f"{self.args.output_seq_len} new tokens; its oldest turns are dropped from now on",
-                          flush=True)
-                    self.told_truncation = True
+                dropped += 1
+        if dropped:
+            conversation.forget_oldest(dropped)
+            if not self.told_truncation:
+                print(f"note: the conversation no longer fits the model's {model.max_positions} positions with "
+                      f"{self.args.output_seq_len} new tokens; its oldest turns are dropped from now on", flush=True)
+                self.told_truncation = True
         ids = torch.tensor([ids])
         model.architecture.check_token_ids(ids, model.shapes)  # before the reply's label is printed
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, line
@@ -217,7 +220,8 @@ class _Chat:
                                  on_token=on_token, streamer=streamer if args.num_beams == 1 else None,
                                  stop_strings=self.stops or None, **dict(self.decoding, seed=self.generators[index]))
             tokens = model.new_tokens(out, inputs.get("input_ids"))[0].tolist()
-        except Stopped:  # what was streamed so far is the reply
+        except Stopped:  # what was streamed so far is the reply: shown whole, as its end shows a finished one's
+            streamer.end()
             stopped, tokens = True, streamer.tokens
         return _Reply(tokens, stopped, time.perf_counter() - started, timer.time_to_first_token,
                       streamer.first_text_at)

@@ -26,6 +26,7 @@ BACKENDS_HELP = ("the backends whose graphs and engines to build: onnxrt, onnxrt
 UNUSED_FLAGS = {  # nndf.cli.check_unused_flags
     "use_mask": "the graphs take an attention mask whether or not a run feeds one; give it to the run",
     "tgt_lang": "the target language is a forced first token of a generation, not part of any graph or engine",
+    "seed": "it draws nothing at random (--weights-seed seeds --random-weights)",
 }
 STATUS_NOTE = ("status: built (by this command, or by another process it waited for), reused (found built with "
                "these settings and its files at their recorded sizes; their bytes are not read) or given (a file "

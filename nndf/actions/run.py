@@ -15,13 +15,15 @@ import textwrap
 from pathlib import Path
 
 from nndf.actions.common import (
-    add_image_argument, decoding_flags, decoding_note, describe, generation_inputs, given_images, open_models, say,
-    timing_settings, weights_and_cache,
+    add_image_argument, build_settings, decoding_flags, decoding_note, describe, encode_prompts, generation_inputs,
+    given_images, open_models, say, timing_settings, weights_and_cache,
 )
 from nndf.actions.runners import runners_for, time_generation
 from nndf.checkpoint import DEFAULT_NEW_TOKENS, Sample, read_samples
-from nndf.errors import UsageError
+from nndf.architectures import architecture
+from nndf.errors import HarnessError, UsageError
 from nndf.images import image_files
+from nndf.loading import load_model
 from nndf.registry import resolve
 from nndf.results import Column, Result
 
@@ -43,7 +45,8 @@ def add_arguments(parser) -> None:
 
 def checkpoint_samples(args) -> list[Sample]:
     """The samples to run, checked before any model loads: the given images, or the checkpoint's inputs (whose
-    images must exist)."""
+    images must exist, and whose prompts and new tokens must fit the model's positions); the timing flags too."""
+    timing_settings(args)  # --iterations 0, --percentile 101: refused here, not after the load and an export
     spec, variant = resolve(args.model, args.variant)
     given = given_images(args, spec)
     if given is not None:
@@ -55,6 +58,7 @@ def checkpoint_samples(args) -> list[Sample]:
                              "is not beside this checkout?); give images with --image PATH...")
         if sample.image is not None:
             image_files([sample.image], flag="checkpoint image")
+    check_sample_lengths(args, samples)
     return samples
 
 
@@ -62,6 +66,52 @@ def _describe_sample(sample: Sample) -> str:
     if sample.image is None:
         return sample.prompt
     return f"{sample.image.name}" + (f" + '{sample.prompt}'" if sample.prompt else "")
+
+
+def _shown(sample: Sample) -> str:
+    return textwrap.shorten(_describe_sample(sample), 48, placeholder=" ...")  # whole words
+
+
+def _label_and_new_tokens(args, arch, tokenizer, sample: Sample, ids) -> tuple[list[int] | None, int]:
+    """A sample's label tokens (cut to --output-seq-len: scored over the tokens asked for) and how many new tokens
+    it is generated for."""
+    label = arch.label_ids(tokenizer, ids, sample.label) if sample.label else None
+    if label and args.output_seq_len is not None:
+        label = label[:args.output_seq_len]
+    return label, len(label) if label else args.output_seq_len or DEFAULT_NEW_TOKENS
+
+
+def _sample_error(args, spec, sample: Sample, exc: UsageError) -> UsageError:
+    """A refusal of one sample's inputs (a model with fewer positions than the family's samples), naming it."""
+    source = "given image" if getattr(args, "image", None) else \
+        f"sample of {'/'.join(Path(spec.checkpoint_file).parts[-3:])}"
+    return UsageError(f"the {source} '{_shown(sample)}': {exc} (--output-seq-len sets the new tokens)")
+
+
+def check_sample_lengths(args, samples: list[Sample]) -> None:
+    """Each text sample's prompt and new tokens against the model's positions, from its config and tokenizer alone,
+    before `open_models`: so that this usage error (exit 2) comes before what this machine lacks (trt without a GPU,
+    exit 1) and before the weights load or an export runs, as every other flag's does (nndf.actions.plans). A
+    tokenizer loads in a fraction of a second; where none can be had (offline, no --tokenizer-dir), `open_models`
+    says so in its own order. Images (BLIP) are checked as each runs: their text prefix needs the processor."""
+    spec, variant = resolve(args.model, args.variant)
+    arch = architecture(spec)
+    if arch.takes_images:
+        return
+    try:
+        loaded = load_model(spec, variant, torch_dir=args.torch_dir, random_weights=args.random_weights,
+                            tokenizer_dir=args.tokenizer_dir, seed=args.weights_seed)
+        tokenizer = loaded.tokenizer
+    except HarnessError:  # said by open_models, after the flags and the machine
+        return
+    shapes = arch.derive_shapes(build_settings(args), spec, loaded.config)
+    for sample in samples:
+        ids, _ = encode_prompts(tokenizer, [sample.prompt], args.use_mask, arch.pad_side)
+        _, new_tokens = _label_and_new_tokens(args, arch, tokenizer, sample, ids)
+        try:
+            arch.check_length(ids.shape[1], new_tokens, shapes)
+        except UsageError as exc:
+            raise _sample_error(args, spec, sample, exc) from None
 
 
 def checkpoint_rows(args, models, samples: list[Sample]) -> tuple[list[dict], list[dict]]:
@@ -79,19 +129,13 @@ def checkpoint_rows(args, models, samples: list[Sample]) -> tuple[list[dict], li
         for sample in samples:
             inputs = generation_inputs(first, sample.prompt, sample.image, args.use_mask)
             ids = inputs.get("input_ids")
-            label = first.label_ids(ids, sample.label) if sample.label else None
-            if label and args.output_seq_len is not None:
-                label = label[:args.output_seq_len]  # scored over the tokens asked for
-            new_tokens = len(label) if label else args.output_seq_len or DEFAULT_NEW_TOKENS
-            shown = textwrap.shorten(_describe_sample(sample), 48, placeholder=" ...")  # whole words
-            say(f"{runner.label}: '{shown}' + up to {new_tokens} tokens")
+            label, new_tokens = _label_and_new_tokens(args, first.architecture, tokenizer, sample, ids)
+            say(f"{runner.label}: '{_shown(sample)}' + up to {new_tokens} tokens")
             try:
                 t = time_generation(runner, inputs, new_tokens, None, args.num_beams, timing, progress=False,
                                     decoding=decoding)
             except UsageError as exc:  # a model with fewer positions than the family's samples: say which sample
-                source = "given image" if getattr(args, "image", None) else \
-                    f"sample of {'/'.join(Path(first.spec.checkpoint_file).parts[-3:])}"
-                raise UsageError(f"the {source} '{shown}': {exc} (--output-seq-len sets the new tokens)") from None
+                raise _sample_error(args, first.spec, sample, exc) from None
             new = first.new_tokens(t.output, ids)[0].tolist()
             if label:
                 matched += sum(a == b for a, b in zip(new, label))

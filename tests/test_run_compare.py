@@ -1,0 +1,43 @@
+"""`run` and `compare` as a user meets them: the order of their refusals, and what their tables say."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import TINY_GPT2, TOKENIZER_DIR, build_tiny, needs_shared
+from test_cli import run_cli
+
+SHORT_SAMPLE = ("error: the sample of models/gpt2/checkpoint.toml 'TensorRT is a Deep Learning compiler used ...': a "
+                "prompt of 13 tokens plus 51 new tokens is 64, more than the 16 positions of this model "
+                "(--output-seq-len sets the new tokens)")
+
+
+@pytest.fixture(scope="module")
+def short_gpt2(tmp_path_factory):
+    """A tiny GPT-2 of 16 positions: fewer than the family's first sample and its label need."""
+    return build_tiny(tmp_path_factory.mktemp("short"), "short", {**TINY_GPT2, "n_positions": 16})
+
+
+@needs_shared(TOKENIZER_DIR)
+@pytest.mark.parametrize("action, backends", [("run", ["trt"]), ("compare", ["onnxrt", "trt"])])
+def test_a_sample_too_long_is_refused_before_the_machine_and_the_load(action, backends, short_gpt2, tmp_path,
+                                                                      capsys, monkeypatch):
+    """A sample too long for the model is the user's to fix (--output-seq-len, another model): it is said (exit 2)
+    before trt's refusal of a machine without a GPU (exit 1), and before any weights load or graph is exported."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # also where a GPU is present
+    work = tmp_path / "work"
+    code, out, err = run_cli(capsys, action, "GPT2", *backends, "--torch-dir", short_gpt2, "--working-dir", work)
+    assert (code, out) == (2, "") and err.strip() == SHORT_SAMPLE
+    assert not work.exists(), "nothing exported"
+
+
+@pytest.mark.parametrize("action, flag", [("run", ["--percentile", "101"]), ("compare", ["--iterations", "0"])])
+def test_timing_flags_are_refused_before_the_load(action, flag, tiny_gpt2_dir, tmp_path, capsys):
+    """A timing flag out of range is refused (exit 2) before the weights load and the onnxrt graph is exported."""
+    work = tmp_path / "work"
+    code, out, err = run_cli(capsys, action, "GPT2", "onnxrt", "--torch-dir", tiny_gpt2_dir, "--working-dir", work,
+                             *flag)
+    assert (code, out) == (2, "") and "loading" not in err and not work.exists()
+    assert err.strip() == {"run": "error: --percentile must be a number from 0 to 100, got 101.0",
+                           "compare": "error: --iterations must be a whole number of at least 1, got 0"}[action]
