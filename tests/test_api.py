@@ -182,7 +182,7 @@ def test_right_padded_rows_get_generates_tokens(tiny_gpt2_dir, onnx_work_dir):
                     (backend, use_cache, beams)
 
 
-def test_export_to_a_folder_runs_without_the_weights(tiny_gpt2_dir, onnx_work_dir, tmp_path):
+def test_export_to_a_folder_runs_without_the_weights(tiny_gpt2_dir, onnx_work_dir, tmp_path, capsys):
     """`export ... -o DIR` (Optimum's save_pretrained): nndf.load_exported(DIR) gives generate()'s tokens from the
     folder alone (graph, config, tokenizer; no weight file in it), and writes nothing into it."""
     import torch
@@ -202,6 +202,12 @@ def test_export_to_a_folder_runs_without_the_weights(tiny_gpt2_dir, onnx_work_di
     assert sorted(str(p.relative_to(folder)) for p in folder.rglob("*")) == files
     with pytest.raises(UsageError, match="is an exported folder: it holds the graphs, not the PyTorch weights"):
         m.hf_generate(ids, max_new_tokens=2)  # not hf/'s missing weight file
+    capsys.readouterr()
+    nndf.run("export", "GPT2", "onnxrt", torch_dir=str(tiny_gpt2_dir), working_dir=str(onnx_work_dir),
+             output=str(tmp_path / "again"))  # the export reused: no weights read for the folder's files either
+    assert "weights" not in capsys.readouterr().err
+    assert (tmp_path / "again" / "hf" / "generation_config.json").read_text() == \
+        (folder / "hf" / "generation_config.json").read_text()
     with pytest.raises(UsageError, match="-o writes one onnxrt model"):
         nndf.run("export", "GPT2", "onnxrt", "trt", torch_dir=str(tiny_gpt2_dir), output=str(tmp_path / "x"))
     with pytest.raises(UsageError, match="is a folder of other files, which writing the export there would replace"):

@@ -39,9 +39,8 @@ def standalone_files(model, scratch: Path) -> tuple[dict[str, Path], dict]:
         graphs[SEQ2SEQ_OVERRIDES[role]] = f"{role}/{graph.name}"
     hf = Path(scratch) / "hf"
     model.loaded.config.save_pretrained(hf)
-    generation = getattr(model.loaded.model, "generation_config", None)
-    if generation is not None:
-        generation.save_pretrained(hf)
+    # the loaded model's generation config, read without its weights (a reused export loads none)
+    model.loaded.generation_config.save_pretrained(hf)
     # an image-to-text model's processor holds its image settings too (and saves its tokenizer with them)
     (model.processor if model.architecture.takes_images else model.tokenizer).save_pretrained(hf)
     files.update({f"hf/{f.name}": f for f in hf.iterdir()})
