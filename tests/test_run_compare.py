@@ -41,3 +41,20 @@ def test_timing_flags_are_refused_before_the_load(action, flag, tiny_gpt2_dir, t
     assert (code, out) == (2, "") and "loading" not in err and not work.exists()
     assert err.strip() == {"run": "error: --percentile must be a number from 0 to 100, got 101.0",
                            "compare": "error: --iterations must be a whole number of at least 1, got 0"}[action]
+
+
+@pytest.mark.parametrize("action, flags, message", [
+    ("run", ["--top-k", "5"], "error: --top-k shapes sampled draws, and this run does not sample (the model's "
+                              "generation config does not sample): add --do-sample, or leave it out"),
+    ("benchmark", ["--temperature", "0.7"], "error: --temperature shapes sampled draws, and this run does not sample"),
+    ("chat", ["--top-p", "0.9", "--min-p", "0.1"], "error: --top-p and --min-p shape sampled draws"),
+])
+def test_draw_flags_that_cannot_apply_are_refused_before_the_export(action, flags, message, tiny_gpt2_dir, tmp_path,
+                                                                     capsys, monkeypatch):
+    """Refused (exit 2) from the model's generation config alone: it came after the weights loaded and the onnxrt
+    graph was exported, and on trt after the no-GPU refusal."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    work = tmp_path / "work"
+    code, out, err = run_cli(capsys, action, "GPT2", "onnxrt", "trt", "--torch-dir", tiny_gpt2_dir,
+                             "--working-dir", work, *flags)
+    assert (code, out) == (2, "") and err.startswith(message) and "loading" not in err and not work.exists()

@@ -90,6 +90,17 @@ def check_draw_flags_apply(decoding: dict, samples: bool | None) -> None:
                          f"sample ({why}): add --do-sample, or leave {'it' if len(given) == 1 else 'them'} out")
 
 
+def check_draws(args, generation_config) -> None:
+    """`decoding_note`'s refusals, from the model's generation config alone (no weights, no Model): flags that
+    shape draws where nothing is sampled, and sampling with beams, said before an export or an engine build."""
+    given = {key: getattr(args, key, None) for key in SAMPLING_KEYWORDS}
+    sampling = Sampling.resolve(generation_config, **given)
+    check_draw_flags_apply(dict(given, sampling_stream=getattr(args, "sampling_stream", None)), sampling.do_sample)
+    beams = args.num_beams if getattr(args, "num_beams", None) is not None else generation_config.num_beams or 1
+    if beams > 1 and sampling.samples:
+        raise UsageError(BEAMS_WITH_SAMPLING)
+
+
 def check_decoding_flags(args) -> None:
     """The sampling flags' values, checked before any model loads (one sentence naming the flag)."""
     given = {key: getattr(args, key, None) for key in SAMPLING_KEYWORDS}
@@ -209,14 +220,16 @@ def open_models(args, needs_text: bool = False, new_tokens_flag: str | None = No
                          f"{shapes.max_positions} positions")
     if getattr(args, "tgt_lang", None):
         spec.hooks.language_token_id(args.tgt_lang, None, config)  # a family or code without it, before the load
-    check_machine(args, spec, variant, backends, settings, options, shapes)  # after every flag, before the load
-    if before_load is not None:
-        before_load()
-    loaded = load_model(
+    loaded = load_model(  # the weights load on first use: the generation config is read without them
         spec, variant, torch_dir=args.torch_dir, random_weights=args.random_weights,
         tokenizer_dir=args.tokenizer_dir, dtype=torch.float16 if settings.fp16 else torch.float32,
         device=default_device(), seed=args.weights_seed,
     )
+    if hasattr(args, "do_sample"):  # actions with the sampling flags
+        check_draws(args, loaded.generation_config)
+    check_machine(args, spec, variant, backends, settings, options, shapes)  # after every flag, before the load
+    if before_load is not None:
+        before_load()
     if needs_text:
         loaded.tokenizer  # noqa: B018 (loads it, or says which --tokenizer-dir is missing)
     forced_bos = target_language_token(loaded, args.tgt_lang) if getattr(args, "tgt_lang", None) else None
