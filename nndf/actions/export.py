@@ -37,8 +37,9 @@ def add_arguments(parser) -> None:
     """The build flags say what to export; -o also copies it into a folder of its own."""
     parser.add_argument("-o", "--output", metavar="DIR",
                         help="also write the onnxrt model as a standalone folder (graphs with their weights, config, "
-                             "tokenizer; no PyTorch checkpoint) that nndf.load_exported(DIR) runs anywhere, as "
-                             "Optimum's save_pretrained")
+                             "tokenizer; no PyTorch checkpoint) that nndf.load_exported(DIR) runs anywhere: the role of "
+                             "Optimum's save_pretrained, in this harness's layout (Optimum's ORTModel does not read "
+                             "it)")
     parser.set_defaults(engine_flag_defaults={dest: parser.get_default(dest) for dest in ENGINE_FLAGS})
 
 
