@@ -362,21 +362,6 @@ def test_flags_an_action_refuses_are_not_in_its_help(capsys):
         assert flag not in listed and kept in listed and f"[{flag}" not in out, (action, flag)
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--topN", 50258], "--topN 50258 covers all 50257 tokens of this model's vocabulary (its top-N would always be "
-                        "100%); give less than 50257"),
-    (["--topN", 50257], "--topN 50257 covers all 50257 tokens"),
-    (["--tokens-to-generate", 128], "--tokens-to-generate 128 leaves no position for a passage's context in this "
-                                    "model's 128; give less than 128"),  # every passage was skipped, the columns "-"
-])
-def test_lambada_settings_that_say_nothing_are_refused_before_scoring(capsys, tiny_gpt2_dir, tmp_path, flags, message):
-    passages = tmp_path / "lambada.jsonl"
-    passages.write_text('{"text": "the cat sat on the mat"}\n')
-    code, _, err = run_cli(capsys, "accuracy", "GPT2", "frameworks", "--torch-dir", tiny_gpt2_dir, "--dataset-file",
-                           passages, *flags)
-    assert code == 2 and message in err and "loading" not in err
-
-
 @needs_shared(TOKENIZER_DIR)
 def test_outputs_say_how_many_tokens_have_no_text(capsys, tmp_path):
     """A vocabulary padded past its tokenizer (Qwen2.5's, Phi-3's): ids from the tokenizer's size on decode to no

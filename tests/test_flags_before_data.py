@@ -49,3 +49,18 @@ def test_evaluate_says_a_bad_flag_before_the_hub_data_it_cannot_read_offline(fla
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert (got, len(errors)) == (code, 1), err
     assert message in errors[0] and OFFLINE_TASK not in err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--topN", 50258], "--topN 50258 covers all 50257 tokens of this model's vocabulary (its top-N would always be "
+                        "100%); give less than 50257"),
+    (["--topN", 50257], "--topN 50257 covers all 50257 tokens"),
+    (["--tokens-to-generate", 128], "--tokens-to-generate 128 leaves no position for a passage's context in this "
+                                    "model's 128; give less than 128"),  # every passage was skipped, the columns "-"
+])
+def test_lambada_settings_that_say_nothing_are_refused_before_scoring(capsys, tiny_gpt2_dir, tmp_path, flags, message):
+    passages = tmp_path / "lambada.jsonl"
+    passages.write_text('{"text": "the cat sat on the mat"}\n')
+    code, _, err = run_cli(capsys, "accuracy", "GPT2", "frameworks", "--torch-dir", tiny_gpt2_dir, "--dataset-file",
+                           passages, *flags)
+    assert code == 2 and message in err and "loading" not in err
