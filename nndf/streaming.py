@@ -34,7 +34,7 @@ CLEAN_UP_WINDOW = 16  # trailing characters that later tokens can still change w
 class ReplyStreamer(TextStreamer):
     """Prints generated text to `write` token by token (the prompt skipped), and keeps what a reply needs after:
     its tokens (`tokens`, also of a reply stopped early) and when its first text showed (`first_text_at`, a
-    `time.perf_counter()` value).
+    `time.perf_counter()` value; whitespace alone shows nothing, so it does not count).
 
     One sequence, as `TextStreamer`: `put` takes the loop's (1, n) or (n,) tokens of a batch of one.
     """
@@ -71,7 +71,7 @@ class ReplyStreamer(TextStreamer):
 
     def on_finalized_text(self, text: str, stream_end: bool = False) -> None:
         if text:
-            if self.first_text_at is None:
+            if self.first_text_at is None and text.strip():
                 self.first_text_at = time.perf_counter()
             self.write(text)
 

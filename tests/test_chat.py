@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -88,11 +89,13 @@ def test_oldest_turns_are_dropped_when_the_history_no_longer_fits(tiny_gpt2_dir,
     tokenizer = nndf.load("GPT2", torch_dir=str(tiny_gpt2_dir), device="cpu").tokenizer
     line = " ".join(["word"] * 30)
     assert len(tokenizer(line)["input_ids"]) == 30
-    rows = _chat(tiny_gpt2_dir, [line, line, line], output_seq_len=40)
+    rows = _chat(tiny_gpt2_dir, [line, line, line, "/reset", line, line], output_seq_len=40)
     out = capsys.readouterr().out
     whole = tokenizer(line + rows[0]["reply"] + TURN_SEPARATOR + line)["input_ids"]
-    assert len(whole) + 40 > 128 and prompts == [tokenizer(line)["input_ids"]] * 3
-    assert out.count("note: the conversation no longer fits the model's 128 positions with 40 new tokens") == 1
+    assert len(whole) + 40 > 128 and prompts == [tokenizer(line)["input_ids"]] * 5
+    # once per conversation: /reset begins a new one, told again when it too no longer fits
+    told = "note: the conversation no longer fits the model's 128 positions with 40 new tokens"
+    assert out.count(told) == 2 and out.index(told) < out.index("(the conversation is forgotten)") < out.rindex(told)
 
 
 def test_stop_strings_end_a_reply_as_generate_does(tiny_gpt2_dir):
@@ -214,12 +217,16 @@ def test_a_terminal_sees_tokens_before_the_reply_ends_and_ctrl_c_stops_only_the_
         os.close(fd)
 
 
-def test_a_chat_without_prompts_says_so_and_timed_replies_say_what_first_text_counts(tiny_gpt2_dir):
+def test_a_chat_without_prompts_says_so_and_timed_replies_say_what_first_text_counts(tiny_gpt2_dir, monkeypatch):
     [empty] = nndf.run("chat", "GPT2", "frameworks", torch_dir=str(tiny_gpt2_dir), input="/exit\n")
     assert empty.rows == [] and empty.notes == ["no replies: the input ended, or /exit came, before a prompt"]
     [refused] = nndf.run("chat", "GPT2", "frameworks", torch_dir=str(tiny_gpt2_dir), output_seq_len=2,
                          input=["word " * 200])  # more than the tiny model's 128 positions
     assert refused.rows == [] and refused.notes == ["no replies: 1 prompt was refused (the errors above)"]
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"\xff\xfe not text\n"), encoding="utf-8",
+                                                       errors="surrogateescape"))  # a line that is not UTF-8
+    [not_text] = nndf.run("chat", "GPT2", "frameworks", torch_dir=str(tiny_gpt2_dir))
+    assert not_text.rows == [] and not_text.notes == ["no replies: 1 prompt was refused (the errors above)"]
     [one] = nndf.run("chat", "GPT2", "frameworks", torch_dir=str(tiny_gpt2_dir), output_seq_len=2, input=["Hi"])
     assert len(one.rows) == 1 and one.notes[0].startswith("first text shown: from reading the line")
 

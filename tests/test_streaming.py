@@ -98,6 +98,21 @@ def test_each_token_shows_when_it_is_generated():
     assert after_each == [" a", "", "", " 🦙", " ll", "ama"] and streamed == " a 🦙 llama"
 
 
+@needs_shared(TOKENIZER_DIR)
+def test_whitespace_alone_is_no_first_text():
+    """chat's "first text shown" is when the reply's first visible text was printed: a reply that is line breaks
+    and spaces alone shows nothing (the terminal writer strips them), so it has no such time."""
+    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER_DIR)
+    blank = tokenizer("\n\n \n", add_special_tokens=False)["input_ids"]
+    for reply, shown in ((blank, False), (blank + tokenizer(" Paris", add_special_tokens=False)["input_ids"], True)):
+        streamer = ReplyStreamer(tokenizer, lambda text: None)
+        streamer.put(torch.tensor([[1]]))  # the prompt
+        for token in reply:
+            streamer.put(torch.tensor([token]))
+        streamer.end()
+        assert (streamer.first_text_at is not None) == shown, tokenizer.decode(reply)
+
+
 def _new_text(model, out, inputs) -> str:
     return model.tokenizer.decode(model.new_tokens(out, inputs.get("input_ids"))[0], skip_special_tokens=True)
 

@@ -68,8 +68,9 @@ def add_arguments(parser) -> None:
     parser.set_defaults(output_seq_len=32)
 
 
-def _prompts(stream, keep_empty: bool = False):
-    """Prompts typed by the user; stops at an exit word, end of input or Ctrl-C."""
+def _prompts(stream, keep_empty: bool = False, refused=lambda: None):
+    """Prompts typed by the user; stops at an exit word, end of input or Ctrl-C. A line that is not UTF-8 is said
+    and counted (`refused()`) as a prompt refused, as one too long for the model is."""
     interactive = stream.isatty()
     while True:
         if interactive:
@@ -81,6 +82,7 @@ def _prompts(stream, keep_empty: bool = False):
             return
         except UnicodeDecodeError:
             print("error: that line is not UTF-8 text; type it again", flush=True)
+            refused()
             continue
         if not line:
             return
@@ -89,6 +91,7 @@ def _prompts(stream, keep_empty: bool = False):
             prompt.encode("utf-8")
         except UnicodeEncodeError:  # bytes that are not UTF-8, kept as surrogates by the stream's decoder
             print("error: that line is not UTF-8 text; type it again", flush=True)
+            refused()
             continue
         if prompt.strip().lower() in EXIT_WORDS:
             return
@@ -139,6 +142,10 @@ class _Chat:
         self.cleans_up = cleans_up_spaces(first.tokenizer)
         self.told_truncation = False
         self.rows: list[dict] = []
+
+    def refuse(self) -> None:
+        """Count a prompt answered with an error line instead of a reply (the closing note says how many)."""
+        self.refused += 1
 
     def inputs(self, index: int, line: str, given) -> tuple[dict, str]:
         """`generate()`'s inputs for a line (the conversation so far with it, its oldest turns dropped as needed),
@@ -274,11 +281,12 @@ def run(args, stream=None) -> list[Result]:
     print(f"chat with {first.loaded.name} on {', '.join(label(m) for m in models)}, {chat.picked}; {ask}{memory}, "
           "or 'exit' to end", flush=True)
     try:
-        for line in _prompts(stream, keep_empty=given is not None):
+        for line in _prompts(stream, keep_empty=given is not None, refused=chat.refuse):
             command = line.strip().lower()
             if command == RESET:
                 for conversation in filter(None, chat.conversations):
                     conversation.reset()
+                chat.told_truncation = False  # a new conversation: told again once it no longer fits
                 print("(the conversation is forgotten)" if chat.conversations[0] else "(this chat keeps no "
                       "conversation)", flush=True)
                 continue
@@ -293,7 +301,7 @@ def run(args, stream=None) -> list[Result]:
                         answered = chat.answer(index, line, inputs, asked, began, interrupt)
                     except UsageError as exc:  # a line that cannot be answered: report it, go on with the next one
                         print(f"error: {exc}", flush=True)
-                        chat.refused += 1
+                        chat.refuse()
                         break
                     if not answered:
                         break
