@@ -58,3 +58,17 @@ def test_draw_flags_that_cannot_apply_are_refused_before_the_export(action, flag
     code, out, err = run_cli(capsys, action, "GPT2", "onnxrt", "trt", "--torch-dir", tiny_gpt2_dir,
                              "--working-dir", work, *flags)
     assert (code, out) == (2, "") and err.startswith(message) and "loading" not in err and not work.exists()
+
+
+@needs_shared(TOKENIZER_DIR)
+def test_the_tokenizer_that_checks_the_samples_is_the_one_the_run_uses(tiny_gpt2_dir, capsys, monkeypatch):
+    """The samples' lengths are checked with the model's own (lazily loaded) tokenizer: loaded once per command."""
+    import nndf.loading
+
+    loads = []
+    original = nndf.loading.load_tokenizer
+    monkeypatch.setattr(nndf.loading, "load_tokenizer", lambda *a, **k: loads.append(a) or original(*a, **k))
+    code, _, err = run_cli(capsys, "run", "GPT2", "frameworks", "--torch-dir", tiny_gpt2_dir, "--output-seq-len", 2,
+                           "--iterations", 1, "--warmup", 0)
+    assert code == 0, err
+    assert len(loads) == 1

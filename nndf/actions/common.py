@@ -20,11 +20,11 @@ from nndf.model import Model, default_device, target_language_token
 from nndf.option_checks import check_kv_layout
 from nndf.actions.plans import check_machine, shapes_result
 from nndf.progress import say  # noqa: F401 - the actions' progress lines
-from nndf.loading import load_config, load_model
+from nndf.loading import LoadedModel, load_config, load_model
 from nndf.registry import resolve
 from nndf.results import Result
 from nndf.sampling import SAMPLING_KEYWORDS, Sampling, check_repetition_penalty
-from nndf.spec import BuildSettings
+from nndf.spec import BuildSettings, ShapeSpec
 
 
 def build_settings(args) -> BuildSettings:
@@ -183,7 +183,8 @@ def given_images(args, spec) -> list[Path] | None:
 
 
 def open_models(args, needs_text: bool = False, new_tokens_flag: str | None = None,
-                before_load: Callable[[], None] | None = None) -> list[Model]:
+                before_load: Callable[[], None] | None = None,
+                check_inputs: Callable[[LoadedModel, ShapeSpec], None] | None = None) -> list[Model]:
     """One Model per backend named on the command line, sharing one loaded PyTorch model.
 
     Names, flags, image files and the family are all checked before the (possibly slow) load; with `needs_text`
@@ -191,7 +192,9 @@ def open_models(args, needs_text: bool = False, new_tokens_flag: str | None = No
     said before any export or engine build. `new_tokens_flag` names an action's own count of new tokens (triton's
     --max-new-tokens), which must leave a position for a prompt, as --output-seq-len must. `before_load` reads an
     action's data (accuracy's LAMBADA, evaluate's tasks) after every flag and this machine are checked, so that a
-    typo is told before a data set fails (offline, say), and a data set's failure before the load.
+    typo is told before a data set fails (offline, say), and a data set's failure before the load. `check_inputs`
+    checks an action's inputs against the model (run's samples against its positions) from its config and
+    tokenizer, before this machine's checks and the weights; what it loads is what the action then uses.
     """
     spec, variant = resolve(args.model, args.variant)
     given_images(args, spec)
@@ -227,6 +230,8 @@ def open_models(args, needs_text: bool = False, new_tokens_flag: str | None = No
     )
     if hasattr(args, "do_sample"):  # actions with the sampling flags
         check_draws(args, loaded.generation_config)
+    if check_inputs is not None:
+        check_inputs(loaded, shapes)
     check_machine(args, spec, variant, backends, settings, options, shapes)  # after every flag, before the load
     if before_load is not None:
         before_load()

@@ -5,7 +5,8 @@ from __future__ import annotations
 from nndf.actions.common import (add_image_argument, compared_backends, decoding_flags, decoding_note, describe,
                                  open_models, weights_and_cache)
 from nndf.actions.run import (
-    RUN_UNUSED_FLAGS, checkpoint_columns, checkpoint_rows, checkpoint_samples, outputs_result, sample_notes,
+    RUN_UNUSED_FLAGS, checkpoint_columns, checkpoint_rows, checkpoint_samples, outputs_result, sample_length_check,
+    sample_notes,
 )
 from nndf.plots import check_plotting, plot_bars
 from nndf.results import Column, Result
@@ -28,7 +29,7 @@ def run(args) -> list[Result]:
     compared_backends(args)
     check_plotting(args.plot)
     samples = checkpoint_samples(args)
-    models = open_models(args, needs_text=True)
+    models = open_models(args, needs_text=True, check_inputs=sample_length_check(args, samples))
     first = models[0]
     picked = decoding_note(first, decoding_flags(args), args.num_beams)  # refuses beams with sampling up front
     rows, outputs = checkpoint_rows(args, models, samples)

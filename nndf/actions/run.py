@@ -15,7 +15,7 @@ import textwrap
 from pathlib import Path
 
 from nndf.actions.common import (
-    add_image_argument, build_settings, decoding_flags, decoding_note, describe, encode_prompts, generation_inputs,
+    add_image_argument, decoding_flags, decoding_note, describe, encode_prompts, generation_inputs,
     given_images, open_models, say, timing_settings, weights_and_cache,
 )
 from nndf.actions.runners import runners_for, time_generation
@@ -23,7 +23,6 @@ from nndf.checkpoint import DEFAULT_NEW_TOKENS, Sample, read_samples
 from nndf.architectures import architecture
 from nndf.errors import HarnessError, UsageError
 from nndf.images import image_files
-from nndf.loading import load_model
 from nndf.registry import resolve
 from nndf.results import Column, Result
 
@@ -45,7 +44,8 @@ def add_arguments(parser) -> None:
 
 def checkpoint_samples(args) -> list[Sample]:
     """The samples to run, checked before any model loads: the given images, or the checkpoint's inputs (whose
-    images must exist, and whose prompts and new tokens must fit the model's positions); the timing flags too."""
+    images must exist); the timing flags too. Their lengths are checked once the model's config and tokenizer are
+    at hand (`sample_length_check`)."""
     timing_settings(args)  # --iterations 0, --percentile 101: refused here, not after the load and an export
     spec, variant = resolve(args.model, args.variant)
     given = given_images(args, spec)
@@ -58,7 +58,6 @@ def checkpoint_samples(args) -> list[Sample]:
                              "is not beside this checkout?); give images with --image PATH...")
         if sample.image is not None:
             image_files([sample.image], flag="checkpoint image")
-    check_sample_lengths(args, samples)
     return samples
 
 
@@ -88,30 +87,32 @@ def _sample_error(args, spec, sample: Sample, exc: UsageError) -> UsageError:
     return UsageError(f"the {source} '{_shown(sample)}': {exc} (--output-seq-len sets the new tokens)")
 
 
-def check_sample_lengths(args, samples: list[Sample]) -> None:
-    """Each text sample's prompt and new tokens against the model's positions, from its config and tokenizer alone,
-    before `open_models`: so that this usage error (exit 2) comes before what this machine lacks (trt without a GPU,
-    exit 1) and before the weights load or an export runs, as every other flag's does (nndf.actions.plans). A
-    tokenizer loads in a fraction of a second; where none can be had (offline, no --tokenizer-dir), `open_models`
-    says so in its own order. Images (BLIP) are checked as each runs: their text prefix needs the processor."""
-    spec, variant = resolve(args.model, args.variant)
+def sample_length_check(args, samples: list[Sample]):
+    """`open_models`' `check_inputs` for run and compare: each text sample's prompt and new tokens against the
+    model's positions, from its config and tokenizer alone, so that this usage error (exit 2) comes before what this
+    machine lacks (trt without a GPU, exit 1) and before the weights load or an export runs, as every other flag's
+    does (nndf.actions.plans). The tokenizer loaded here is the one the run uses; where none can be had (offline, no
+    --tokenizer-dir), `open_models` says so in its own order. Images (BLIP) are checked as each runs: their text
+    prefix needs the processor."""
+    spec, _ = resolve(args.model, args.variant)
     arch = architecture(spec)
-    if arch.takes_images:
-        return
-    try:
-        loaded = load_model(spec, variant, torch_dir=args.torch_dir, random_weights=args.random_weights,
-                            tokenizer_dir=args.tokenizer_dir, seed=args.weights_seed)
-        tokenizer = loaded.tokenizer
-    except HarnessError:  # said by open_models, after the flags and the machine
-        return
-    shapes = arch.derive_shapes(build_settings(args), spec, loaded.config)
-    for sample in samples:
-        ids, _ = encode_prompts(tokenizer, [sample.prompt], args.use_mask, arch.pad_side)
-        _, new_tokens = _label_and_new_tokens(args, arch, tokenizer, sample, ids)
+
+    def check(loaded, shapes) -> None:
+        if arch.takes_images:
+            return
         try:
-            arch.check_length(ids.shape[1], new_tokens, shapes)
-        except UsageError as exc:
-            raise _sample_error(args, spec, sample, exc) from None
+            tokenizer = loaded.tokenizer
+        except HarnessError:  # said by open_models, after the machine's checks
+            return
+        for sample in samples:
+            ids, _ = encode_prompts(tokenizer, [sample.prompt], args.use_mask, arch.pad_side)
+            _, new_tokens = _label_and_new_tokens(args, arch, tokenizer, sample, ids)
+            try:
+                arch.check_length(ids.shape[1], new_tokens, shapes)
+            except UsageError as exc:
+                raise _sample_error(args, spec, sample, exc) from None
+
+    return check
 
 
 def checkpoint_rows(args, models, samples: list[Sample]) -> tuple[list[dict], list[dict]]:
@@ -213,7 +214,7 @@ def outputs_result(first, outputs: list[dict]) -> Result:
 
 def run(args) -> list[Result]:
     samples = checkpoint_samples(args)
-    models = open_models(args, needs_text=True)
+    models = open_models(args, needs_text=True, check_inputs=sample_length_check(args, samples))
     first = models[0]
     picked = decoding_note(first, decoding_flags(args), args.num_beams)  # refuses beams with sampling up front
     rows, outputs = checkpoint_rows(args, models, samples)
