@@ -116,9 +116,16 @@ def generation_options(model, max_new_tokens: int, min_new_tokens: int | None = 
                        forced_bos_token_id: int | None = None, **decoding) -> GenerationOptions:
     """`Model.generation_options`: the options `generate()` would pick from the call's keywords over a passed
     `generation_config` over the model's own (None: the next one's), then transformers' defaults."""
+    gen = call_generation_config(model.loaded.generation_config, decoding.get("generation_config"))
+    return options_under(gen, model, max_new_tokens, min_new_tokens, num_beams, forced_bos_token_id, **decoding)
+
+
+def options_under(gen, model, max_new_tokens: int, min_new_tokens: int | None = None, num_beams: int | None = None,
+                  forced_bos_token_id: int | None = None, **decoding) -> GenerationOptions:
+    """`generation_options` under `gen`, the call's generation config already merged (`call_generation_config`:
+    `generate` merges it once, for its length budget and these options alike)."""
     check_decoding(decoding)
-    passed = decoding.pop("generation_config", None)
-    gen = call_generation_config(model.loaded.generation_config, passed)
+    passed = decoding.pop("generation_config", None)  # merged into `gen`; its own forced token ranks first
     seed = decoding.pop("seed", None)
     stream = decoding.pop("sampling_stream", None)
     penalty = decoding.pop("repetition_penalty", None)

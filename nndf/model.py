@@ -29,7 +29,8 @@ import torch
 from nndf.architectures import architecture
 from nndf.backends import RUNS_ONNX_FILES, BackendOptions, split_backend
 from nndf.errors import HarnessError, UsageError
-from nndf.call_config import call_generation_config, generation_options, warn_unfeasible, warn_unused
+from nndf.call_config import (call_generation_config, generation_options, options_under, warn_unfeasible,
+                               warn_unused)
 from nndf.generate_arguments import RULE_KEYWORDS, check_prompt_tensors, new_token_budget, warn_right_padding
 from nndf.generation import GenerationOptions, generate
 from nndf.keyword_terms import speaks_keywords
@@ -133,7 +134,7 @@ class Model:
         gen = call_generation_config(self.loaded.generation_config, decoding.get("generation_config"))
         max_new_tokens = new_token_budget(self.architecture, self.loaded, input_ids, max_new_tokens,
                                           decoding.get("max_length"), gen)
-        options = self.generation_options(max_new_tokens, min_new_tokens, num_beams, forced_bos_token_id, **decoding)
+        options = options_under(gen, self, max_new_tokens, min_new_tokens, num_beams, forced_bos_token_id, **decoding)
         warn_unused(decoding, options)
         warn_unfeasible(options, self.architecture.prompt_length(input_ids, self.loaded))
         ids, mask, encoder_inputs = self.architecture.prompt(self.loaded, input_ids, attention_mask, pixel_values)
@@ -192,7 +193,7 @@ class Model:
         ids, _, encoder_inputs = self.architecture.prompt(self.loaded, input_ids, attention_mask, pixel_values)
         self.architecture.check_length(ids.shape[1], max_new_tokens, self.shapes)
         self.architecture.check_token_ids(ids, self.shapes)
-        options = self.generation_options(max_new_tokens, min_new_tokens, num_beams, forced_bos_token_id, **decoding)
+        options = options_under(gen, self, max_new_tokens, min_new_tokens, num_beams, forced_bos_token_id, **decoding)
         tokens = {key: decoding.pop(key) for key in ("eos_token_id", "pad_token_id", *RULE_KEYWORDS,
                                                      "generation_config") if decoding.get(key) is not None}
         seed = decoding.pop("seed", None)
