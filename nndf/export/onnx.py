@@ -22,6 +22,7 @@ import torch
 
 from nndf.errors import HarnessError
 from nndf.export.fused_attention import GROWING, LAYOUTS, SHARED, layout_refusal
+from nndf.export.torchlib_registry import torchlib_registry_built_once
 from nndf.export.wrapper import DecoderWrapper, decoder_io
 from nndf.loading import LoadedModel
 from nndf.workspace import artifact_lock, artifact_name, build_dir_artifact, read_metadata, stale_reason
@@ -208,7 +209,8 @@ def trace_to_onnx(wrapper, args, dynamic, io: dict, path: Path, model, label: st
     with ticking(f"exporting {label}"):  # the trace, ONNX Runtime's fusions and the save (a large model's minute)
         try:
             with contextlib.redirect_stdout(sys.stderr), eager_attention(model, attention), attributes_kept(model), \
-                    warnings.catch_warnings(), quiet_logger("torch.onnx._internal.exporter._registration"):
+                    warnings.catch_warnings(), quiet_logger("torch.onnx._internal.exporter._registration"), \
+                    torchlib_registry_built_once():
                 # shared named dimensions make the exporter say, once per input, that it keeps the first name
                 warnings.filterwarnings("ignore", message=r".*axis name: .* will not be used")
                 # a forward that caches a tensor on its module (longrope's `long_inv_freq`): `attributes_kept` undoes it
