@@ -44,7 +44,8 @@ def served(tiny_gpt2_dir, onnx_work_dir, tmp_path_factory):
     # a folder that is not a model, as users leave in -o: the command names it and says to serve only its models
     # (tests/test_triton_action.py), and served so the server starts with it there
     (repository / "notes").mkdir()
-    flags = tuple(explicit_load_flags(["gpt2"]).split())
+    flags = tuple(explicit_load_flags(repository).split())
+    assert flags == ("--model-control-mode=explicit", "--load-model=gpt2")
     with triton_server(repository, root, timeout=120, extra_args=flags) as urls:
         yield urls
 

@@ -97,7 +97,7 @@ def run(args) -> list[Result]:
     serve = f"tritonserver --model-repository {args.output}"
     strays = stray_folders(args.output)
     if strays:  # said by the write; the command to serve it must not be one that fails
-        serve += (f" {explicit_load_flags(folder.name for folder in folders)} (or move "
+        serve += (f" {explicit_load_flags(args.output)} (or move "
                   f"{', '.join(p.name for p in strays)} out: folders that are not models stop a server's start)")
     notes = [f"serve it: {serve} (its Python needs nndf[onnxruntime]); "
              f"query it with inputs TEXT (and MAX_NEW_TOKENS, NUM_BEAMS, DO_SAMPLE, TEMPERATURE, TOP_K, TOP_P, "

@@ -128,7 +128,7 @@ def write_generative_repository(output_dir: str | Path, name: str, model, max_ba
                    for folder in model_folders(name, streaming)]
     if not streaming:
         _remove_stale_twin(Path(output_dir) / (name + STREAM_SUFFIX), SETTINGS_FILE)
-    warn_stray_folders(output_dir, model_folders(name, streaming))
+    warn_stray_folders(output_dir)
     return written
 
 

@@ -184,21 +184,23 @@ def stray_folders(output_dir: str | Path) -> list[Path]:
     return sorted(p for p in output_dir.iterdir() if p.is_dir() and not (p / "config.pbtxt").is_file())
 
 
-def explicit_load_flags(models: Iterable[str]) -> str:
-    """The tritonserver flags that load only `models`, so that folders beside them that are not models are skipped."""
+def explicit_load_flags(output_dir: str | Path) -> str:
+    """The tritonserver flags that load the repository's models (every folder with a config.pbtxt, those written
+    before by anyone included) and skip the folders beside them that are not models."""
+    models = sorted(p.name for p in Path(output_dir).iterdir() if (p / "config.pbtxt").is_file())
     return " ".join(["--model-control-mode=explicit", *(f"--load-model={m}" for m in models)])
 
 
-def warn_stray_folders(output_dir: str | Path, models: Iterable[str]) -> list[Path]:
+def warn_stray_folders(output_dir: str | Path) -> list[Path]:
     """After a write: say which folders of the repository are not models, which a server started on it in its default
-    mode would fail on, and the two ways out (move them, or load only `models`); nothing is deleted, since they are
-    the user's. Returns those folders (none: nothing said)."""
+    mode would fail on, and the two ways out (move them, or load only the models); nothing is deleted, since they
+    are the user's. Returns those folders (none: nothing said)."""
     strays = stray_folders(output_dir)
     if strays:
         say(f"warning: {output_dir} holds {len(strays)} folder(s) that are not Triton models (no config.pbtxt): "
             f"{', '.join(p.name for p in strays)}. tritonserver --model-repository {output_dir} tries to load every "
             f"sub-folder and does not start with these there: move them out of the repository (they were left as "
-            f"they are), or start the server with {explicit_load_flags(models)}")
+            f"they are), or start the server with {explicit_load_flags(output_dir)}")
     return strays
 
 
@@ -245,5 +247,5 @@ def write_encoder_repository(output_dir: str | Path, name: str, model_file: str 
                      files),
         write_model_folder(output_dir, names["inference"], ensemble_config(names, input_names, outputs, max_batch_size)),
     ]
-    warn_stray_folders(output_dir, names.values())
+    warn_stray_folders(output_dir)
     return written
