@@ -106,3 +106,36 @@ def test_a_write_without_streaming_removes_the_earlier_streaming_twin(tiny_gpt2_
     assert sorted(p.name for p in models.iterdir()) == ["gpt2"]
     assert f"removed {models / 'gpt2_stream'}: the streaming model of an earlier --streaming write" in \
         capsys.readouterr().err
+
+
+def test_folders_that_are_not_models_are_named_with_the_way_to_serve_it(tiny_gpt2_dir, onnx_work_dir, tmp_path,
+                                                                         capsys):
+    """A folder without a config.pbtxt in -o (a user's notes, an editor's hidden folder) makes tritonserver refuse to
+    start (core 2.51: "failed to load all models"), while the command said nothing and printed a serve line that
+    fails. Now it names them after the write, leaves them as they are, and its serve line loads only the models it
+    wrote (tests/test_triton_generative.py serves a repository with such a folder that way). Plain files, which
+    Triton ignores, are not named."""
+    models = tmp_path / "models"
+    (models / "notes").mkdir(parents=True)
+    (models / "notes" / "todo.txt").write_text("the user's")
+    (models / ".ipynb_checkpoints").mkdir()
+    (models / "README.txt").write_text("the user's too")
+    assert run_py(["triton", "GPT2", "onnxrt", "--torch-dir", str(tiny_gpt2_dir), "--working-dir", str(onnx_work_dir),
+                   "-o", str(models), "--name", "gpt2", "--streaming"]) == 0
+    out, err = capsys.readouterr()
+    assert (f"warning: {models} holds 2 folder(s) that are not Triton models (no config.pbtxt): .ipynb_checkpoints, "
+            f"notes. tritonserver --model-repository {models} tries to load every sub-folder") in err
+    assert "README" not in err
+    explicit = "--model-control-mode=explicit --load-model=gpt2 --load-model=gpt2_stream"
+    assert f"serve it: tritonserver --model-repository {models} {explicit} (or move .ipynb_checkpoints, notes out" \
+        in out
+    assert (models / "notes" / "todo.txt").read_text() == "the user's"
+    assert (models / ".ipynb_checkpoints").is_dir() and (models / "README.txt").is_file()
+    # once they are gone, nothing is said and the plain command is the one to run
+    (models / "notes" / "todo.txt").unlink()
+    (models / "notes").rmdir()
+    (models / ".ipynb_checkpoints").rmdir()
+    assert run_py(["triton", "GPT2", "onnxrt", "--torch-dir", str(tiny_gpt2_dir), "--working-dir", str(onnx_work_dir),
+                   "-o", str(models), "--name", "gpt2"]) == 0
+    out, err = capsys.readouterr()
+    assert "warning" not in err and f"serve it: tritonserver --model-repository {models} (its Python" in out

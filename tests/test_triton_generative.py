@@ -25,6 +25,7 @@ import nndf  # noqa: E402
 from nndf.actions.common import encode_prompts  # noqa: E402
 from nndf.cli import main as run_py  # noqa: E402
 from nndf.triton import validate_repository  # noqa: E402
+from nndf.triton.repository import explicit_load_flags  # noqa: E402
 from triton_server import triton_server, triton_venv  # noqa: E402
 
 PROMPTS = ["The capital of France is", "Hello"]
@@ -40,7 +41,12 @@ def served(tiny_gpt2_dir, onnx_work_dir, tmp_path_factory):
                    "--max-new-tokens", "6"])
     assert code == 0
     validate_repository(repository)
-    with triton_server(repository, root, timeout=120) as urls:
+    # a folder that is not a model, as users leave in -o: the command names it and says to serve only its models
+    # (tests/test_triton_action.py), and served so the server starts with it there
+    (repository / "notes").mkdir()
+    flags = tuple(explicit_load_flags(repository).split())
+    assert flags == ("--model-control-mode=explicit", "--load-model=gpt2")
+    with triton_server(repository, root, timeout=120, extra_args=flags) as urls:
         yield urls
 
 
@@ -80,21 +86,36 @@ def test_text_in_text_out_equals_our_loop(served, module, tiny_gpt2_dir, onnx_wo
                                                                                  PROMPTS, 3, num_beams=2)
 
 
+def tensor(name, values, kind, dtype):
+    found = httpclient.InferInput(name, [len(values), 1], kind)
+    found.set_data_from_numpy(np.array(values, dtype=dtype).reshape(-1, 1))
+    return found
+
+
 def test_bad_requests_get_errors_and_the_server_keeps_serving(served):
+    """Each bad request gets one error naming the input, as a client error (HTTP 400: the model's were 500, which
+    says the server failed), and the server keeps serving."""
     client = httpclient.InferenceServerClient(served["http"])
     try:
-        ids = httpclient.InferInput("TEXT", [1, 1], "INT64")
-        ids.set_data_from_numpy(np.ones((1, 1), dtype=np.int64))
-        beams = httpclient.InferInput("NUM_BEAMS", [1, 1], "INT32")
-        beams.set_data_from_numpy(np.ones((1, 1), dtype=np.int32))
+        ids = tensor("TEXT", [1], "INT64", np.int64)
+        beams = tensor("NUM_BEAMS", [1], "INT32", np.int32)
         cases = [(inputs(httpclient, PROMPTS, max_new_tokens=0), "MAX_NEW_TOKENS must be at least 1"),
                  (inputs(httpclient, PROMPTS * 3), "batch-size must be <= 4"),
                  (inputs(httpclient, [""]), "empty prompt"),
                  ([ids], "data-type is 'INT64'.*expects 'BYTES'"),
-                 ([beams], "the TEXT input is missing")]
+                 ([beams], "the TEXT input is missing"),
+                 # nndf's own checks, said in the inputs' names
+                 (inputs(httpclient, PROMPTS[:1]) + [tensor("DO_SAMPLE", [True], "BOOL", bool),
+                                                     tensor("TEMPERATURE", [-1], "FP32", np.float32)],
+                  r"TEMPERATURE must be a number >= 0 \(0: greedy\), got -1.0"),
+                 ([tensor("TEXT", [b"\xff"], "BYTES", object)], "TEXT row 0 is not UTF-8 text"),
+                 # one request's rows share its settings: a second row's own value was silently the first's
+                 (inputs(httpclient, PROMPTS) + [tensor("MAX_NEW_TOKENS", [2, 5], "INT32", np.int32)],
+                  r"MAX_NEW_TOKENS differs between the rows of one request \(2, 5\)")]
         for request, needle in cases:
-            with pytest.raises(InferenceServerException, match=needle):
+            with pytest.raises(InferenceServerException, match=needle) as raised:
                 client.infer("gpt2", request)
+            assert raised.value.status() == "400", (needle, raised.value.status())
         assert client.infer("gpt2", inputs(httpclient, PROMPTS[:1], max_new_tokens=2)).as_numpy("GENERATED").shape \
             == (1, 1)
     finally:

@@ -67,6 +67,7 @@ def run(args) -> list[Result]:
     from nndf.continuous import ContinuousBatcher
     from nndf.registry import resolve
     from nndf.triton.generative import check_serving, write_generative_repository
+    from nndf.triton.repository import explicit_load_flags, stray_folders
     from nndf.triton.validate import validate_config
 
     served = list(dict.fromkeys(args.backends))
@@ -93,7 +94,12 @@ def run(args) -> list[Result]:
         validate_config(folder / "config.pbtxt")
     rows = [{"model": folder.name, "folder": str(folder), "graph": model.artifacts[-1]} for folder in folders]
     columns = [Column("model", "Triton model"), Column("folder", "folder"), Column("graph", "decoder graph")]
-    notes = [f"serve it: tritonserver --model-repository {args.output} (its Python needs nndf[onnxruntime]); "
+    serve = f"tritonserver --model-repository {args.output}"
+    strays = stray_folders(args.output)
+    if strays:  # said by the write; the command to serve it must not be one that fails
+        serve += (f" {explicit_load_flags(args.output)} (or move "
+                  f"{', '.join(p.name for p in strays)} out: folders that are not models stop a server's start)")
+    notes = [f"serve it: {serve} (its Python needs nndf[onnxruntime]); "
              f"query it with inputs TEXT (and MAX_NEW_TOKENS, NUM_BEAMS, DO_SAMPLE, TEMPERATURE, TOP_K, TOP_P, "
              f"SEED, REPETITION_PENALTY), output GENERATED; scheduler {args.scheduler}"]
     if args.streaming:

@@ -17,9 +17,12 @@ Decoupled (`model_transaction_policy { decoupled: true }`, the `<name>_stream` m
 response as soon as it is generated (GENERATED holds every row's new piece, empty for rows with none), then an
 empty response flagged final. gRPC streaming clients only, as for any decoupled model.
 
-Inputs: TEXT (one prompt per batch row); optional, one value per row (a request's first row decides for the
-request): MAX_NEW_TOKENS, NUM_BEAMS, DO_SAMPLE, TEMPERATURE, TOP_K, TOP_P, SEED, REPETITION_PENALTY.
+Inputs: TEXT (one prompt per batch row); optional, one value per row, the same in every row of a request (its
+settings are the request's): MAX_NEW_TOKENS, NUM_BEAMS, DO_SAMPLE, TEMPERATURE, TOP_K, TOP_P, SEED, REPETITION_PENALTY.
 Output: GENERATED, the new text of each row (special tokens dropped).
+
+A request's own fault (a bad value, a prompt too long, text that is not UTF-8) is answered with INVALID_ARG, which
+clients see as HTTP 400 or gRPC INVALID_ARGUMENT, naming the input; anything else is INTERNAL (HTTP 500).
 """
 
 import json
@@ -29,24 +32,50 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from nndf.errors import UsageError
+
 # optional input -> (keyword of Model.generation_options, type); checked by nndf's own options (one sentence each)
 DECODING_INPUTS = {"DO_SAMPLE": ("do_sample", bool), "TEMPERATURE": ("temperature", float), "TOP_K": ("top_k", int),
                    "TOP_P": ("top_p", float), "SEED": ("seed", int), "REPETITION_PENALTY": ("repetition_penalty", float)}
+INPUT_KEYWORDS = {"MAX_NEW_TOKENS": "max_new_tokens", "NUM_BEAMS": "num_beams",
+                  **{name: keyword for name, (keyword, _) in DECODING_INPUTS.items()}}
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 def _optional(request, name, kind, default=None):
+    """The request's value of an optional input: one value for all its rows (a row that differs would silently get
+    the first row's setting, so it is refused)."""
     tensor = pb_utils.get_input_tensor_by_name(request, name)
     if tensor is None:
         return default
-    return kind(tensor.as_numpy().reshape(-1)[0].item())
+    values = [kind(v.item()) for v in tensor.as_numpy().reshape(-1)]
+    if any(v != values[0] and not (v != v and values[0] != values[0]) for v in values):  # NaN equals NaN here
+        raise UsageError(f"{name} differs between the rows of one request ({', '.join(map(str, values))}): a "
+                         "request's settings apply to all its rows; send rows with other settings as their own request")
+    return values[0]
 
 
 def _texts(request) -> list:
     text = pb_utils.get_input_tensor_by_name(request, "TEXT")
     if text is None:
-        raise ValueError("the TEXT input is missing: give one prompt per row")
-    return [row.decode("utf-8") if isinstance(row, bytes) else str(row) for row in text.as_numpy().reshape(-1)]
+        raise UsageError("the TEXT input is missing: give one prompt per row")
+    texts = []
+    for row, value in enumerate(text.as_numpy().reshape(-1)):
+        try:
+            texts.append(value.decode("utf-8") if isinstance(value, bytes) else str(value))
+        except UnicodeDecodeError as exc:
+            raise UsageError(f"TEXT row {row} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    return texts
+
+
+def _error(exc: BaseException) -> "pb_utils.TritonError":
+    """The error a client gets: INVALID_ARG for its own fault (a UsageError: a bad value, a prompt too long), with
+    nndf's keyword names (`temperature (--temperature)`) said as the inputs the client sent; INTERNAL otherwise."""
+    message = str(exc)
+    for name, keyword in INPUT_KEYWORDS.items():
+        message = message.replace(f"{keyword} (--{keyword.replace('_', '-')})", name)
+    code = pb_utils.TritonError.INVALID_ARG if isinstance(exc, UsageError) else pb_utils.TritonError.INTERNAL
+    return pb_utils.TritonError(f"generation failed: {message}", code)
 
 
 def _strings(texts) -> "pb_utils.Tensor":
@@ -74,14 +103,15 @@ class Reply:
         if request.cancelled:
             pb_utils.Logger.log_info(f"nndf: a request was cancelled after {len(request.new_tokens)} new tokens; "
                                      f"its row is free")
-        if request.error is not None or request.cancelled:
-            self.failed = self.failed or (f"generation failed: {request.error}" if request.error is not None
-                                          else "the request was cancelled")
+        if request.error is not None and self.failed is None:
+            self.failed = _error(request.error)
+        elif request.cancelled and self.failed is None:
+            self.failed = pb_utils.TritonError("the request was cancelled", pb_utils.TritonError.CANCELLED)
         self.left -= 1
         if self.left:
             return
         if self.failed is not None:
-            self.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(self.failed)), flags=FINAL)
+            self.sender.send(pb_utils.InferenceResponse(error=self.failed), flags=FINAL)
         elif self.stream:
             self.sender.send(flags=FINAL)
         else:
@@ -117,7 +147,7 @@ class TritonPythonModel:
         beams = _optional(request, "NUM_BEAMS", int, self.defaults["num_beams"])
         for name, value in (("MAX_NEW_TOKENS", max_new), ("NUM_BEAMS", beams)):
             if value < 1:
-                raise ValueError(f"{name} must be at least 1, got {value}")
+                raise UsageError(f"{name} must be at least 1, got {value}")
         return dict(decoding, max_new_tokens=max_new, num_beams=beams,
                     sampling_stream=self.defaults.get("sampling_stream", "generate"))
 
@@ -157,8 +187,7 @@ class TritonPythonModel:
                 self.worker.batcher.check(rows[-1])
             reply.requests = rows
         except Exception as exc:  # noqa: BLE001 - the client gets the reason, the server keeps serving
-            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"generation failed: {exc}")),
-                        flags=FINAL)
+            sender.send(pb_utils.InferenceResponse(error=_error(exc)), flags=FINAL)
             return
         for row in rows:
             self.worker.submit(row)
@@ -176,7 +205,7 @@ class TritonPythonModel:
             replies = model.tokenizer.batch_decode(model.new_tokens(output, ids), skip_special_tokens=True)
             return pb_utils.InferenceResponse(output_tensors=[_strings(replies)])
         except Exception as exc:  # noqa: BLE001 - the client gets the reason, the server keeps serving
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"generation failed: {exc}"))
+            return pb_utils.InferenceResponse(error=_error(exc))
 
     def finalize(self):
         if self.worker is not None:

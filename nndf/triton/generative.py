@@ -22,7 +22,8 @@ from pathlib import Path
 
 from nndf.errors import UsageError
 from nndf.sampling import Sampling
-from nndf.triton.repository import DEVICES, add_tensor, check_model_folders, config_schema, write_model_folder
+from nndf.triton.repository import (DEVICES, add_tensor, check_model_folders, config_schema, warn_stray_folders,
+                                    write_model_folder)
 
 MODEL_SOURCE = Path(__file__).with_name("generation_model.py")
 
@@ -127,6 +128,7 @@ def write_generative_repository(output_dir: str | Path, name: str, model, max_ba
                    for folder in model_folders(name, streaming)]
     if not streaming:
         _remove_stale_twin(Path(output_dir) / (name + STREAM_SUFFIX), SETTINGS_FILE)
+    warn_stray_folders(output_dir)
     return written
 
 

@@ -26,6 +26,7 @@ from typing import Iterable, Mapping, Sequence
 from nndf.errors import HarnessError, UsageError
 from nndf.export.graph_files import external_data_files
 from nndf.export.standalone import copy_files
+from nndf.progress import say
 from nndf.workspace import atomic_dir
 
 ENGINES = {"onnx": ("onnxruntime_onnx", "model.onnx"), "tensorrt": ("tensorrt_plan", "model.plan")}
@@ -171,6 +172,38 @@ def check_model_folders(output_dir: str | Path, folders: Iterable[str]) -> None:
                              f"{folder!r} would replace: move it, or write the model elsewhere (-o, --name)")
 
 
+def stray_folders(output_dir: str | Path) -> list[Path]:
+    """The sub-folders of a repository that are not Triton models (no config.pbtxt), hidden ones included.
+
+    Triton's default model control mode loads every sub-folder as a model, and measured with core 2.51 any such
+    folder (a user's `notes/`, an empty one, a `.ipynb_checkpoints`) makes the server fail to start ("failed to
+    load all models"); plain files beside the models are ignored, so they are not listed."""
+    output_dir = Path(output_dir)
+    if not output_dir.is_dir():
+        return []
+    return sorted(p for p in output_dir.iterdir() if p.is_dir() and not (p / "config.pbtxt").is_file())
+
+
+def explicit_load_flags(output_dir: str | Path) -> str:
+    """The tritonserver flags that load the repository's models (every folder with a config.pbtxt, those written
+    before by anyone included) and skip the folders beside them that are not models."""
+    models = sorted(p.name for p in Path(output_dir).iterdir() if (p / "config.pbtxt").is_file())
+    return " ".join(["--model-control-mode=explicit", *(f"--load-model={m}" for m in models)])
+
+
+def warn_stray_folders(output_dir: str | Path) -> list[Path]:
+    """After a write: say which folders of the repository are not models, which a server started on it in its default
+    mode would fail on, and the two ways out (move them, or load only the models); nothing is deleted, since they
+    are the user's. Returns those folders (none: nothing said)."""
+    strays = stray_folders(output_dir)
+    if strays:
+        say(f"warning: {output_dir} holds {len(strays)} folder(s) that are not Triton models (no config.pbtxt): "
+            f"{', '.join(p.name for p in strays)}. tritonserver --model-repository {output_dir} tries to load every "
+            f"sub-folder and does not start with these there: move them out of the repository (they were left as "
+            f"they are), or start the server with {explicit_load_flags(output_dir)}")
+    return strays
+
+
 def write_model_folder(output_dir: Path, folder: str, config, files: Mapping[str, Path] | None = None,
                  tokenizer_dir: Path | None = None) -> Path:
     """One model folder, built beside its final place and renamed in: a failure leaves the old one (or nothing)."""
@@ -205,7 +238,7 @@ def write_encoder_repository(output_dir: str | Path, name: str, model_file: str 
     if engine == "onnx":
         files.update(external_data_files(model_file))
     output_dir.mkdir(parents=True, exist_ok=True)
-    return [
+    written = [
         write_model_folder(output_dir, names["tokenize"], tokenize_config(names["tokenize"], input_names, max_batch_size,
                                                                     nb_instances),
                      {"model.py": TOKENIZE_SOURCE}, tokenizer_dir=tokenizer_dir),
@@ -214,3 +247,5 @@ def write_encoder_repository(output_dir: str | Path, name: str, model_file: str 
                      files),
         write_model_folder(output_dir, names["inference"], ensemble_config(names, input_names, outputs, max_batch_size)),
     ]
+    warn_stray_folders(output_dir)
+    return written

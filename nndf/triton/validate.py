@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from nndf.errors import HarnessError
-from nndf.triton.repository import config_schema
+from nndf.triton.repository import config_schema, stray_folders
 
 # What each kind of model nndf writes loads from its version folder; None: nothing (an ensemble's folder is empty).
 # Models of other kinds in the same repository get the schema and version-folder checks only.
@@ -67,13 +67,12 @@ def validate_repository(folder: str | Path) -> dict[str, object]:
     folder = Path(folder)
     if not folder.is_dir():
         raise HarnessError(f"the Triton repository {folder} is not a folder")
+    for model in stray_folders(folder):
+        raise HarnessError(f"{model} is a folder of the Triton repository without a config.pbtxt: Triton would try "
+                           "to load it as a model and fail; move it out of the repository")
     configs = {}
     for model in sorted(p for p in folder.iterdir() if p.is_dir()):
-        config_file = model / "config.pbtxt"
-        if not config_file.is_file():
-            raise HarnessError(f"{model} is a folder of the Triton repository without a config.pbtxt: Triton would try "
-                               "to load it as a model and fail; move it out of the repository")
-        config = validate_config(config_file)
+        config = validate_config(model / "config.pbtxt")
         _check_model(model, config)
         configs[model.name] = config
     if not configs:
