@@ -39,6 +39,11 @@ def test_seed_is_refused_since_each_request_brings_its_own(tmp_path, capsys, no_
     assert "Traceback" not in err
 
 
+def test_more_default_beams_than_rows_is_refused_before_the_load(tmp_path, capsys, no_load):
+    assert triton(tmp_path, "-o", str(tmp_path / "models"), "--num-beams", "5", "--max-rows", "4") == 2
+    assert "--num-beams 5 is more than the 4 rows the model generates at once (--max-rows)" in capsys.readouterr().err
+
+
 def test_output_seq_len_refusal_says_what_a_request_gets(tmp_path, capsys, no_load):
     assert triton(tmp_path, "-o", str(tmp_path / "models"), "--output-seq-len", "8") == 2
     assert "its MAX_NEW_TOKENS input (--max-new-tokens where it has none)" in capsys.readouterr().err

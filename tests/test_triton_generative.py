@@ -40,12 +40,16 @@ def served(tiny_gpt2_dir, onnx_work_dir, tmp_path_factory):
                    str(onnx_work_dir), "-o", str(repository), "--name", "gpt2", "--max-batch-size", "4",
                    "--max-new-tokens", "6"])
     assert code == 0
+    code = run_py(["triton", "GPT2", "onnxrt", "--torch-dir", str(tiny_gpt2_dir), "--working-dir",  # the same graph
+                   str(onnx_work_dir), "-o", str(repository), "--name", "gpt2_seq", "--max-batch-size", "4",
+                   "--scheduler", "sequential"])
+    assert code == 0
     validate_repository(repository)
     # a folder that is not a model, as users leave in -o: the command names it and says to serve only its models
     # (tests/test_triton_action.py), and served so the server starts with it there
     (repository / "notes").mkdir()
     flags = tuple(explicit_load_flags(repository).split())
-    assert flags == ("--model-control-mode=explicit", "--load-model=gpt2")
+    assert flags == ("--model-control-mode=explicit", "--load-model=gpt2", "--load-model=gpt2_seq")
     with triton_server(repository, root, timeout=120, extra_args=flags) as urls:
         yield urls
 
@@ -111,12 +115,20 @@ def test_bad_requests_get_errors_and_the_server_keeps_serving(served):
                  ([tensor("TEXT", [b"\xff"], "BYTES", object)], "TEXT row 0 is not UTF-8 text"),
                  # one request's rows share its settings: a second row's own value was silently the first's
                  (inputs(httpclient, PROMPTS) + [tensor("MAX_NEW_TOKENS", [2, 5], "INT32", np.int32)],
-                  r"MAX_NEW_TOKENS differs between the rows of one request \(2, 5\)")]
-        for request, needle in cases:
+                  r"MAX_NEW_TOKENS differs between the rows of one request \(2, 5\)"),
+                 # a row per beam: more beams than the rows the server generates at once would take every row's memory
+                 (inputs(httpclient, PROMPTS[:1], num_beams=5),
+                  "NUM_BEAMS 5 is more than the 4 rows this model generates at once; ask for at most 4")]
+        # the sequential model generates a request as one batch: its prompts times its beams are its rows
+        cases = [(case, "gpt2") for case in cases] + [(
+            (inputs(httpclient, PROMPTS, num_beams=3), "2 prompts with NUM_BEAMS 3 are 6 rows, more than the 4 this "
+                                                       "model generates at once"), "gpt2_seq")]
+        for (request, needle), name in cases:
             with pytest.raises(InferenceServerException, match=needle) as raised:
-                client.infer("gpt2", request)
+                client.infer(name, request)
             assert raised.value.status() == "400", (needle, raised.value.status())
-        assert client.infer("gpt2", inputs(httpclient, PROMPTS[:1], max_new_tokens=2)).as_numpy("GENERATED").shape \
-            == (1, 1)
+        for name in ("gpt2", "gpt2_seq"):
+            assert client.infer(name, inputs(httpclient, PROMPTS[:1], max_new_tokens=2)).as_numpy("GENERATED").shape \
+                == (1, 1)
     finally:
         client.close()

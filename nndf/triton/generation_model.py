@@ -130,6 +130,7 @@ class TritonPythonModel:
         self._work = tempfile.TemporaryDirectory(prefix="nndf-triton-")
         settings, self.model = load_served(Path(args["model_repository"]) / args["model_version"], self._work.name)
         self.defaults = settings["defaults"]
+        self.max_rows = settings["max_rows"]  # rows generated at once: what this server's memory was sized for
         self.worker = None
         if settings.get("scheduler", "continuous") == "continuous":
             from nndf.continuous import BatchWorker, ContinuousBatcher
@@ -148,6 +149,9 @@ class TritonPythonModel:
         for name, value in (("MAX_NEW_TOKENS", max_new), ("NUM_BEAMS", beams)):
             if value < 1:
                 raise UsageError(f"{name} must be at least 1, got {value}")
+        if beams > self.max_rows:  # a row per beam: far more would take the memory of every client's rows
+            raise UsageError(f"NUM_BEAMS {beams} is more than the {self.max_rows} rows this model generates at once; "
+                             f"ask for at most {self.max_rows}")
         return dict(decoding, max_new_tokens=max_new, num_beams=beams,
                     sampling_stream=self.defaults.get("sampling_stream", "generate"))
 
@@ -199,6 +203,10 @@ class TritonPythonModel:
         try:
             texts = _texts(request)
             settings = self.settings(request)
+            if len(texts) * settings["num_beams"] > self.max_rows:  # the request is one batch: a row per beam
+                raise UsageError(f"{len(texts)} prompts with NUM_BEAMS {settings['num_beams']} are "
+                                 f"{len(texts) * settings['num_beams']} rows, more than the {self.max_rows} this "
+                                 "model generates at once; send fewer prompts per request, or fewer beams")
             model = self.model
             ids, mask = encode_prompts(model.tokenizer, texts, use_mask=True, pad_side=model.architecture.pad_side)
             output = model.generate(ids, mask, **settings)

@@ -86,6 +86,10 @@ def check_serving(output_dir: str | Path, name: str, max_batch_size: int, nb_ins
     for flag, value in (("--max-batch-size", max_batch_size), ("--nb-instances", nb_instances), ("--max-rows", rows)):
         if value < 1:
             raise UsageError(f"{flag} must be at least 1, got {value}")
+    if num_beams > rows:  # each beam is a row; the served model refuses a request with more (NUM_BEAMS)
+        raise UsageError(f"--num-beams {num_beams} is more than the {rows} rows the model generates at once "
+                         f"({'--max-rows' if max_rows is not None else '--max-batch-size'}), so every request "
+                         "keeping the default would be refused; ask for fewer beams or more rows")
     Sampling(stream=sampling_stream)  # one sentence for a stream that does not exist
     if queue_delay_us < 0:
         raise UsageError(f"--max-queue-delay-us must be 0 or more, got {queue_delay_us}")
