@@ -106,6 +106,10 @@ def test_a_write_without_streaming_removes_the_earlier_streaming_twin(tiny_gpt2_
     models = tmp_path / "models"
     assert [p.name for p in write_generative_repository(models, "gpt2", model, 2, streaming=True)] == \
         ["gpt2", "gpt2_stream"]
+    # the twin's graph and weights are the model's, on disk once (hard links); their configs are their own
+    weights = [p.relative_to(models / "gpt2") for p in (models / "gpt2").rglob("*") if p.suffix in (".onnx", ".data")]
+    assert weights and all((models / "gpt2" / p).samefile(models / "gpt2_stream" / p) for p in weights)
+    assert (models / "gpt2_stream" / "config.pbtxt").read_text() != (models / "gpt2" / "config.pbtxt").read_text()
     capsys.readouterr()
     write_generative_repository(models, "gpt2", model, 2)
     assert sorted(p.name for p in models.iterdir()) == ["gpt2"]

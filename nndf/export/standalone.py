@@ -13,6 +13,7 @@ runs it, and a Triton generation model (`nndf.triton.generative`) is the same fo
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -52,10 +53,20 @@ def standalone_files(model, scratch: Path) -> tuple[dict[str, Path], dict]:
     return files, settings
 
 
-def copy_files(files: dict[str, Path], folder: Path) -> None:
-    """Each source file to its relative path under `folder` (a standalone folder's, a Triton model version's)."""
+def copy_files(files: dict[str, Path], folder: Path, same_as: Path | None = None) -> None:
+    """Each source file to its relative path under `folder` (a standalone folder's, a Triton model version's).
+
+    `same_as`: a folder written from the same `files` just before (a Triton model's streaming twin): each file is a
+    hard link to its copy there, so the graph's weights are on disk once (626 MB twice for GPT-2 otherwise); a
+    later rewrite of either folder makes new files and leaves the other's alone. Copied where linking fails."""
     for relative, source in files.items():
         (folder / relative).parent.mkdir(parents=True, exist_ok=True)
+        if same_as is not None and (same_as / relative).is_file():
+            try:
+                os.link(same_as / relative, folder / relative)
+                continue
+            except OSError:  # a file system without hard links: a copy
+                pass
         shutil.copyfile(source, folder / relative)
 
 

@@ -128,7 +128,8 @@ def write_generative_repository(output_dir: str | Path, name: str, model, max_ba
         written = [write_model_folder(Path(output_dir), folder,
                                       generative_config(folder, max_batch_size, nb_instances, DEVICES["cpu"],
                                                         scheduler, decoupled=folder != name,
-                                                        queue_delay_us=queue_delay_us), files)
+                                                        queue_delay_us=queue_delay_us), files,
+                                      files_as=None if folder == name else name)  # the twin: its files linked
                    for folder in model_folders(name, streaming)]
     if not streaming:
         _remove_stale_twin(Path(output_dir) / (name + STREAM_SUFFIX), SETTINGS_FILE)

@@ -205,13 +205,14 @@ def warn_stray_folders(output_dir: str | Path) -> list[Path]:
 
 
 def write_model_folder(output_dir: Path, folder: str, config, files: Mapping[str, Path] | None = None,
-                 tokenizer_dir: Path | None = None) -> Path:
-    """One model folder, built beside its final place and renamed in: a failure leaves the old one (or nothing)."""
+                 tokenizer_dir: Path | None = None, files_as: str | None = None) -> Path:
+    """One model folder, built beside its final place and renamed in: a failure leaves the old one (or nothing).
+    `files_as`: a model folder of `output_dir` just written with the same `files`, whose copies they link to."""
     with atomic_dir(output_dir / folder) as tmp:
         version = tmp / "1"
         version.mkdir()
         (tmp / "config.pbtxt").write_text(_render(config), encoding="utf-8")
-        copy_files(files or {}, version)
+        copy_files(files or {}, version, same_as=None if files_as is None else output_dir / files_as / "1")
         if tokenizer_dir is not None:
             _copy_tokenizer(tokenizer_dir, version / TOKENIZER_FOLDER)
     return output_dir / folder
