@@ -259,6 +259,10 @@ def _check_engine_flags(args) -> None:
         if getattr(args, dest, off) != off and named and not has_trt:
             raise UsageError(f"--{dest.replace('_', '-')} shapes TensorRT engines; without trt among the backends "
                              "it changes nothing: name trt or drop it")
+    if hasattr(args, "decoder_engine"):  # the actions that take given graphs and engines
+        from nndf.actions.common import check_backend_flags
+
+        check_backend_flags(args, [name for name in named if isinstance(name, str)])
     check_engine_postfix(getattr(args, "engine_postfix", ""))  # a name's characters, before anything loads
     for dest in ("min_dynamic_batch", "max_dynamic_batch"):
         if getattr(args, dest, None) is not None and not getattr(args, "dynamic_batch", False):

@@ -145,16 +145,28 @@ def _flag(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
-def backend_options(args, backends: list[str]) -> BackendOptions:
-    """Backend options from the flags; --int8/--int4 and given ONNX files need a backend that runs ONNX files,
-    given engines the trt backend, --cuda-graph frameworks or trt (and a CUDA GPU: `check_machine`, after the
-    other flags)."""
+def backend_options(args) -> BackendOptions:
+    """Backend options from the flags (`check_backend_flags`)."""
+    check_backend_flags(args, args.backends)
+    quantize = "int8" if args.int8 else "int4" if args.int4 else None
+    return BackendOptions(working_dir=args.working_dir, threads=args.threads, quantize=quantize,
+                          block_size=getattr(args, "block_size", None), cuda_graph=args.cuda_graph,
+                          kv_layout=getattr(args, "kv_layout", None) or "shared",
+                          **{f: getattr(args, f) for f in (*GIVEN_ONNX, *GIVEN_ENGINES)})
+
+
+def check_backend_flags(args, names: list[str]) -> None:
+    """--int8/--int4 and given ONNX files need a backend that runs ONNX files, given engines the trt backend,
+    --cuda-graph frameworks or trt (and a CUDA GPU: `check_machine`, after the other flags). `names`: the backends
+    as named (onnxrt-int8). Also run by nndf.cli before the given paths are checked: a flag that does not apply is
+    said first, not that its file is missing."""
+    backends = list(dict.fromkeys(split_backend(name)[0] for name in names))
     quantize = "int8" if args.int8 else "int4" if args.int4 else None
     onnx_flags = [f"--{quantize}"] * bool(quantize) + [_flag(f) for f in GIVEN_ONNX if getattr(args, f)]
     if onnx_flags and not any(b in RUNS_ONNX_FILES for b in backends):
         raise UsageError(f"{onnx_flags[0]} applies to the {', '.join(RUNS_ONNX_FILES)} backend(s); add one of them")
     block_size = getattr(args, "block_size", None)
-    if block_size is not None and not (quantize or any(split_backend(b)[1] for b in args.backends)):
+    if block_size is not None and not (quantize or any(split_backend(name)[1] for name in names)):
         raise UsageError("--block-size applies to quantized weights; add --int8 or --int4, or a backend such as "
                          "onnxrt-int8")
     trt_flags = [_flag(f) for f in GIVEN_ENGINES if getattr(args, f)]
@@ -162,9 +174,6 @@ def backend_options(args, backends: list[str]) -> BackendOptions:
         raise UsageError(f"{trt_flags[0]} applies to the trt backend; add trt")
     if args.cuda_graph and not {"trt", "frameworks"} & set(backends):
         raise UsageError("--cuda-graph applies to the frameworks and trt backends; add one of them")
-    return BackendOptions(working_dir=args.working_dir, threads=args.threads, quantize=quantize, block_size=block_size,
-                          cuda_graph=args.cuda_graph, kv_layout=getattr(args, "kv_layout", None) or "shared",
-                          **{f: getattr(args, f) for f in (*GIVEN_ONNX, *GIVEN_ENGINES)})
 
 
 def add_image_argument(parser, help_text: str) -> None:
@@ -209,7 +218,7 @@ def open_models(args, needs_text: bool = False, new_tokens_flag: str | None = No
                          "name such as onnxrt-int8 in the list, leave the flag out")
     check_kv_layout(getattr(args, "kv_layout", None), backends, spec, getattr(args, "use_cache", True))
     settings = build_settings(args)
-    options = backend_options(args, backends)  # its flags checked before the slow load
+    options = backend_options(args)  # its flags checked before the slow load
     for name in backends:
         if name not in spec.backends:
             raise UsageError(
