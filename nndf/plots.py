@@ -22,9 +22,10 @@ def check_plotting(path: str | None) -> None:
     if path is None:
         return
     try:
-        import matplotlib  # noqa: F401
+        import matplotlib
     except ImportError:
         raise HarnessError("--plot needs matplotlib, which is not installed: pip install 'nndf[plot]'") from None
+    del matplotlib  # only whether it is there matters here (and pyflakes sees it used)
 
 
 def plot_bars(path: str, title: str, rows: Sequence[dict], panels: Sequence[Panel]) -> Path:
@@ -56,11 +57,19 @@ def draw_bars(fig, title: str, rows: Sequence[dict], panels: Sequence[Panel]) ->
             ax.set_yticks([])
             continue
         values = [r[key] for r in shown]
-        errors = [r.get(spread) or 0.0 for r in shown] if spread else None
+        errors = None
+        if spread:  # a time is never below 0: a spread wider than its bar stops there, not on a negative axis
+            above = [r.get(spread) or 0.0 for r in shown]
+            errors = [[min(e, v) for e, v in zip(above, values)], above]
         bars = ax.bar(range(len(shown)), values, yerr=errors, capsize=4,
                       color=[colors[i % len(colors)] for i in range(len(shown))])
-        ax.bar_label(bars, labels=[f"{v:.3g}" for v in values], padding=2, fontsize=8)
+        ax.bar_label(bars, labels=[bar_label(v) for v in values], padding=2, fontsize=8)
         ax.set_xticks(range(len(shown)), [r["backend"] for r in shown], rotation=20, ha="right", fontsize=8)
         ax.margins(y=0.15)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
+
+
+def bar_label(value: float) -> str:
+    """A bar's figure in three significant digits, never in exponent form: "1119" ms, not "1.12e+03"."""
+    return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.3g}"

@@ -128,6 +128,21 @@ def test_a_panel_no_backend_has_a_figure_for_says_so():
     assert [t.get_text() for t in empty.texts] == ["not measured in this run"]
 
 
+def test_bar_labels_have_no_exponent_and_a_wide_spread_stops_at_zero():
+    """A 1119 ms decode step was labelled "1.12e+03", and a spread wider than its bar drew the axis below 0 ms."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from nndf.plots import draw_bars
+
+    fig = Figure()
+    rows = [{"backend": "a", "d": 1119.1, "s": 50.0}, {"backend": "b", "d": 645.0, "s": 700.0}]
+    draw_bars(fig, "t", rows, [("d", "decode", "s")])
+    [ax] = fig.axes
+    assert [t.get_text() for t in ax.texts] == ["1119", "645"]
+    assert ax.get_ylim()[0] >= 0
+
+
 def test_generate_takes_generates_lengths_and_special_tokens(tiny_gpt2_dir):
     """`max_length`, the default length (20 new tokens, within the model's positions), `eos_token_id` and
     `pad_token_id` mean what they mean to transformers 5's generate(): the same tokens as generate() itself, called

@@ -63,6 +63,9 @@ def test_benchmark_table_and_json(capsys, tiny_gpt2_dir, tmp_path):
         assert row["tokens_per_s"] == pytest.approx(10 / (row["latency_ms"] / 1e3))
         assert row["peak_bytes"] > 0
     assert data["context"]["settings"]["batch_size"] == 2
+    # how tokens were picked and the prompts' seed are in the JSON too, not only in the title
+    assert data["context"]["decoding"] == "greedy" and data["context"]["input_seed"] == 0
+    assert [row["runs"] for row in data["rows"]] == [2, 2]
 
 
 def test_info_prints_shapes(capsys, tiny_gpt2_dir):
@@ -203,6 +206,7 @@ def test_help_lists_actions_and_flags():
                  "--number", "--warmup", "--duration", "--percentile", "--input-seq-len", "--output-seq-len",
                  "--json", "--info", "--random-weights"):
         assert flag in proc.stdout
+    assert "(default 64; image-to-text families: none, no text prefix)" in " ".join(proc.stdout.split())
 
 
 @needs_shared(LAMBADA_FILE)
@@ -310,9 +314,10 @@ def test_quantization_flags_need_an_onnx_backend(capsys):
 
 def test_fp16_on_the_cpu_says_it_is_slow_there(capsys, tiny_gpt2_dir):
     """PyTorch runs half precision on the CPU, at a fraction of fp32's speed: the run goes on, with a note first."""
-    code, _, err = run_cli(capsys, "benchmark", "GPT2", "frameworks", "--torch-dir", tiny_gpt2_dir, "--fp16",
-                           "--input-seq-len", 4, "--output-seq-len", 2, "--iterations", 1, "--warmup", 0)
+    code, out, err = run_cli(capsys, "benchmark", "GPT2", "frameworks", "--torch-dir", tiny_gpt2_dir, "--fp16",
+                             "--input-seq-len", 4, "--output-seq-len", 1, "--iterations", 1, "--warmup", 0)
     assert code == 0, err
+    assert "batch 1, 4 prompt + 1 new token, greedy, fp16" in out and "4 prompt + 1 token, greedy" in err
     assert "note: fp16 (--fp16, fp16=True) on the CPU: PyTorch computes half precision far slower than fp32 here" in err
 
 

@@ -182,3 +182,18 @@ def test_info_shows_each_setting_once() -> None:
     lines = result.render(verbose=True, shown={"model": "GPT2", "settings": {"batch_size": 1}}).splitlines()
     assert lines[:2] == ["t", "timing: iterations=5"]
     assert result.render(verbose=True).splitlines()[1:3] == ["model: GPT2", "settings: batch_size=1"]
+
+
+def test_the_benchmark_note_gives_each_backends_runs_when_they_differ() -> None:
+    """--duration 2 gave onnxrt 55 runs and frameworks 12, and the note said "55 timed runs per backend" (the last
+    row's count); it also says now what throughput and stdev are computed from."""
+    from nndf.actions.benchmark import runs_note
+    from nndf.measure import TimingSettings
+
+    rows = [{"backend": "frameworks", "runs": 12}, {"backend": "onnxrt", "runs": 55}]
+    note = runs_note(rows, TimingSettings(iterations=2, warmup=1, duration=2, percentile=90))
+    assert note.startswith("timed runs: frameworks 12, onnxrt 55 (as many as fit in --duration 2 s) after 1 warm-up "
+                           "run; throughput is batch x new tokens over the p90 latency (prompt tokens not counted)")
+    same = runs_note([{"backend": "frameworks", "runs": 3}, {"backend": "onnxrt", "runs": 3}], TimingSettings(3))
+    assert same.startswith("3 timed runs per backend after 3 warm-up runs; throughput is batch x new tokens over the "
+                           "p50 latency")

@@ -38,6 +38,9 @@ def add_arguments(parser) -> None:
     add_image_argument(parser, "image-to-text families (BLIP): these PNG/JPEG files instead of random pixels (their "
                        "count is the batch)")
     parser.set_defaults(output_seq_len=DEFAULT_OUTPUT_LEN)
+    for option in parser._actions:  # its default is set in `run`: an image-to-text model's is no text prefix
+        if option.dest == "input_seq_len":
+            option.help += f" (default {DEFAULT_INPUT_LEN}; image-to-text families: none, no text prefix)"
 
 
 def image_inputs(args, model, images) -> dict:
@@ -86,11 +89,12 @@ def run(args) -> list[Result]:
     hf_row = None
     for runner in runners_for(models):
         say(f"benchmarking {runner.label}: batch {batch}, {first.architecture.benchmark_inputs(prompt_len)} + "
-            f"{new_tokens} tokens, {picked}")
+            f"{_count(new_tokens, 'token')}, {picked}")
         t = time_generation(runner, inputs, new_tokens, new_tokens, args.num_beams, timing, decoding=decoding)
         latency = t.latency.percentile(pct)
         rows.append({
             "backend": runner.label,
+            "runs": len(t.latency.samples),
             "latency_ms": latency * 1e3,
             "encoder_ms": None if t.encoder_median is None else t.encoder_median * 1e3,
             "first_token_ms": t.first_token_median * 1e3,
@@ -117,16 +121,9 @@ def run(args) -> list[Result]:
         Column("spread_pct", "stdev", "{:.1f}", "%"),
         Column("peak_memory", "peak memory"),
     ]
-    context = dict(describe(first), timing=dataclasses.asdict(timing),
+    context = dict(describe(first), timing=dataclasses.asdict(timing), decoding=picked, input_seed=data_seed(args),
                    input_seq_len=prompt_len, output_seq_len=new_tokens)
-    notes = [
-        f"{_count(len(t.latency.samples), 'timed run')} per backend"
-        + (f" (each the mean of {timing.number} generations, --number)" if timing.number > 1 else "")
-        + f" after {_count(timing.warmup, 'warm-up run')}; first token and decode step are medians over the same "
-        "runs; peak memory is the whole process's at its highest while that backend ran (resident set on the CPU, "
-        "so every backend loaded before it counts too; allocated on CUDA): for one backend's own, run it alone, or "
-        "bench/decoder_cpu.py (a process per engine).",
-    ]
+    notes = [runs_note(rows, timing)]
     if hf_row is not None:
         notes.append(f"vs HF generate: throughput over that of {hf_row['backend']} (Hugging Face generate() on the "
                      "same PyTorch model).")
@@ -137,12 +134,29 @@ def run(args) -> list[Result]:
     notes += noisy_note(rows)
     inputs = first.architecture.benchmark_inputs(prompt_len)
     title = (f"benchmark {first.spec.family} {first.loaded.name}: batch {batch}, {inputs} + "
-             f"{new_tokens} new tokens, {picked}, {weights_and_cache(args)}")
+             f"{_count(new_tokens, 'new token')}, {picked}, {weights_and_cache(args)}")
     if args.plot:
         plot_bars(args.plot, title, rows, [("decode_ms", "decode step (ms, +- stdev over runs)", "decode_spread_ms"),
                                            ("tokens_per_s", "throughput (tok/s)", None)])
         notes.append(f"plot written to {args.plot}")
     return [Result("benchmark", title, columns, rows, context, notes)]
+
+
+def runs_note(rows: list[dict], timing) -> str:
+    """What the figures are over: the timed runs of each backend (with --duration a fast backend has more than a
+    slow one in the same seconds, so the counts are each row's), the warm-up, how throughput and stdev are
+    computed, and whose memory the peak is."""
+    counts = {row["runs"] for row in rows}
+    runs = (f"{_count(counts.pop(), 'timed run')} per backend" if len(counts) == 1 else
+            "timed runs: " + ", ".join(f"{row['backend']} {row['runs']}" for row in rows)
+            + f" (as many as fit in --duration {timing.duration:g} s)")
+    return (runs + (f" (each the mean of {timing.number} generations, --number)" if timing.number > 1 else "")
+            + f" after {_count(timing.warmup, 'warm-up run')}; throughput is batch x new tokens over the "
+            f"p{timing.percentile:g} latency (prompt tokens not counted) and stdev the latency's over the timed runs, "
+            "in % of their mean; first token and decode step are medians over the same runs; peak memory is the "
+            "whole process's at its highest while that backend ran (resident set on the CPU, so every backend loaded "
+            "before it counts too; allocated on CUDA): for one backend's own, run it alone, or bench/decoder_cpu.py "
+            "(a process per engine).")
 
 
 # A run's latency stdev over its mean above which its figures say more about the machine than about the backend
