@@ -44,6 +44,9 @@ def test_shared_layout_tokens_equal_hf_generate(family, family_dirs, onnx_work_d
         assert session.info_notes[0].startswith("KV layout: shared")
     # a result's context (--info, --json) names the layout the graph has, not the one asked for
     assert describe(m)["backend_options"]["kv_layout"] == session.layout
+    # ... each row's own where a table has several backends (the first one's told nothing of the others)
+    backends = describe(nndf.load(family, backend="frameworks", loaded=m.loaded), m)["backends"]
+    assert "kv_layout" not in backends["frameworks"] and backends["onnxrt"]["kv_layout"] == session.layout
     for name, (ids, mask) in _batches().items():
         for num_beams in (1, 3):
             ours = m.generate(ids, mask, max_new_tokens=12, num_beams=num_beams)

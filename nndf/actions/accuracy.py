@@ -118,7 +118,7 @@ def run(args) -> list[Result]:
                      "so quantized agreement says little there: judge fidelity on trained weights.")
     first = models[0]
     title = f"accuracy {first.spec.family} {first.loaded.name}: LAMBADA, {sample_words(len(chosen), len(texts), args)}"
-    context = dict(describe(first), dataset=args.dataset_file or "EleutherAI/lambada_openai",
+    context = dict(describe(*models), dataset=args.dataset_file or "EleutherAI/lambada_openai",
                    num_samples=len(chosen), passages_in_dataset=len(texts),
                    sample="random" if len(chosen) < len(texts) else "all", sample_seed=data_seed(args),
                    tokens_to_generate=args.tokens_to_generate, topN=n)

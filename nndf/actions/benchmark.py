@@ -121,7 +121,7 @@ def run(args) -> list[Result]:
         Column("spread_pct", "stdev", "{:.1f}", "%"),
         Column("peak_memory", "peak memory"),
     ]
-    context = dict(describe(first), timing=dataclasses.asdict(timing), decoding=picked, input_seed=data_seed(args),
+    context = dict(describe(*models), timing=dataclasses.asdict(timing), decoding=picked, input_seed=data_seed(args),
                    input_seq_len=prompt_len, output_seq_len=new_tokens)
     notes = [runs_note(rows, timing)]
     if hf_row is not None:

@@ -319,4 +319,4 @@ def run(args, stream=None) -> list[Result]:
     if any(row["first_text_ms"] is not None for row in chat.rows):
         notes.append("first text shown: from reading the line (an image's loading and processing included) to the "
                      "first text printed; time and first token: from the start of generation")
-    return [Result("chat", title, columns, chat.rows, describe(first), notes)]
+    return [Result("chat", title, columns, chat.rows, describe(*models), notes)]

@@ -269,21 +269,31 @@ def label(model: Model) -> str:
     return " ".join([model.backend, *extra])
 
 
-def describe(model: Model) -> dict:
-    """The context of a result: what ran, so that a JSON file is self-explanatory. The KV layout is the one the
-    graphs have (a model whose attention cannot share its cache keeps growing, whatever --kv-layout asked)."""
-    options = {k: v for k, v in dataclasses.asdict(model.options).items() if v is not None and k != "kv_layout"}
-    layouts = {getattr(session, "kv_layout", None) for session in model.decoder.sessions} - {None}
-    if layouts:
-        options["kv_layout"] = "/".join(sorted(layouts))
-    return {
-        "backend_options": options,
+def describe(model: Model, *others: Model) -> dict:
+    """The context of a result: what ran, so that a JSON file is self-explanatory. `backend_options` are the first
+    model's; with `others` (the other backends of one table), `backends` gives each row's own (its quantization,
+    its graph's KV layout), which the first one's do not tell."""
+    context = {
+        "backend_options": _backend_options(model),
         "model": model.spec.family,
         "variant": model.loaded.name,  # a --torch-dir model is named after its folder
         "weights": model.loaded.source,
         "device": str(model.decoder.device),
         "settings": model.settings.as_dict(),
     }
+    if others:
+        context["backends"] = {label(m): _backend_options(m) for m in (model, *others)}
+    return context
+
+
+def _backend_options(model: Model) -> dict:
+    """A model's backend options that are set. The KV layout is the one its graphs have (a model whose attention
+    cannot share its cache keeps growing, whatever --kv-layout asked)."""
+    options = {k: v for k, v in dataclasses.asdict(model.options).items() if v is not None and k != "kv_layout"}
+    layouts = {getattr(session, "kv_layout", None) for session in model.decoder.sessions} - {None}
+    if layouts:
+        options["kv_layout"] = "/".join(sorted(layouts))
+    return options
 
 
 def info_result(model: Model) -> Result:

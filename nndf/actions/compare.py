@@ -45,5 +45,5 @@ def run(args) -> list[Result]:
         plot_bars(args.plot, title, rows, [("generation_ms", "full generation (ms)", None),
                                            ("decode_ms", "decode step (ms)", None)])
         notes.append(f"plot written to {args.plot}")
-    return [Result("compare", title, columns, rows, describe(first), notes),
+    return [Result("compare", title, columns, rows, describe(*models), notes),
             outputs_result(first, outputs)]

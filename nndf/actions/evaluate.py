@@ -149,7 +149,7 @@ def run(args) -> list[Result]:
                                               batch_size=args.batch_size, bootstrap_iters=args.bootstrap_iters,
                                               log_samples=False, **lm_eval_seeds(args.seed))
             runs.append((model, out, time.perf_counter() - started))
-    context = dict(describe(models[0]), tasks=tasks.names, limit=args.limit, num_fewshot=args.num_fewshot,
+    context = dict(describe(*models), tasks=tasks.names, limit=args.limit, num_fewshot=args.num_fewshot,
                    seed=args.seed, dataset_files=args.task_files, include_path=args.include_path)
     results = [backend_table(model, out, seconds, context) for model, out, seconds in runs]
     if len(runs) > 1:

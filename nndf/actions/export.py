@@ -82,7 +82,7 @@ def run(args) -> list[Result]:
         notes.append(f"standalone folder: {folder} (graphs with their weights, config, generation config and "
                      f"tokenizer; no PyTorch checkpoint): nndf.load_exported({str(folder)!r}) runs it without the "
                      "PyTorch model or the hub.")
-    return [Result("export", f"export {first.spec.family} {first.loaded.name}", columns, rows, describe(first), notes)]
+    return [Result("export", f"export {first.spec.family} {first.loaded.name}", columns, rows, describe(*models), notes)]
 
 
 def _open(args) -> list:

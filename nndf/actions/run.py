@@ -221,5 +221,5 @@ def run(args) -> list[Result]:
     notes = sample_notes(args, rows)
     source = "the given images" if getattr(args, "image", None) else "checkpoint samples"
     title = f"run {first.spec.family} {first.loaded.name}: {source}, {picked}, {weights_and_cache(args)}"
-    return [Result("run", title, checkpoint_columns(args), rows, describe(first), notes),
+    return [Result("run", title, checkpoint_columns(args), rows, describe(*models), notes),
             outputs_result(first, outputs)]
