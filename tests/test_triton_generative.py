@@ -118,7 +118,12 @@ def test_bad_requests_get_errors_and_the_server_keeps_serving(served):
                   r"MAX_NEW_TOKENS differs between the rows of one request \(2, 5\)"),
                  # a row per beam: more beams than the rows the server generates at once would take every row's memory
                  (inputs(httpclient, PROMPTS[:1], num_beams=5),
-                  "NUM_BEAMS 5 is more than the 4 rows this model generates at once; ask for at most 4")]
+                  "NUM_BEAMS 5 is more than the 4 rows this model generates at once; ask for at most 4"),
+                 # said in the inputs' names and values, not the command line's flags
+                 (inputs(httpclient, PROMPTS[:1], num_beams=2) + [tensor("DO_SAMPLE", [True], "BOOL", bool)],
+                  "sample with NUM_BEAMS 1, or search beams with DO_SAMPLE false$"),
+                 (inputs(httpclient, PROMPTS[:1]) + [tensor("SEED", [-1], "INT64", np.int64)],
+                  "SEED must be a whole number from 0 to 2.*63 - 1, got -1$")]
         # the sequential model generates a request as one batch: its prompts times its beams are its rows
         cases = [(case, "gpt2") for case in cases] + [(
             (inputs(httpclient, PROMPTS, num_beams=3), "2 prompts with NUM_BEAMS 3 are 6 rows, more than the 4 this "

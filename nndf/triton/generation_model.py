@@ -26,6 +26,7 @@ clients see as HTTP 400 or gRPC INVALID_ARGUMENT, naming the input; anything els
 """
 
 import json
+import re
 import tempfile
 from pathlib import Path
 
@@ -71,9 +72,12 @@ def _texts(request) -> list:
 def _error(exc: BaseException) -> "pb_utils.TritonError":
     """The error a client gets: INVALID_ARG for its own fault (a UsageError: a bad value, a prompt too long), with
     nndf's keyword names (`temperature (--temperature)`) said as the inputs the client sent; INTERNAL otherwise."""
-    message = str(exc)
+    message = str(exc).replace(" or a torch.Generator", "")  # the Python API's; a client sends a number
     for name, keyword in INPUT_KEYWORDS.items():
         message = message.replace(f"{keyword} (--{keyword.replace('_', '-')})", name)
+        # `num_beams=1 (--num-beams 1)`, `do_sample=False (--no-do-sample)`: the input and its value
+        message = re.sub(rf"\b{keyword}=(\S+) \(--[^)]*\)", lambda m, name=name: f"{name} {m.group(1).lower()}",
+                         message)
     code = pb_utils.TritonError.INVALID_ARG if isinstance(exc, UsageError) else pb_utils.TritonError.INTERNAL
     return pb_utils.TritonError(f"generation failed: {message}", code)
 
