@@ -61,13 +61,20 @@ def copy_files(files: dict[str, Path], folder: Path, same_as: Path | None = None
     later rewrite of either folder makes new files and leaves the other's alone. Copied where linking fails."""
     for relative, source in files.items():
         (folder / relative).parent.mkdir(parents=True, exist_ok=True)
-        if same_as is not None and (same_as / relative).is_file():
-            try:
-                os.link(same_as / relative, folder / relative)
-                continue
-            except OSError:  # a file system without hard links: a copy
-                pass
-        shutil.copyfile(source, folder / relative)
+        if same_as is None or not _linked(same_as / relative, folder / relative):
+            shutil.copyfile(source, folder / relative)
+
+
+def _linked(existing: Path, link: Path) -> bool:
+    """Whether `link` could be made a hard link to `existing` (not on a file system without them, nor when
+    `existing` is not a file)."""
+    if not existing.is_file():
+        return False
+    try:
+        os.link(existing, link)
+    except OSError:
+        return False
+    return True
 
 
 def check_replaceable(flag: str, folder: str | Path) -> None:

@@ -30,8 +30,10 @@ def _registration_module():
     except ImportError:
         return None
     registry = getattr(_registration, "ONNXRegistry", None)
-    if registry is None or not callable(getattr(registry, "from_torchlib", None)):
-        return None
+    constants = getattr(_registration, "_constants", None)
+    if registry is None or not isinstance(vars(registry).get("from_torchlib"), classmethod) \
+            or not isinstance(getattr(constants, "TORCHLIB_OPSET", None), int):
+        return None  # not the exporter this was written against: torch's own builder stays
     return _registration
 
 
@@ -70,8 +72,8 @@ def torchlib_registry_built_once():
 
 def _cached_builder(module, cls, build):
     def from_torchlib(klass, opset_version=None, **kwargs):
-        opset = getattr(module._constants, "TORCHLIB_OPSET", None) if opset_version is None else opset_version
-        if kwargs or opset is None or klass is not cls:  # a call this cache does not know: torch's own build
+        opset = module._constants.TORCHLIB_OPSET if opset_version is None else opset_version
+        if kwargs or klass is not cls:  # a call this cache does not know: torch's own build
             return build(klass, *(() if opset_version is None else (opset_version,)), **kwargs)
         with _BUILD_LOCK:
             if opset not in _BUILT:
