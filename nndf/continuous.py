@@ -31,7 +31,7 @@ import torch
 
 from nndf.decoder import TokenState
 from nndf.errors import UsageError
-from nndf.generation import GenerationOptions, generate
+from nndf.generation import BEAMS_WITH_STOPPING, GenerationOptions, generate
 from nndf.kvcache import StaticKVCache
 from nndf.rowcache import RowCache
 from nndf.sampling import last_dim_argmax
@@ -44,11 +44,14 @@ FIRST_CAPACITY = 128  # columns the batch's cache starts with (it grows to the m
 class Request:
     """One prompt (1, L) to continue with `options`. `streamer` (put/end, as `generate(streamer=...)`) gets the
     prompt, then each new token, then `end()`; `is_cancelled` is asked every few steps (a client that left);
-    `on_done(request)` is called once, from the batcher's thread, when the request ends for any reason."""
+    `on_done(request)` is called once, from the batcher's thread, when the request ends for any reason. `stopping`
+    (what `generate(stopping_criteria=...)` takes, e.g. `Model.stop_criteria(["\\n"])`) ends the request once it
+    says so of the prompt and the new tokens (called with scores None), as stop strings end a `Model.generate` row."""
 
     prompt: torch.Tensor
     options: GenerationOptions
     streamer: object | None = None
+    stopping: Callable[[torch.Tensor, None], object] | None = None
     is_cancelled: Callable[[], bool] | None = None
     on_done: Callable[["Request"], None] | None = None
     new_tokens: list[int] = field(default_factory=list)
@@ -80,11 +83,12 @@ class Request:
     def _take(self, token: int) -> bool:
         """Record a token; whether the request is finished."""
         self.new_tokens.append(token)
-        if self._processors:
+        if self._processors or self.stopping is not None:
             self._sequence = torch.cat([self._sequence, self._sequence.new_tensor([[token]])], dim=1)
         if self.streamer is not None:
             self.streamer.put(torch.tensor([token]))
-        return token in self.options.eos_ids or len(self.new_tokens) >= self.options.max_new_tokens
+        return (token in self.options.eos_ids or len(self.new_tokens) >= self.options.max_new_tokens
+                or (self.stopping is not None and bool(self.stopping(self._sequence, None)[0])))
 
     def _finish(self, error: BaseException | None = None, cancelled: bool = False) -> None:
         self.error, self.cancelled = error, cancelled
@@ -147,6 +151,8 @@ class ContinuousBatcher:
         self.model.architecture.check_token_ids(request.prompt, self.shapes)
         if request.options.num_beams > 1 and request.streamer is not None:
             raise UsageError("beam search (num_beams > 1) cannot stream: ask for one beam, or for the whole answer")
+        if request.options.num_beams > 1 and request.stopping is not None:
+            raise UsageError(BEAMS_WITH_STOPPING)
 
     def submit(self, request: Request) -> Request:
         """Queue a request (safe from any thread); it joins the batch at the next step."""

@@ -37,6 +37,8 @@ def penalty_skips_padding() -> bool:
 
 BEAMS_WITH_SAMPLING = ("sampling with beam search is not built: sample with num_beams=1 (--num-beams 1), or search "
                        "beams with do_sample=False (--no-do-sample)")
+BEAMS_WITH_STOPPING = ("stopping criteria (stop strings) apply to greedy search and sampling; beam search ends at EOS "
+                       "or max_new_tokens")
 
 
 @dataclass(frozen=True)
@@ -177,8 +179,7 @@ def generate(
     if mask.shape != input_ids.shape:
         raise UsageError(f"attention_mask shape {tuple(mask.shape)} differs from input_ids {tuple(input_ids.shape)}")
     if options.num_beams > 1 and stopping is not None:
-        raise UsageError("stopping criteria (stop strings) apply to greedy search and sampling; beam search ends at "
-                         "EOS or max_new_tokens")
+        raise UsageError(BEAMS_WITH_STOPPING)
     if options.num_beams > 1 and streamer is not None:
         raise UsageError("a streamer follows one sequence per prompt, as generate()'s does; beam search "
                          "(num_beams > 1) cannot stream")

@@ -145,15 +145,23 @@ class Model:
                         streamer).cpu()
 
     def _with_stop_strings(self, stopping, stop_strings):
-        """`stopping` and transformers' own StopStringCriteria for `stop_strings` (as generate() builds it)."""
-        if not stop_strings:
+        """`stopping` and the criteria of `stop_strings` (`stop_criteria`) together."""
+        criteria = self.stop_criteria(stop_strings)
+        if criteria is None:
             return stopping
-        from transformers import StoppingCriteriaList, StopStringCriteria
-
-        criteria = StoppingCriteriaList([StopStringCriteria(self.tokenizer, stop_strings)])
         if stopping is not None:
             criteria.append(stopping)
         return criteria
+
+    def stop_criteria(self, stop_strings: str | list[str] | None):
+        """transformers' own StopStringCriteria for `stop_strings` with this model's tokenizer, as generate() builds
+        it (a `StoppingCriteriaList`: `criteria(tokens, scores)` says per row whether its text ends with one of
+        them); None for no stop strings. A continuous batch's `Request(stopping=...)` takes it too."""
+        if not stop_strings:
+            return None
+        from transformers import StoppingCriteriaList, StopStringCriteria
+
+        return StoppingCriteriaList([StopStringCriteria(self.tokenizer, stop_strings)])
 
     def hf_generate(
         self,

@@ -118,6 +118,25 @@ def test_a_cancelled_or_failing_request_ends_alone(tiny_gpt2_dir, onnx_work_dir)
         batcher.submit(Request(p[0], model.generation_options(200)))
 
 
+def test_a_row_ends_at_its_stop_string_as_generate_ends_it(tiny_gpt2_dir, onnx_work_dir):
+    """`Request(stopping=Model.stop_criteria(...))`: the row ends where `Model.generate(stop_strings=...)` ends it,
+    its neighbours go on; with beams it is refused, as generate() refuses it."""
+    model = nndf.load("GPT2", torch_dir=str(tiny_gpt2_dir), backend="onnxrt", working_dir=str(onnx_work_dir))
+    p = prompts(1000, (5, 8), seed=4)
+    options = model.generation_options(12)
+    free = alone(model, p[0], options)
+    stop = next(text for text in (model.tokenizer.decode(free[i:i + 1]) for i in range(3, 12)) if text.strip())
+    expected = model.new_tokens(model.generate(p[0], max_new_tokens=12, stop_strings=[stop]), p[0])[0].tolist()
+    assert len(expected) < 12 and stop in model.tokenizer.decode(expected)  # the stop string ends it early
+    batcher = ContinuousBatcher(model, max_rows=2)
+    stopped = batcher.submit(Request(p[0], options, stopping=model.stop_criteria([stop])))
+    neighbour = batcher.submit(Request(p[1], options))
+    batcher.run_until_idle()
+    assert stopped.new_tokens == expected and neighbour.new_tokens == alone(model, p[1], options)
+    with pytest.raises(UsageError, match="stop strings.* apply to greedy search and sampling"):
+        batcher.submit(Request(p[0], model.generation_options(4, num_beams=2), stopping=model.stop_criteria(["a"])))
+
+
 def test_the_worker_serves_threads_and_finishes_what_was_submitted_when_closed(tiny_gpt2_dir, onnx_work_dir):
     model = nndf.load("GPT2", torch_dir=str(tiny_gpt2_dir), backend="onnxrt", working_dir=str(onnx_work_dir))
     worker = BatchWorker(ContinuousBatcher(model, max_rows=2))

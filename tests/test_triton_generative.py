@@ -54,11 +54,11 @@ def served(tiny_gpt2_dir, onnx_work_dir, tmp_path_factory):
         yield urls
 
 
-def direct(tiny_gpt2_dir, onnx_work_dir, prompts, max_new_tokens, num_beams=1):
+def direct(tiny_gpt2_dir, onnx_work_dir, prompts, max_new_tokens, num_beams=1, **settings):
     """What our loop generates from the same graph without Triton: the new text of each prompt."""
     model = nndf.load("GPT2", torch_dir=str(tiny_gpt2_dir), backend="onnxrt", working_dir=str(onnx_work_dir))
     ids, mask = encode_prompts(model.tokenizer, prompts, use_mask=True, pad_side="left")
-    out = model.generate(ids, mask, max_new_tokens=max_new_tokens, num_beams=num_beams)
+    out = model.generate(ids, mask, max_new_tokens=max_new_tokens, num_beams=num_beams, **settings)
     return model.tokenizer.batch_decode(model.new_tokens(out, ids), skip_special_tokens=True)
 
 
@@ -96,6 +96,33 @@ def tensor(name, values, kind, dtype):
     return found
 
 
+def stops(strings, rows):
+    found = httpclient.InferInput("STOP", [rows, len(strings)], "BYTES")
+    found.set_data_from_numpy(np.array([[text.encode() for text in strings]] * rows, dtype=object))
+    return found
+
+
+def test_stop_strings_and_a_minimum_length_end_rows_as_generate_does(served, tiny_gpt2_dir, onnx_work_dir):
+    """STOP (several per row) and MIN_NEW_TOKENS reach the loop: on the continuous and the sequential model the text
+    is `Model.generate(stop_strings=..., min_new_tokens=...)`'s, which ends the first row early."""
+    free = direct(tiny_gpt2_dir, onnx_work_dir, PROMPTS, 8)
+    middle = len(free[0]) // 2
+    stop = free[0][middle: middle + 2]
+    assert stop.strip(), free
+    settings = {"stop_strings": [stop, "\u2603"], "min_new_tokens": 2}
+    expected = direct(tiny_gpt2_dir, onnx_work_dir, PROMPTS, 8, **settings)
+    assert expected[0] != free[0] and stop in expected[0]  # (a token may run past it: generate() stops there too)
+    client = httpclient.InferenceServerClient(served["http"])
+    try:
+        for name in ("gpt2", "gpt2_seq"):
+            request = inputs(httpclient, PROMPTS, max_new_tokens=8) + [
+                stops(settings["stop_strings"], len(PROMPTS)), tensor("MIN_NEW_TOKENS", [2, 2], "INT32", np.int32)]
+            rows = client.infer(name, request).as_numpy("GENERATED").reshape(-1)
+            assert [row.decode() for row in rows] == expected, name
+    finally:
+        client.close()
+
+
 def test_bad_requests_get_errors_and_the_server_keeps_serving(served):
     """Each bad request gets one error naming the input, as a client error (HTTP 400: the model's were 500, which
     says the server failed), and the server keeps serving."""
@@ -123,7 +150,16 @@ def test_bad_requests_get_errors_and_the_server_keeps_serving(served):
                  (inputs(httpclient, PROMPTS[:1], num_beams=2) + [tensor("DO_SAMPLE", [True], "BOOL", bool)],
                   "sample with NUM_BEAMS 1, or search beams with DO_SAMPLE false$"),
                  (inputs(httpclient, PROMPTS[:1]) + [tensor("SEED", [-1], "INT64", np.int64)],
-                  "SEED must be a whole number from 0 to 2.*63 - 1, got -1$")]
+                  "SEED must be a whole number from 0 to 2.*63 - 1, got -1$"),
+                 # generate() would ignore a temperature without sampling; a client who sent one expects a change
+                 (inputs(httpclient, PROMPTS[:1]) + [tensor("TEMPERATURE", [0.5], "FP32", np.float32)],
+                  r"TEMPERATURE shapes sampled draws, and this request does not sample \(the model's generation "
+                  r"config does not sample\): send DO_SAMPLE true"),
+                 (inputs(httpclient, PROMPTS[:1], max_new_tokens=3) + [tensor("MIN_NEW_TOKENS", [9], "INT32", np.int32)],
+                  r"MIN_NEW_TOKENS must lie in 0..MAX_NEW_TOKENS \(3\), got 9"),
+                 (inputs(httpclient, PROMPTS[:1]) + [stops([""], 1)], "STOP holds an empty string"),
+                 (inputs(httpclient, PROMPTS[:1], num_beams=2) + [stops(["."], 1)],
+                  "stop strings.* apply to greedy search and sampling")]
         # the sequential model generates a request as one batch: its prompts times its beams are its rows
         cases = [(case, "gpt2") for case in cases] + [(
             (inputs(httpclient, PROMPTS, num_beams=3), "2 prompts with NUM_BEAMS 3 are 6 rows, more than the 4 this "

@@ -100,8 +100,8 @@ def run(args) -> list[Result]:
         serve += (f" {explicit_load_flags(args.output)} (or move "
                   f"{', '.join(p.name for p in strays)} out: folders that are not models stop a server's start)")
     notes = [f"serve it: {serve} (its Python needs nndf[onnxruntime]); "
-             f"query it with inputs TEXT (and MAX_NEW_TOKENS, NUM_BEAMS, DO_SAMPLE, TEMPERATURE, TOP_K, TOP_P, "
-             f"SEED, REPETITION_PENALTY), output GENERATED; scheduler {args.scheduler}"]
+             f"query it with inputs TEXT (and MAX_NEW_TOKENS, MIN_NEW_TOKENS, NUM_BEAMS, DO_SAMPLE, TEMPERATURE, "
+             f"TOP_K, TOP_P, SEED, REPETITION_PENALTY, STOP), output GENERATED; scheduler {args.scheduler}"]
     if args.streaming:
         notes.append(f"{name}_stream streams each new piece of text (gRPC stream_infer; a final empty response "
                      f"flagged complete)")

@@ -18,8 +18,11 @@ response as soon as it is generated (GENERATED holds every row's new piece, empt
 empty response flagged final. gRPC streaming clients only, as for any decoupled model.
 
 Inputs: TEXT (one prompt per batch row); optional, one value per row, the same in every row of a request (its
-settings are the request's): MAX_NEW_TOKENS, NUM_BEAMS, DO_SAMPLE, TEMPERATURE, TOP_K, TOP_P, SEED, REPETITION_PENALTY.
-Output: GENERATED, the new text of each row (special tokens dropped).
+settings are the request's): MAX_NEW_TOKENS, MIN_NEW_TOKENS, NUM_BEAMS, DO_SAMPLE, TEMPERATURE, TOP_K, TOP_P, SEED,
+REPETITION_PENALTY; and STOP, any number of stop strings per row (the same in every row), each ending a row once its
+text ends with it, as `generate(stop_strings=...)` does. TEMPERATURE, TOP_K and TOP_P are refused where the request
+does not sample (as `run.py` refuses their flags): generate() would ignore them.
+Output: GENERATED, the new text of each row (special tokens dropped; a stop string that ended it is kept).
 
 A request's own fault (a bad value, a prompt too long, text that is not UTF-8) is answered with INVALID_ARG, which
 clients see as HTTP 400 or gRPC INVALID_ARGUMENT, naming the input; anything else is INTERNAL (HTTP 500).
@@ -38,7 +41,8 @@ from nndf.errors import UsageError
 # optional input -> (keyword of Model.generation_options, type); checked by nndf's own options (one sentence each)
 DECODING_INPUTS = {"DO_SAMPLE": ("do_sample", bool), "TEMPERATURE": ("temperature", float), "TOP_K": ("top_k", int),
                    "TOP_P": ("top_p", float), "SEED": ("seed", int), "REPETITION_PENALTY": ("repetition_penalty", float)}
-INPUT_KEYWORDS = {"MAX_NEW_TOKENS": "max_new_tokens", "NUM_BEAMS": "num_beams",
+DRAW_INPUTS = ("TEMPERATURE", "TOP_K", "TOP_P")  # shape sampled draws only: refused where nothing is sampled
+INPUT_KEYWORDS = {"MAX_NEW_TOKENS": "max_new_tokens", "MIN_NEW_TOKENS": "min_new_tokens", "NUM_BEAMS": "num_beams",
                   **{name: keyword for name, (keyword, _) in DECODING_INPUTS.items()}}
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -60,13 +64,30 @@ def _texts(request) -> list:
     text = pb_utils.get_input_tensor_by_name(request, "TEXT")
     if text is None:
         raise UsageError("the TEXT input is missing: give one prompt per row")
-    texts = []
-    for row, value in enumerate(text.as_numpy().reshape(-1)):
-        try:
-            texts.append(value.decode("utf-8") if isinstance(value, bytes) else str(value))
-        except UnicodeDecodeError as exc:
-            raise UsageError(f"TEXT row {row} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    return texts
+    return [_text(value, "TEXT", row) for row, value in enumerate(text.as_numpy().reshape(-1))]
+
+
+def _text(value, name: str, row: int) -> str:
+    try:
+        return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{name} row {row} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+def _stop_strings(request) -> list:
+    """The request's STOP strings (a row's list, the same in every row), [] when absent."""
+    stop = pb_utils.get_input_tensor_by_name(request, "STOP")
+    if stop is None:
+        return []
+    rows = stop.as_numpy()
+    lists = [[_text(value, "STOP", row) for value in values] for row, values in enumerate(rows.reshape(len(rows), -1))]
+    if any(strings != lists[0] for strings in lists):
+        raise UsageError("STOP differs between the rows of one request: a request's settings apply to all its rows; "
+                         "send rows with other stop strings as their own request")
+    if any(not text for text in lists[0]):
+        raise UsageError("STOP holds an empty string, which would end every row at its first token; give each stop "
+                         "string at least one character")
+    return lists[0]
 
 
 def _error(exc: BaseException) -> "pb_utils.TritonError":
@@ -150,14 +171,25 @@ class TritonPythonModel:
                 decoding[keyword] = value
         max_new = _optional(request, "MAX_NEW_TOKENS", int, self.defaults["max_new_tokens"])
         beams = _optional(request, "NUM_BEAMS", int, self.defaults["num_beams"])
+        min_new = _optional(request, "MIN_NEW_TOKENS", int)  # None: the model's generation config (min_length)
         for name, value in (("MAX_NEW_TOKENS", max_new), ("NUM_BEAMS", beams)):
             if value < 1:
                 raise UsageError(f"{name} must be at least 1, got {value}")
+        if min_new is not None and not 0 <= min_new <= max_new:
+            raise UsageError(f"MIN_NEW_TOKENS must lie in 0..MAX_NEW_TOKENS ({max_new}), got {min_new}")
         if beams > self.max_rows:  # a row per beam: far more would take the memory of every client's rows
             raise UsageError(f"NUM_BEAMS {beams} is more than the {self.max_rows} rows this model generates at once; "
                              f"ask for at most {self.max_rows}")
-        return dict(decoding, max_new_tokens=max_new, num_beams=beams,
-                    sampling_stream=self.defaults.get("sampling_stream", "generate"))
+        settings = dict(decoding, max_new_tokens=max_new, min_new_tokens=min_new, num_beams=beams,
+                        sampling_stream=self.defaults.get("sampling_stream", "generate"))
+        given = [name for name in DRAW_INPUTS if DECODING_INPUTS[name][0] in decoding]
+        if given and not self.model.generation_options(**settings).sampling.do_sample:
+            why = "DO_SAMPLE is false" if decoding.get("do_sample") is False else \
+                "the model's generation config does not sample"
+            raise UsageError(f"{' and '.join(given)} shape{'s' if len(given) == 1 else ''} sampled draws, and this "
+                             f"request does not sample ({why}): send DO_SAMPLE true, or leave "
+                             f"{'it' if len(given) == 1 else 'them'} out")
+        return settings
 
     def prompts(self, texts):
         from nndf.actions.common import encode_prompts
@@ -182,6 +214,7 @@ class TritonPythonModel:
         try:
             texts = _texts(request)
             options = self.model.generation_options(**self.settings(request))
+            stopping = self.model.stop_criteria(_stop_strings(request))
             prompts = self.prompts(texts)
             reply = Reply(sender, len(prompts), self.model.tokenizer, self.stream)
             rows = []
@@ -190,8 +223,8 @@ class TritonPythonModel:
                 if self.stream:
                     streamer = ReplyStreamer(self.model.tokenizer,
                                              write=lambda text, row=row: reply.piece(row, len(prompts), text))
-                rows.append(Request(ids, options, streamer=streamer, is_cancelled=request.is_cancelled,
-                                    on_done=reply.row_done))
+                rows.append(Request(ids, options, streamer=streamer, stopping=stopping,
+                                    is_cancelled=request.is_cancelled, on_done=reply.row_done))
                 self.worker.batcher.check(rows[-1])
             reply.requests = rows
         except Exception as exc:  # noqa: BLE001 - the client gets the reason, the server keeps serving
@@ -213,7 +246,7 @@ class TritonPythonModel:
                                  "model generates at once; send fewer prompts per request, or fewer beams")
             model = self.model
             ids, mask = encode_prompts(model.tokenizer, texts, use_mask=True, pad_side=model.architecture.pad_side)
-            output = model.generate(ids, mask, **settings)
+            output = model.generate(ids, mask, stop_strings=_stop_strings(request) or None, **settings)
             replies = model.tokenizer.batch_decode(model.new_tokens(output, ids), skip_special_tokens=True)
             return pb_utils.InferenceResponse(output_tensors=[_strings(replies)])
         except Exception as exc:  # noqa: BLE001 - the client gets the reason, the server keeps serving

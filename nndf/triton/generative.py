@@ -1,7 +1,8 @@
 """A Triton model for a generative model (`python run.py triton GPT2 onnxrt ...`): text in, generated text out, with
 nndf's generation loop and KV cache inside Triton's Python backend (transformer-deploy never served one).
 
-    <name>/config.pbtxt       backend python; TEXT (+ optional MAX_NEW_TOKENS, NUM_BEAMS, sampling) -> GENERATED
+    <name>/config.pbtxt       backend python; TEXT (+ optional MAX_NEW_TOKENS, MIN_NEW_TOKENS, NUM_BEAMS, sampling,
+                              STOP strings) -> GENERATED
     <name>/1/model.py         nndf/triton/generation_model.py, copied verbatim
     <name>/1/nndf.json        family, variant, backend, graph, cache, threads, the target language's forced
                               first token (--tgt-lang) and the generation defaults
@@ -30,14 +31,15 @@ MODEL_SOURCE = Path(__file__).with_name("generation_model.py")
 
 SCHEDULERS = ("continuous", "sequential")
 STREAM_SUFFIX = "_stream"  # the decoupled (streaming) model's name: <name>_stream
-OPTIONAL_INPUTS = {"MAX_NEW_TOKENS": "TYPE_INT32", "NUM_BEAMS": "TYPE_INT32", "DO_SAMPLE": "TYPE_BOOL",
-                   "TEMPERATURE": "TYPE_FP32", "TOP_K": "TYPE_INT32", "TOP_P": "TYPE_FP32", "SEED": "TYPE_INT64",
-                   "REPETITION_PENALTY": "TYPE_FP32"}
+OPTIONAL_INPUTS = {"MAX_NEW_TOKENS": "TYPE_INT32", "MIN_NEW_TOKENS": "TYPE_INT32", "NUM_BEAMS": "TYPE_INT32",
+                   "DO_SAMPLE": "TYPE_BOOL", "TEMPERATURE": "TYPE_FP32", "TOP_K": "TYPE_INT32", "TOP_P": "TYPE_FP32",
+                   "SEED": "TYPE_INT64", "REPETITION_PENALTY": "TYPE_FP32"}  # one value per row
+STOP_INPUT = "STOP"  # any number of stop strings per row: dims [-1]
 
 
 def generative_config(name: str, max_batch_size: int, nb_instances: int, kind: str = "KIND_CPU",
                       scheduler: str = "continuous", decoupled: bool = False, queue_delay_us: int = 0):
-    """TEXT (one prompt per row) and the optional per-request settings in, GENERATED out.
+    """TEXT (one prompt per row) and the optional per-request settings (STOP: stop strings) in, GENERATED out.
 
     With the continuous scheduler Triton's dynamic batcher is on (`queue_delay_us`: how long it holds a request
     for others to join the same `execute`), since every row keeps its own settings in the batch; the sequential
@@ -48,6 +50,7 @@ def generative_config(name: str, max_batch_size: int, nb_instances: int, kind: s
     add_tensor(config.input.add(), "TEXT", "TYPE_STRING", [1])
     for optional, data_type in OPTIONAL_INPUTS.items():
         add_tensor(config.input.add(), optional, data_type, [1]).optional = True
+    add_tensor(config.input.add(), STOP_INPUT, "TYPE_STRING", [-1]).optional = True
     add_tensor(config.output.add(), "GENERATED", "TYPE_STRING", [1])
     config.instance_group.add(count=nb_instances, kind=pb.ModelInstanceGroup.Kind.Value(kind))
     if scheduler == "continuous":
