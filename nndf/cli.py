@@ -162,6 +162,7 @@ def _model_arguments(p: argparse.ArgumentParser, batch_size: int = 1, batch_help
     o = p.add_argument_group("output")
     o.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
     o.add_argument("--info", action="store_true", help="print the settings and tensor shapes before running")
+    p.output_group = o  # where an action's own output flags (--plot) are listed
 
 
 def _sampling_arguments(p: argparse.ArgumentParser) -> None:
@@ -303,6 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
                 option.help = argparse.SUPPRESS
             elif option.dest == "output_seq_len" and option.default is not None:  # an action's own default
                 option.help = f"{option.help} (default {option.default})"
+            elif option.dest == "input_seq_len" and hasattr(action, "INPUT_LEN_DEFAULT"):  # set in its `run`
+                option.help = f"{option.help} (default {action.INPUT_LEN_DEFAULT})"
         p.set_defaults(run_action=action.run,
                        unused_flags={dest: (p.get_default(dest), why) for dest, why in unused.items()})
     # listed in the help only: `main` hands `convert` and its own flags to nndf.convert.cli before parsing

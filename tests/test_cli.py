@@ -207,6 +207,9 @@ def test_help_lists_actions_and_flags():
                  "--json", "--info", "--random-weights"):
         assert flag in proc.stdout
     assert "(default 64; image-to-text families: none, no text prefix)" in " ".join(proc.stdout.split())
+    sections = dict(part.split(":\n", 1) for part in proc.stdout.split("\n\n") if ":\n" in part)
+    assert "--plot FILE.png" in sections["output"] and "--image PATH" in sections["image-to-text"]
+    assert "--plot" not in sections["options"] and "--image" not in sections["options"]
 
 
 @needs_shared(LAMBADA_FILE)

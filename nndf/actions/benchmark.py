@@ -32,15 +32,16 @@ DEFAULT_INPUT_LEN = 64
 DEFAULT_OUTPUT_LEN = 64
 
 
+# --input-seq-len's default is set in `run`: an image-to-text model's is no text prefix (cli.py says it in --help)
+INPUT_LEN_DEFAULT = f"{DEFAULT_INPUT_LEN}; image-to-text families: none, no text prefix"
+
+
 def add_arguments(parser) -> None:
-    parser.add_argument("--plot", metavar="FILE.png", help="also draw decode ms/step (with its spread) and tokens/s "
-                        "per backend into this PNG (needs the plot extra: matplotlib)")
+    parser.output_group.add_argument("--plot", metavar="FILE.png", help="also draw decode ms/step (with its spread) "
+                                     "and tokens/s per backend into this PNG (needs the plot extra: matplotlib)")
     add_image_argument(parser, "image-to-text families (BLIP): these PNG/JPEG files instead of random pixels (their "
                        "count is the batch)")
     parser.set_defaults(output_seq_len=DEFAULT_OUTPUT_LEN)
-    for option in parser._actions:  # its default is set in `run`: an image-to-text model's is no text prefix
-        if option.dest == "input_seq_len":
-            option.help += f" (default {DEFAULT_INPUT_LEN}; image-to-text families: none, no text prefix)"
 
 
 def image_inputs(args, model, images) -> dict:

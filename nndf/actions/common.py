@@ -177,7 +177,7 @@ def check_backend_flags(args, names: list[str]) -> None:
 
 
 def add_image_argument(parser, help_text: str) -> None:
-    parser.add_argument("--image", nargs="+", metavar="PATH", help=help_text)
+    parser.add_argument_group("image-to-text").add_argument("--image", nargs="+", metavar="PATH", help=help_text)
 
 
 def given_images(args, spec) -> list[Path] | None:

@@ -20,8 +20,8 @@ UNUSED_FLAGS = RUN_UNUSED_FLAGS  # the samples are run's, so are the flags they 
 def add_arguments(parser) -> None:
     add_image_argument(parser, "image-to-text families (BLIP): caption these PNG/JPEG files or folders instead of "
                        "the checkpoint's photos")
-    parser.add_argument("--plot", metavar="FILE.png", help="also draw full generation and decode ms/step per backend "
-                        "into this PNG (needs the plot extra: matplotlib)")
+    parser.output_group.add_argument("--plot", metavar="FILE.png", help="also draw full generation and decode ms/step "
+                                     "per backend into this PNG (needs the plot extra: matplotlib)")
     parser.set_defaults(warmup=1, iterations=3)
 
 
