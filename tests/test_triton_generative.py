@@ -155,6 +155,10 @@ def test_bad_requests_get_errors_and_the_server_keeps_serving(served):
                  (inputs(httpclient, PROMPTS[:1]) + [tensor("TEMPERATURE", [0.5], "FP32", np.float32)],
                   r"TEMPERATURE shapes sampled draws, and this request does not sample \(the model's generation "
                   r"config does not sample\): send DO_SAMPLE true"),
+                 (inputs(httpclient, PROMPTS[:1]) + [tensor("DO_SAMPLE", [False], "BOOL", bool),
+                                                     tensor("TOP_K", [5], "INT32", np.int32)],
+                  r"TOP_K shapes sampled draws, and this request does not sample \(DO_SAMPLE is false\): send "
+                  "DO_SAMPLE true, or leave it out$"),
                  (inputs(httpclient, PROMPTS[:1], max_new_tokens=3) + [tensor("MIN_NEW_TOKENS", [9], "INT32", np.int32)],
                   r"MIN_NEW_TOKENS must lie in 0..MAX_NEW_TOKENS \(3\), got 9"),
                  (inputs(httpclient, PROMPTS[:1]) + [stops([""], 1)], "STOP holds an empty string"),

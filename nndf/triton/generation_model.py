@@ -41,9 +41,11 @@ from nndf.errors import UsageError
 # optional input -> (keyword of Model.generation_options, type); checked by nndf's own options (one sentence each)
 DECODING_INPUTS = {"DO_SAMPLE": ("do_sample", bool), "TEMPERATURE": ("temperature", float), "TOP_K": ("top_k", int),
                    "TOP_P": ("top_p", float), "SEED": ("seed", int), "REPETITION_PENALTY": ("repetition_penalty", float)}
-DRAW_INPUTS = ("TEMPERATURE", "TOP_K", "TOP_P")  # shape sampled draws only: refused where nothing is sampled
 INPUT_KEYWORDS = {"MAX_NEW_TOKENS": "max_new_tokens", "MIN_NEW_TOKENS": "min_new_tokens", "NUM_BEAMS": "num_beams",
                   **{name: keyword for name, (keyword, _) in DECODING_INPUTS.items()}}
+# what run.py's refusals say of its command line, as a client of this model says it (before the flags' names)
+CLIENT_WORDS = {"this run does not sample": "this request does not sample", "add --do-sample": "send DO_SAMPLE true",
+                "--no-do-sample was given": "DO_SAMPLE is false"}
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
@@ -94,11 +96,15 @@ def _error(exc: BaseException) -> "pb_utils.TritonError":
     """The error a client gets: INVALID_ARG for its own fault (a UsageError: a bad value, a prompt too long), with
     nndf's keyword names (`temperature (--temperature)`) said as the inputs the client sent; INTERNAL otherwise."""
     message = str(exc).replace(" or a torch.Generator", "")  # the Python API's; a client sends a number
+    for words, said in CLIENT_WORDS.items():
+        message = message.replace(words, said)
     for name, keyword in INPUT_KEYWORDS.items():
-        message = message.replace(f"{keyword} (--{keyword.replace('_', '-')})", name)
+        flag = "--" + keyword.replace("_", "-")
+        message = message.replace(f"{keyword} ({flag})", name)
         # `num_beams=1 (--num-beams 1)`, `do_sample=False (--no-do-sample)`: the input and its value
         message = re.sub(rf"\b{keyword}=(\S+) \(--[^)]*\)", lambda m, name=name: f"{name} {m.group(1).lower()}",
                          message)
+        message = re.sub(rf"{flag}\b", name, message)  # `--temperature and --top-k shape sampled draws`
     code = pb_utils.TritonError.INVALID_ARG if isinstance(exc, UsageError) else pb_utils.TritonError.INTERNAL
     return pb_utils.TritonError(f"generation failed: {message}", code)
 
@@ -182,13 +188,9 @@ class TritonPythonModel:
                              f"ask for at most {self.max_rows}")
         settings = dict(decoding, max_new_tokens=max_new, min_new_tokens=min_new, num_beams=beams,
                         sampling_stream=self.defaults.get("sampling_stream", "generate"))
-        given = [name for name in DRAW_INPUTS if DECODING_INPUTS[name][0] in decoding]
-        if given and not self.model.generation_options(**settings).sampling.do_sample:
-            why = "DO_SAMPLE is false" if decoding.get("do_sample") is False else \
-                "the model's generation config does not sample"
-            raise UsageError(f"{' and '.join(given)} shape{'s' if len(given) == 1 else ''} sampled draws, and this "
-                             f"request does not sample ({why}): send DO_SAMPLE true, or leave "
-                             f"{'it' if len(given) == 1 else 'them'} out")
+        from nndf.actions.common import check_draw_flags_apply  # TEMPERATURE, TOP_K, TOP_P where nothing is sampled
+
+        check_draw_flags_apply(decoding, self.model.generation_options(**settings).sampling.do_sample)
         return settings
 
     def prompts(self, texts):
