@@ -134,7 +134,8 @@ class ImageToText(EncoderDecoder):
     def check_length(self, prompt_len: int, max_new_tokens: int, shapes) -> None:
         total = prompt_len + max_new_tokens
         if total > shapes.max_positions:
-            raise UsageError(f"a text prompt of {prompt_len} tokens plus {max_new_tokens} new tokens is {total}, "
+            raise UsageError(f"a text prompt of {prompt_len} token{'s' if prompt_len != 1 else ''} plus "
+                             f"{max_new_tokens} new tokens is {total}, "
                              f"more than the {shapes.max_positions} positions of this model's text decoder")
 
     def label_ids(self, tokenizer, prompt_ids, label: str) -> list[int]:

@@ -8,6 +8,7 @@ import json
 import sys
 
 import pytest
+import torch
 
 from conftest import IMAGES_DIR, PHOTOS, needs_shared
 from test_cli import run_cli
@@ -68,6 +69,22 @@ def test_run_compare_and_export_caption_the_photos(blip_dir, onnx_work_dir, caps
     sizes = [line.split(".onnx")[1].strip() for line in out.splitlines() if line.startswith("onnxrt ")]
     assert len(sizes) == 3 and len(set(sizes)) == 3, sizes  # each graph's own size, not their shared folder's
     assert "encoder: pixel_values" in out and "[1, 3, 32, 32] float" in out and "[1, 17, 48] float" in out
+
+
+@needs_shared(IMAGES_DIR)
+def test_a_caption_too_long_for_the_text_decoder_is_refused_before_the_machine_and_the_load(blip_dir, capsys,
+                                                                                             tmp_path, monkeypatch):
+    """A sample's text prefix plus --output-seq-len against the text decoder's positions (the flag alone leaves room
+    for a prompt): said (exit 2) before trt's refusal of a machine without a GPU, and before any graph is exported,
+    as a text model's samples are."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    work = tmp_path / "work"
+    code, out, err = run_cli(capsys, "run", "BLIP", "onnxrt", "trt", "--torch-dir", blip_dir, "--working-dir", work,
+                             "--output-seq-len", 62)  # the checkpoint's photos, one with the prefix 'a picture of'
+    assert (code, out) == (2, "") and not work.exists() and "loading" not in err
+    assert "error: the sample of models/blip/checkpoint.toml 'coco_000000039769.png + 'a picture of'': a text " \
+           "prompt of 4 tokens plus 62 new tokens is 66, more than the 64 positions of this model's text decoder " \
+           "(--output-seq-len sets the new tokens)" in err, err
 
 
 @needs_shared(IMAGES_DIR)

@@ -92,23 +92,26 @@ def sample_length_check(args, samples: list[Sample]):
     model's positions, from its config and tokenizer alone, so that this usage error (exit 2) comes before what this
     machine lacks (trt without a GPU, exit 1) and before the weights load or an export runs, as every other flag's
     does (nndf.actions.plans). The tokenizer loaded here is the one the run uses; where none can be had (offline, no
-    --tokenizer-dir), `open_models` says so in its own order. Images (BLIP) are checked as each runs: their text
-    prefix needs the processor."""
+    --tokenizer-dir), `open_models` says so in its own order. An image's (BLIP) text prefix is counted as the
+    decoder's prompt (`prompt_length`: the family's start token for none); the image goes to the vision encoder."""
     spec, _ = resolve(args.model, args.variant)
     arch = architecture(spec)
 
     def check(loaded, shapes) -> None:
-        if arch.takes_images:
-            return
         try:
             tokenizer = loaded.tokenizer
         except HarnessError:  # said by open_models, after the machine's checks
             return
         for sample in samples:
-            ids, _ = encode_prompts(tokenizer, [sample.prompt], args.use_mask, arch.pad_side)
+            if arch.takes_images:  # the processor's text ids, as `caption_inputs` makes them
+                ids = tokenizer([sample.prompt], return_tensors="pt")["input_ids"] if sample.prompt else None
+                prompt_len = arch.prompt_length(ids, loaded)
+            else:
+                ids, _ = encode_prompts(tokenizer, [sample.prompt], args.use_mask, arch.pad_side)
+                prompt_len = ids.shape[1]
             _, new_tokens = _label_and_new_tokens(args, arch, tokenizer, sample, ids)
             try:
-                arch.check_length(ids.shape[1], new_tokens, shapes)
+                arch.check_length(prompt_len, new_tokens, shapes)
             except UsageError as exc:
                 raise _sample_error(args, spec, sample, exc) from None
 
