@@ -125,8 +125,9 @@ class Model:
         draws from the global generator, as `generate()` does. `sampling_stream="fast"` draws from the same
         distribution with a random stream of this harness's own (`nndf.fast_draw`: far cheaper on the CPU, and a
         seed repeats its tokens, but they are not `generate()`'s). `streamer` is `generate(streamer=...)`'s (put/end:
-        `TextStreamer`, `TextIteratorStreamer`); `stop_strings` ends a row once its text ends with one of them, as
-        `generate(stop_strings=..., tokenizer=...)` does (with this model's tokenizer). The rules
+        `TextStreamer`, `TextIteratorStreamer`); `stop_strings` ends a row at the token that completes one of them
+        (that token may run past it), as `generate(stop_strings=..., tokenizer=...)` does (with this model's
+        tokenizer). The rules
         `no_repeat_ngram_size`, `min_length`, `length_penalty`, `early_stopping`, `forced_eos_token_id` and a
         `generation_config` object mean what they mean to `generate()` (None: the model's generation config's)."""
         attention_mask = check_prompt_tensors(input_ids, attention_mask, image=pixel_values is not None)
@@ -155,8 +156,8 @@ class Model:
 
     def stop_criteria(self, stop_strings: str | list[str] | None):
         """transformers' own StopStringCriteria for `stop_strings` with this model's tokenizer, as generate() builds
-        it (a `StoppingCriteriaList`: `criteria(tokens, scores)` says per row whether its text ends with one of
-        them); None for no stop strings. A continuous batch's `Request(stopping=...)` takes it too."""
+        it (a `StoppingCriteriaList`: `criteria(tokens, scores)` says per row whether its last token completed one
+        of them); None for no stop strings. A continuous batch's `Request(stopping=...)` takes it too."""
         if not stop_strings:
             return None
         from transformers import StoppingCriteriaList, StopStringCriteria

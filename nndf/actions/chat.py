@@ -58,8 +58,8 @@ def add_arguments(parser) -> None:
     c.add_argument("--system", metavar="TEXT", help="the system message (chat template), or the first paragraph of "
                    "the conversation for a model without a template")
     c.add_argument("--stop", metavar="TEXT", action="append", default=[],
-                   help="end a reply once its text ends with TEXT, as generate(stop_strings=...) does (the reply "
-                   "keeps it); repeat for several; \\n and \\t are read as newline and tab")
+                   help="end a reply at the token that completes TEXT (it may run past it), as "
+                   "generate(stop_strings=...) does (the reply keeps it); repeat for several; \\n and \\t are read as newline and tab")
     c.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
                    help="print each reply as it is generated, then its time and tokens/s (default); --no-stream: "
                    "each reply once complete, on one line with its time (its line breaks written as \\n)")

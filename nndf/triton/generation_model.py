@@ -19,8 +19,8 @@ empty response flagged final. gRPC streaming clients only, as for any decoupled 
 
 Inputs: TEXT (one prompt per batch row); optional, one value per row, the same in every row of a request (its
 settings are the request's): MAX_NEW_TOKENS, MIN_NEW_TOKENS, NUM_BEAMS, DO_SAMPLE, TEMPERATURE, TOP_K, TOP_P, SEED,
-REPETITION_PENALTY; and STOP, any number of stop strings per row (the same in every row), each ending a row once its
-text ends with it, as `generate(stop_strings=...)` does. TEMPERATURE, TOP_K and TOP_P are refused where the request
+REPETITION_PENALTY; and STOP, any number of stop strings per row (the same in every row): a row ends with the token
+that reaches one of them (it may run past it), as `generate(stop_strings=...)` ends it. TEMPERATURE, TOP_K and TOP_P are refused where the request
 does not sample (as `run.py` refuses their flags): generate() would ignore them.
 Output: GENERATED, the new text of each row (special tokens dropped; a stop string that ended it is kept).
 
