@@ -49,3 +49,9 @@ def check_output_file(flag: str, value: str | None, example: str) -> None:
     if path.is_dir():
         raise UsageError(f"{flag} {value} is a folder; give a file name such as {example}")
     _file_in_the_way(flag, value, path)
+
+
+def holds_other_files(folder: Path, marker: str) -> bool:
+    """Whether `folder` is a folder with files in it but not `marker`: not one of ours to replace (writing there
+    would delete what the user keeps), where a new, empty or marked folder is."""
+    return folder.is_dir() and any(folder.iterdir()) and not (folder / marker).is_file()

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from nndf.errors import UsageError
 from nndf.export.graph_files import external_data_files
+from nndf.paths import holds_other_files
 
 SETTINGS_FILE = "nndf.json"
 
@@ -81,7 +82,7 @@ def check_replaceable(flag: str, folder: str | Path) -> None:
     """`folder` may be new, empty, or a standalone folder written before (it is replaced as a whole), but not a
     folder of something else, which replacing would delete."""
     folder = Path(folder)
-    if folder.is_dir() and any(folder.iterdir()) and not (folder / SETTINGS_FILE).is_file():
+    if holds_other_files(folder, SETTINGS_FILE):
         raise UsageError(f"{flag} {folder} is a folder of other files, which writing the export there would replace: "
                          "give a new or empty folder (a folder an export wrote is replaced)")
 

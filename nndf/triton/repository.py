@@ -26,6 +26,7 @@ from typing import Iterable, Mapping, Sequence
 from nndf.errors import HarnessError, UsageError
 from nndf.export.graph_files import external_data_files
 from nndf.export.standalone import copy_files
+from nndf.paths import holds_other_files
 from nndf.progress import say
 from nndf.workspace import atomic_dir
 
@@ -167,7 +168,7 @@ def check_model_folders(output_dir: str | Path, folders: Iterable[str]) -> None:
         path = output_dir / folder
         if path.exists() and not path.is_dir():
             raise UsageError(f"{path} is a file; the Triton model {folder!r} needs a folder there")
-        if path.is_dir() and any(path.iterdir()) and not (path / "config.pbtxt").is_file():
+        if holds_other_files(path, "config.pbtxt"):
             raise UsageError(f"{path} is a folder of other files (no config.pbtxt), which writing the Triton model "
                              f"{folder!r} would replace: move it, or write the model elsewhere (-o, --name)")
 
