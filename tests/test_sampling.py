@@ -134,6 +134,19 @@ def test_stop_strings_end_rows_like_generate(model):
         assert tokenizer.decode(ours[0, ids.shape[1]:]).find(stop) >= 0 and not torch.equal(ours, free)
 
 
+def test_stop_strings_end_encoder_decoder_rows_like_generate(text_models):
+    """The same on BART (Triton's sequential model serves T5 and BART with STOP): the criteria read the decoder's
+    tokens, start token included, as generate()'s do. (EOS banned for 10 tokens: this tiny BART ends at once.)"""
+    m = nndf.load("BART", torch_dir=str(text_models["BART"]), device="cpu")
+    enc = m.tokenizer(["The house is wonderful and the garden is big.", "Hello"], return_tensors="pt", padding=True)
+    length = dict(max_new_tokens=12, min_new_tokens=10)
+    free = m.generate(enc.input_ids, enc.attention_mask, **length)
+    stop = next(text for text in m.tokenizer.batch_decode(free[0, 4:, None]) if text.strip())
+    ours = m.generate(enc.input_ids, enc.attention_mask, stop_strings=[stop], **length)
+    expected = m.hf_generate(enc.input_ids, enc.attention_mask, stop_strings=[stop], **length)
+    assert torch.equal(ours, expected) and ours.shape[1] < free.shape[1]
+
+
 @pytest.mark.parametrize("settings, message", [
     (dict(temperature=-1.0), "temperature (--temperature) must be a number >= 0 (0: greedy), got -1.0"),
     (dict(top_k=-2), "top_k (--top-k) must be a whole number >= 0 (0: off), got -2"),
