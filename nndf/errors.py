@@ -8,10 +8,12 @@ SIGTERM into what both command lines (run.py and convert_model) print and return
 
 import argparse
 import contextlib
+import errno
 import os
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import Callable
 
 
@@ -55,10 +57,36 @@ def sigterm_unwinds():
         signal.signal(signal.SIGTERM, previous)
 
 
+# a disk that cannot take what the run writes: the user's machine, not a bug, and the unwinding removed what was
+# half-written (nndf.workspace), so the sentence says where, and what to do
+_STORAGE_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+                   errno.EROFS: "read-only file system"}
+_ELSEWHERE = "write elsewhere (--working-dir, -o, --json, --plot)"
+
+
+def _nearest_existing(path: str) -> Path:
+    """The deepest folder of `path` that still exists (its temporary files are gone once the run has unwound)."""
+    place = Path(path)
+    while not place.is_dir() and place != place.parent:
+        place = place.parent
+    return place
+
+
+def storage_sentence(exc: OSError) -> str | None:
+    """One sentence for a write that the disk refused (full, over quota, read-only), or None for any other error."""
+    what = _STORAGE_ERRNOS.get(exc.errno)
+    if what is None:
+        return None
+    target = exc.filename2 or exc.filename  # a copy names its source first, its destination second
+    where = f" in {_nearest_existing(os.fsdecode(target))}" if target else ""
+    advice = _ELSEWHERE if exc.errno == errno.EROFS else f"free some space or {_ELSEWHERE}"
+    return f"{what}{where}; nothing half-written was kept: {advice}"
+
+
 def run_command(body: Callable[[], int]) -> int:
     """A command's exit code: its own, or one line on stderr instead of a traceback for a failure the user can act
-    on (a UsageError or HarnessError: "error: ...", Ctrl-C: "interrupted", SIGTERM: "terminated"); temporary files
-    go with the unwinding. A reader that closes the pipe early (`run.py list | head -1`) ends the command quietly, as
+    on (a UsageError or HarnessError: "error: ...", Ctrl-C: "interrupted", SIGTERM: "terminated", a disk that refuses a write: where, and what
+    to do); temporary files go with the unwinding. A reader that closes the pipe early (`run.py list | head -1`) ends the command quietly, as
     it ends any shell tool: exit 141 (128 + SIGPIPE)."""
     with sigterm_unwinds():
         try:
@@ -76,3 +104,9 @@ def run_command(body: Callable[[], int]) -> int:
             # what is still buffered for the closed pipe would fail again at exit: point stdout at nothing
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 128 + 13  # SIGPIPE
+        except OSError as exc:
+            sentence = storage_sentence(exc)
+            if sentence is None:
+                raise
+            print(f"error: {sentence}", file=sys.stderr)
+            return 1
