@@ -9,6 +9,7 @@ hashes every setting that shaped an artifact into its name, so that changing a s
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import hashlib
 import json
@@ -114,12 +115,35 @@ def atomic_dir(final_dir: str | os.PathLike) -> Iterator[Path]:
         # mkdtemp makes it private (0700), which would hide exports and Triton models from other users (a shared
         # working dir, a server running as another user): it gets the permissions of any new folder
         os.chmod(tmp, 0o777 & ~_umask())
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        _replace_dir(tmp, final)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
+
+
+def _replace_dir(tmp: Path, final: Path) -> None:
+    """Rename the folder `tmp` to `final`, moving an old `final` aside first and removing it after.
+
+    Why not remove `final`, then rename: two processes that write the same folder at once (two `triton -o` or
+    `export -o` runs on one output) would remove each other's folder while it is being renamed in, or rename onto
+    a folder that the other has just renamed in, and one of them failed with "Directory not empty" or a
+    FileNotFoundError. Each rename here is atomic, and a rename that meets a folder moves it aside and tries again,
+    so every writer succeeds and the last one's folder stays, whole. The aside folder has a temporary folder's name,
+    which `sweep_leftovers` removes should the process be killed before it does."""
+    while True:
+        try:
+            os.replace(tmp, final)  # onto nothing, or an empty folder
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+        aside = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+        try:
+            os.replace(final, aside)  # onto the empty folder just made
+        except FileNotFoundError:  # another writer moved it aside first
+            aside.rmdir()
+            continue
+        shutil.rmtree(aside)
 
 
 LOCK_QUIET_WAIT_S = 1.0  # how long `artifact_lock` waits before it says that it waits

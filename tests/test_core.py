@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -140,6 +141,30 @@ def test_artifacts_are_atomic_and_carry_metadata(tmp_path):
         (folder / "graph.onnx").write_bytes(b"graph")  # get the permissions the umask gives, not mkstemp's private ones
     assert (tmp_path / "export").stat().st_mode & 0o777 == 0o777 & ~umask
     assert target.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_writers_of_one_folder_at_once_all_succeed_and_leave_one_whole_folder(tmp_path):
+    """Two `triton -o` (or `export -o`) runs on one output replace the same folder at once: removing the old folder,
+    then renaming, failed one of them with "Directory not empty" or a FileNotFoundError about once in three."""
+    final, failures = tmp_path / "model", []
+
+    def write(writer: int) -> None:
+        for _ in range(50):
+            try:
+                with atomic_dir(final) as folder:
+                    for part in range(3):
+                        (folder / f"part{part}").write_text(str(writer))
+            except OSError as exc:
+                failures.append(exc)
+
+    threads = [threading.Thread(target=write, args=(writer,)) for writer in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]  # nothing moved aside is left
+    assert len({(final / f"part{part}").read_text() for part in range(3)}) == 1  # one writer's folder, whole
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="flock is POSIX")
