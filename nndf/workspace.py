@@ -204,6 +204,17 @@ def artifact_lock(artifact: str | os.PathLike, waiting: Callable[[str], None] | 
         handle.close()  # closing releases the lock
 
 
+@contextlib.contextmanager
+def locked_atomic_dir(final_dir: str | os.PathLike, waiting: Callable[[str], None] | None = None) -> Iterator[Path]:
+    """`atomic_dir(final_dir)` under `artifact_lock(final_dir)`, for a folder written on request rather than built
+    as a cached artifact (a Triton model folder, a standalone export). Why the lock: it lets the write remove the
+    `.NAME.<random>.tmp` that a write killed outright left beside the folder, which nothing else removes and which,
+    in a Triton repository, stops the server's start (a sub-folder that is no model); a write of the same folder by
+    another process waits instead of racing this one."""
+    with artifact_lock(final_dir, waiting), atomic_dir(final_dir) as tmp:
+        yield tmp
+
+
 def sweep_leftovers(artifact: Path) -> None:
     """Remove the temporary files and folders that a killed build of `artifact` left beside it.
 

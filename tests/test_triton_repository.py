@@ -22,6 +22,7 @@ pytest.importorskip("tritonclient.grpc.model_config_pb2", reason="tritonclient[g
 
 from nndf.errors import HarnessError, UsageError  # noqa: E402
 from nndf.triton import model_names, validate_config, validate_repository, write_encoder_repository  # noqa: E402
+from nndf.triton.repository import stray_folders  # noqa: E402
 
 INPUTS = ["input_ids", "attention_mask", "token_type_ids"]
 
@@ -121,6 +122,18 @@ def test_rewriting_replaces_the_models_and_leaves_other_entries(tmp_path, onnx_f
     assert not (tmp_path / "transformer_onnx_model" / "1" / "stale.txt").exists()
     assert validate_repository(tmp_path)["transformer_onnx_model"].max_batch_size == 8
     assert (tmp_path / "model.onnx").is_file()
+
+
+def test_a_write_removes_what_a_killed_write_of_its_folder_left(tmp_path, onnx_file, tokenizer_dir):
+    """A write killed outright (SIGKILL, the OOM killer) leaves its `.NAME.<random>.tmp` in the repository, which a
+    server then fails to start on (a sub-folder that is no model); the next write of that model removed it not."""
+    first = write(tmp_path, onnx_file, tokenizer_dir)
+    leftover = tmp_path / f".{first[0].name}.abcd1234.tmp"
+    (leftover / "1").mkdir(parents=True)
+    (leftover / "1" / "model.onnx").write_bytes(b"half a copy")
+    write(tmp_path, onnx_file, tokenizer_dir)
+    assert stray_folders(tmp_path) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in first)
 
 
 def test_a_file_where_a_model_folder_goes_is_a_usage_error_and_nothing_is_written(tmp_path, onnx_file,

@@ -92,11 +92,12 @@ def write_standalone(model, folder: str | Path) -> Path:
     or nothing)."""
     import tempfile
 
-    from nndf.workspace import atomic_dir
+    from nndf.progress import say
+    from nndf.workspace import locked_atomic_dir
 
     folder = Path(folder)
     check_replaceable("-o/--output", folder)
-    with tempfile.TemporaryDirectory() as scratch, atomic_dir(folder) as tmp:
+    with tempfile.TemporaryDirectory() as scratch, locked_atomic_dir(folder, say) as tmp:
         files, settings = standalone_files(model, Path(scratch))
         copy_files(files, tmp)
         (tmp / SETTINGS_FILE).write_text(json.dumps(settings, indent=2))

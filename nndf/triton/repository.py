@@ -28,7 +28,7 @@ from nndf.export.graph_files import external_data_files
 from nndf.export.standalone import copy_files
 from nndf.paths import holds_other_files
 from nndf.progress import say
-from nndf.workspace import atomic_dir
+from nndf.workspace import locked_atomic_dir
 
 ENGINES = {"onnx": ("onnxruntime_onnx", "model.onnx"), "tensorrt": ("tensorrt_plan", "model.plan")}
 DEVICES = {"cpu": "KIND_CPU", "cuda": "KIND_GPU"}
@@ -209,7 +209,7 @@ def write_model_folder(output_dir: Path, folder: str, config, files: Mapping[str
                  tokenizer_dir: Path | None = None, files_as: str | None = None) -> Path:
     """One model folder, built beside its final place and renamed in: a failure leaves the old one (or nothing).
     `files_as`: a model folder of `output_dir` just written with the same `files`, whose copies they link to."""
-    with atomic_dir(output_dir / folder) as tmp:
+    with locked_atomic_dir(output_dir / folder, say) as tmp:
         version = tmp / "1"
         version.mkdir()
         (tmp / "config.pbtxt").write_text(_render(config), encoding="utf-8")
