@@ -117,6 +117,15 @@ def test_a_write_without_streaming_removes_the_earlier_streaming_twin(tiny_gpt2_
         capsys.readouterr().err
 
 
+def test_the_serve_line_quotes_a_repository_with_a_space(tiny_gpt2_dir, onnx_work_dir, tmp_path, capsys):
+    """`-o "my models"`: the serve line said `tritonserver --model-repository .../my models`, which a shell splits
+    into two arguments; it is quoted as a shell reads it."""
+    models = tmp_path / "my models"
+    assert run_py(["triton", "GPT2", "onnxrt", "--torch-dir", str(tiny_gpt2_dir), "--working-dir", str(onnx_work_dir),
+                   "-o", str(models), "--name", "gpt2"]) == 0
+    assert f"serve it: tritonserver --model-repository '{models}' (its Python" in capsys.readouterr().out
+
+
 def test_folders_that_are_not_models_are_named_with_the_way_to_serve_it(tiny_gpt2_dir, onnx_work_dir, tmp_path,
                                                                          capsys):
     """A folder without a config.pbtxt in -o (a user's notes, an editor's hidden folder) makes tritonserver refuse to

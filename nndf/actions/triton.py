@@ -67,7 +67,7 @@ def run(args) -> list[Result]:
     from nndf.continuous import ContinuousBatcher
     from nndf.registry import resolve
     from nndf.triton.generative import check_serving, write_generative_repository
-    from nndf.triton.repository import explicit_load_flags, stray_folders
+    from nndf.triton.repository import explicit_load_flags, serve_command, stray_folders
     from nndf.triton.validate import validate_config
 
     served = list(dict.fromkeys(args.backends))
@@ -94,7 +94,7 @@ def run(args) -> list[Result]:
         validate_config(folder / "config.pbtxt")
     rows = [{"model": folder.name, "folder": str(folder), "graph": model.artifacts[-1]} for folder in folders]
     columns = [Column("model", "Triton model"), Column("folder", "folder"), Column("graph", "decoder graph")]
-    serve = f"tritonserver --model-repository {args.output}"
+    serve = serve_command(args.output)
     strays = stray_folders(args.output)
     if strays:  # said by the write; the command to serve it must not be one that fails
         serve += (f" {explicit_load_flags(args.output)} (or move "

@@ -20,6 +20,7 @@ TEXT is one string per batch row (dims [1]) and the ONNX/TensorRT model gets the
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
@@ -185,6 +186,11 @@ def stray_folders(output_dir: str | Path) -> list[Path]:
     return sorted(p for p in output_dir.iterdir() if p.is_dir() and not (p / "config.pbtxt").is_file())
 
 
+def serve_command(output_dir: str | Path) -> str:
+    """The command that serves the repository, quoted for a shell (a folder with a space or a quote in its name)."""
+    return shlex.join(["tritonserver", "--model-repository", str(output_dir)])
+
+
 def explicit_load_flags(output_dir: str | Path) -> str:
     """The tritonserver flags that load the repository's models (every folder with a config.pbtxt, those written
     before by anyone included) and skip the folders beside them that are not models."""
@@ -199,7 +205,7 @@ def warn_stray_folders(output_dir: str | Path) -> list[Path]:
     strays = stray_folders(output_dir)
     if strays:
         say(f"warning: {output_dir} holds {len(strays)} folder(s) that are not Triton models (no config.pbtxt): "
-            f"{', '.join(p.name for p in strays)}. tritonserver --model-repository {output_dir} tries to load every "
+            f"{', '.join(p.name for p in strays)}. {serve_command(output_dir)} tries to load every "
             f"sub-folder and does not start with these there: move them out of the repository (they were left as "
             f"they are), or start the server with {explicit_load_flags(output_dir)}")
     return strays
