@@ -29,6 +29,14 @@ def _umask() -> int:
     return umask
 
 
+def name_the_place(exc: OSError, tmp: Path) -> None:
+    """Give a write's OSError the temporary path it was writing when the library that failed named none (a full disk
+    under a file object's `write`, as ONNX's save and `Path.write_text` meet it), so that its sentence can say where
+    (`nndf.errors.storage_sentence`: the folder of that path that is left once it is removed)."""
+    if exc.filename is None:
+        exc.filename = str(tmp)
+
+
 @contextlib.contextmanager
 def atomic_path(final_path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside `final_path`; rename it into place only if the body finishes.
@@ -46,6 +54,9 @@ def atomic_path(final_path: str | os.PathLike) -> Iterator[Path]:
         if tmp.is_file():  # mkstemp makes it private (0600); the artifact gets the permissions of any new file
             os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, final)
+    except OSError as exc:
+        name_the_place(exc, tmp)
+        raise
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -111,7 +122,11 @@ def atomic_dir(final_dir: str | os.PathLike) -> Iterator[Path]:
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
     try:
-        yield tmp
+        try:
+            yield tmp
+        except OSError as exc:
+            name_the_place(exc, tmp)
+            raise
         # mkdtemp makes it private (0700), which would hide exports and Triton models from other users (a shared
         # working dir, a server running as another user): it gets the permissions of any new folder
         os.chmod(tmp, 0o777 & ~_umask())
