@@ -72,11 +72,16 @@ def _nearest_existing(path: str) -> Path:
     return place
 
 
+def refused_by_the_disk(exc: BaseException) -> bool:
+    """Whether `exc` is a write that the disk refused (full, over quota, read-only): never the data's fault."""
+    return isinstance(exc, OSError) and exc.errno in _STORAGE_ERRNOS
+
+
 def storage_sentence(exc: OSError) -> str | None:
     """One sentence for a write that the disk refused (full, over quota, read-only), or None for any other error."""
-    what = _STORAGE_ERRNOS.get(exc.errno)
-    if what is None:
+    if not refused_by_the_disk(exc):
         return None
+    what = _STORAGE_ERRNOS[exc.errno]
     target = exc.filename2 or exc.filename  # a copy names its source first, its destination second
     where = f" in {_nearest_existing(os.fsdecode(target))}" if target else ""
     advice = _ELSEWHERE if exc.errno == errno.EROFS else f"free some space or {_ELSEWHERE}"

@@ -180,6 +180,26 @@ def test_a_damaged_base_is_rebuilt_once_then_quantized_then_one_sentence(tiny, t
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")], "no temporary folder left behind"
 
 
+def test_a_full_disk_under_the_quantizer_is_said_as_a_full_disk(tiny, tmp_path, monkeypatch):
+    """The quantizer's save on a full disk: its OSError went to the damaged-weights check, which then failed reading
+    the half-saved graph (a traceback about external data that "is not regular file"), or called the sound graph's
+    failure a quantizer incompatibility; the disk's error goes up as it is (the CLI says it in one sentence)."""
+    import errno
+
+    import nndf.export.weight_quant as weight_quant
+
+    _, export = tiny
+
+    def disk_full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(weight_quant, "quantize_graph", disk_full)
+    with pytest.raises(OSError) as caught:
+        quantized_decoder(export, "int8", tmp_path)
+    assert caught.value.errno == errno.ENOSPC and not isinstance(caught.value, HarnessError)
+    assert list(tmp_path.iterdir()) == []  # the half-quantized folder removed
+
+
 def test_kinds_and_parameters_name_different_artifacts(tiny, tmp_path):
     _, export = tiny
     int8 = quantized_decoder(export, "int8", tmp_path)

@@ -75,7 +75,7 @@ import sys
 from pathlib import Path
 from typing import Mapping
 
-from nndf.errors import HarnessError, UsageError
+from nndf.errors import HarnessError, UsageError, refused_by_the_disk
 from nndf.export.cpu_int8 import int8_weight_type, nbits_accuracy_level
 from nndf.export.graph_reads import ONNX_HINT, GraphLoadError, first_line
 from nndf.export.onnx import derived_graph
@@ -270,6 +270,8 @@ def quantized_decoder(export, kind: str, working_dir: str | Path, params: Mappin
             except HarnessError:
                 raise
             except Exception as exc:  # the quantizer raises many types: damaged weights ("scale issue") among them
+                if refused_by_the_disk(exc):  # a full disk under its save: nothing to say about the graph
+                    raise
                 if non_finite_weights(model):  # damaged at its recorded size: the onnxrt backend rebuilds it once
                     raise GraphLoadError(export.graph, exc, f"{kind} quantization", "failed on", QUANTIZER_HINT,
                                          with_type=True) from exc
