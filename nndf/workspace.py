@@ -164,6 +164,17 @@ def _replace_dir(tmp: Path, final: Path) -> None:
 LOCK_QUIET_WAIT_S = 1.0  # how long `artifact_lock` waits before it says that it waits
 
 
+def _can_lock(lock_file: Path) -> bool:
+    """Whether the lock file can be made (or opened) for writing: False in a read-only or another user's folder."""
+    try:
+        open(lock_file, "a").close()
+    except OSError as exc:
+        if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise
+        return False
+    return True
+
+
 @contextlib.contextmanager
 def artifact_lock(artifact: str | os.PathLike, waiting: Callable[[str], None] | None = None) -> Iterator[None]:
     """Hold an exclusive lock on `artifact` (a file or folder, built or not) while checking and building it.
@@ -185,6 +196,12 @@ def artifact_lock(artifact: str | os.PathLike, waiting: Callable[[str], None] | 
     path = Path(artifact)
     path.parent.mkdir(parents=True, exist_ok=True)
     lock_file = path.parent / f".{path.name}.lock"
+    if not _can_lock(lock_file):
+        # a folder this process cannot write (a shared, read-only copy of built exports): nothing can be built in it,
+        # and what is built there was published whole (renamed in, its metadata last), so reusing it needs no lock;
+        # a build that is needed fails on its first write, said as any read-only disk is (nndf.errors)
+        yield
+        return
     deadline, told = time.monotonic() + LOCK_QUIET_WAIT_S, False
     while True:
         handle = open(lock_file, "a")

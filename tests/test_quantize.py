@@ -200,6 +200,28 @@ def test_a_full_disk_under_the_quantizer_is_said_as_a_full_disk(tiny, tmp_path, 
     assert list(tmp_path.iterdir()) == []  # the half-quantized folder removed
 
 
+def test_a_built_quantized_graph_is_reused_from_a_read_only_working_dir(tiny, tmp_path, monkeypatch):
+    """A working dir of built exports that this process cannot write (mounted read-only, another user's): the fp32
+    graph was reused, but its int8 copy failed with a traceback, making its lock file. Reuse needs no lock (what is
+    built there was published whole), so it is reused."""
+    import errno
+
+    import nndf.workspace as workspace
+
+    _, export = tiny
+    built = quantized_decoder(export, "int8", tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+
+    def read_only(file, mode="r", *args, **kwargs):
+        if Path(file).parent == tmp_path and mode != "r":
+            raise OSError(errno.EROFS, "Read-only file system", str(file))
+        return open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(workspace, "open", read_only, raising=False)
+    assert quantized_decoder(export, "int8", tmp_path) == built
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
 def test_kinds_and_parameters_name_different_artifacts(tiny, tmp_path):
     _, export = tiny
     int8 = quantized_decoder(export, "int8", tmp_path)
