@@ -218,7 +218,7 @@ def check_given_paths(args) -> None:
         if (kind == "folder") != path.is_dir():
             raise UsageError(f"{flag} {value} is {'a file' if kind == 'folder' else 'a folder'}; it takes a {kind}")
     check_output_folder("--working-dir", getattr(args, "working_dir", None))
-    check_output_folder("-o/--output", getattr(args, "output", None))
+    check_output_folder("-o/--output", getattr(args, "output", None), into=True)
     check_output_file("--json", getattr(args, "json", None), "results.json")
     check_output_file("--plot", getattr(args, "plot", None), "bench.png")
     if getattr(args, "plot", None) and Path(args.plot).suffix.lower() != ".png":

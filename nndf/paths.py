@@ -14,11 +14,12 @@ from pathlib import Path
 from nndf.errors import UsageError
 
 
-def _file_in_the_way(flag: str, value: str, path: Path) -> None:
+def _file_in_the_way(flag: str, value: str, path: Path, into: bool = False) -> None:
     """One sentence when a parent of `path` exists as a file, so no folder can be made there, or when nothing can be
     written in the nearest folder that exists (no permission, a read-only or virtual file system such as /proc):
-    tried by creating and removing a temporary file there, as the write will."""
-    for place in path.parents:
+    tried by creating and removing a temporary file there, as the write will. `into`: `path` is a folder that the
+    command writes into, so it is that folder, where it exists, that must take a file."""
+    for place in [path, *path.parents] if into else path.parents:
         if place.exists():
             if not place.is_dir():
                 raise UsageError(f"{flag} {value} is inside {place}, which is a file")
@@ -31,14 +32,16 @@ def _file_in_the_way(flag: str, value: str, path: Path) -> None:
             return
 
 
-def check_output_folder(flag: str, value: str | None) -> None:
-    """`value` may be a folder or not exist yet (it is created), but not a file, nor inside one."""
+def check_output_folder(flag: str, value: str | None, into: bool = False) -> None:
+    """`value` may be a folder or not exist yet (it is created), but not a file, nor inside one. `into`: the command
+    always writes into it (-o), so an existing folder must be writable; a working dir need not be (its built
+    exports are reused from a read-only one)."""
     if value is None:
         return
     path = Path(value)
     if path.exists() and not path.is_dir():
         raise UsageError(f"{flag} {value} is a file; it takes a folder (created if missing)")
-    _file_in_the_way(flag, value, path)
+    _file_in_the_way(flag, value, path, into)
 
 
 def check_output_file(flag: str, value: str | None, example: str) -> None:

@@ -30,6 +30,9 @@ from test_cli import run_cli
      "--plot bench.txt: the plot is a PNG image; give a file name ending in .png"),
     (["triton", "GPT2", "onnxrt", "--random-weights", "-o", "/etc/hostname"],
      "-o/--output /etc/hostname is a file; it takes a folder"),
+    (["triton", "GPT2", "onnxrt", "--random-weights", "-o", "/proc"],  # an existing folder -o cannot write into
+     "-o/--output /proc: nothing can be written in /proc ("),
+    (["export", "GPT2", "onnxrt", "--random-weights", "-o", "/proc"], "-o/--output /proc: nothing can be written in"),
     (["convert", "-m", "/nonexistent-model"], "-m/--model /nonexistent-model does not exist"),
     (["convert", "-m", "a-hub-id", "--json", "/tmp"], "--json /tmp is a folder; give a file name such as report.json"),
     (["convert", "-m", "a-hub-id", "-o", "/etc/hostname/repo"],

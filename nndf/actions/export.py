@@ -56,7 +56,7 @@ def run(args) -> list[Result]:
         if kinds != {"onnxrt"} or len(args.backends) != 1:
             raise UsageError("-o writes one onnxrt model (onnxrt, onnxrt-int8 or onnxrt-int4) as a folder: name that "
                              "one backend (trt engines are tied to the GPU they were built on)")
-        check_output_folder("-o/--output", args.output)
+        check_output_folder("-o/--output", args.output, into=True)
         check_replaceable("-o/--output", args.output)
     started = time.time_ns()
     models = _open(args)

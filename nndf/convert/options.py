@@ -147,7 +147,7 @@ def parse(argv: list[str] | None = None) -> ConvertOptions:
     _check_local("-m/--model", args.model, needs="config.json")
     if args.tokenizer:
         _check_local("-t/--tokenizer", args.tokenizer)
-    check_output_folder("-o/--output", args.output)
+    check_output_folder("-o/--output", args.output, into=True)
     check_output_file("--json", args.json, "report.json")
     return ConvertOptions(
         model=args.model, tokenizer=args.tokenizer or args.model, task=args.task,
