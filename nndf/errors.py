@@ -60,7 +60,7 @@ def sigterm_unwinds():
 # a disk that cannot take what the run writes: the user's machine, not a bug, and the unwinding removed what was
 # half-written (nndf.workspace), so the sentence says where, and what to do
 _STORAGE_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
-                   errno.EROFS: "read-only file system"}
+                   errno.EROFS: "read-only file system", errno.EACCES: "permission denied"}
 _ELSEWHERE = "write elsewhere (--working-dir, -o, --json, --plot)"
 
 
@@ -73,7 +73,8 @@ def _nearest_existing(path: str) -> Path:
 
 
 def refused_by_the_disk(exc: BaseException) -> bool:
-    """Whether `exc` is a write that the disk refused (full, over quota, read-only): never the data's fault."""
+    """Whether `exc` is a write that the disk refused (full, over quota, read-only, another user's folder): never the
+    data's fault."""
     return isinstance(exc, OSError) and exc.errno in _STORAGE_ERRNOS
 
 
@@ -84,7 +85,8 @@ def storage_sentence(exc: OSError) -> str | None:
     what = _STORAGE_ERRNOS[exc.errno]
     target = exc.filename2 or exc.filename  # a copy names its source first, its destination second
     where = f" in {_nearest_existing(os.fsdecode(target))}" if target else ""
-    advice = _ELSEWHERE if exc.errno == errno.EROFS else f"free some space or {_ELSEWHERE}"
+    advice = {errno.ENOSPC: f"free some space or {_ELSEWHERE}", errno.EDQUOT: f"free some space or {_ELSEWHERE}",
+              errno.EACCES: f"check its permissions, or {_ELSEWHERE}"}.get(exc.errno, _ELSEWHERE)
     return f"{what}{where}; nothing half-written was kept: {advice}"
 
 

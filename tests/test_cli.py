@@ -204,7 +204,9 @@ def test_a_reader_that_closes_the_pipe_ends_the_command_quietly():
     (errno.ENOSPC, True, "no space left on device in {work}; nothing half-written was kept: free some space or write "
                          "elsewhere"),
     (errno.ENOSPC, False, "no space left on device in {work}; nothing half-written was kept"),
-    (errno.EROFS, True, "read-only file system in {work}; nothing half-written was kept: write elsewhere")])
+    (errno.EROFS, True, "read-only file system in {work}; nothing half-written was kept: write elsewhere"),
+    (errno.EACCES, True, "permission denied in {work}; nothing half-written was kept: check its permissions, or "
+                          "write elsewhere")])
 def test_a_disk_that_refuses_the_export_is_one_sentence(capsys, monkeypatch, tiny_gpt2_dir, tmp_path, code, named,
                                                        said):
     """A full (or read-only) disk under --working-dir, -o or --json ended the run with the OSError's traceback from
