@@ -85,16 +85,17 @@ def storage_sentence(exc: OSError) -> str | None:
     what = _STORAGE_ERRNOS[exc.errno]
     target = exc.filename2 or exc.filename  # a copy names its source first, its destination second
     where = f" in {_nearest_existing(os.fsdecode(target))}" if target else ""
-    advice = {errno.ENOSPC: f"free some space or {_ELSEWHERE}", errno.EDQUOT: f"free some space or {_ELSEWHERE}",
-              errno.EACCES: f"check its permissions, or {_ELSEWHERE}"}.get(exc.errno, _ELSEWHERE)
+    if exc.errno == errno.EACCES:  # a read as well as a write (an unreadable --torch-dir): nothing said of writes
+        return f"{what}{where}: check its permissions, or for an output {_ELSEWHERE}"
+    advice = f"free some space or {_ELSEWHERE}" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else _ELSEWHERE
     return f"{what}{where}; nothing half-written was kept: {advice}"
 
 
 def run_command(body: Callable[[], int]) -> int:
     """A command's exit code: its own, or one line on stderr instead of a traceback for a failure the user can act
-    on (a UsageError or HarnessError: "error: ...", Ctrl-C: "interrupted", SIGTERM: "terminated", a disk that refuses a write: where, and what
-    to do); temporary files go with the unwinding. A reader that closes the pipe early (`run.py list | head -1`) ends the command quietly, as
-    it ends any shell tool: exit 141 (128 + SIGPIPE)."""
+    on (a UsageError or HarnessError: "error: ...", Ctrl-C: "interrupted", SIGTERM: "terminated", a disk that
+    refuses a write: where, and what to do); temporary files go with the unwinding. A reader that closes the pipe
+    early (`run.py list | head -1`) ends the command quietly, as it ends any shell tool: exit 141 (128 + SIGPIPE)."""
     with sigterm_unwinds():
         try:
             return body()

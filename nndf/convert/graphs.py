@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from nndf.convert.tasks import TaskModule, eager_attention, transformer_of
-from nndf.errors import HarnessError
+from nndf.errors import HarnessError, refused_by_the_disk
 from nndf.workspace import atomic_path
 
 OPSET = 17
@@ -83,6 +83,8 @@ def export_graph(module: TaskModule, example: Mapping[str, torch.Tensor], path: 
     except HarnessError:
         raise
     except Exception as exc:  # the exporter raises many types; one sentence with the cause
+        if refused_by_the_disk(exc):  # a full or read-only disk: said as the disk's (nndf.errors), not the graph's
+            raise
         raise HarnessError(f"ONNX export failed: {type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
     import onnx
 
