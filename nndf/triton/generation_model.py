@@ -168,8 +168,9 @@ class TritonPythonModel:
 
             self.worker = BatchWorker(ContinuousBatcher(self.model, max_rows=settings["max_rows"]))
 
-    def settings(self, request) -> dict:
-        """`Model.generate`'s keywords from the request's optional inputs (the defaults where absent)."""
+    def settings(self, request) -> tuple[dict, object]:
+        """`Model.generate`'s keywords from the request's optional inputs (the defaults where absent), and the
+        `GenerationOptions` they make (built once: the draw inputs' check needs them, and so does the batch)."""
         decoding = {}
         for name, (keyword, kind) in DECODING_INPUTS.items():
             value = _optional(request, name, kind)
@@ -190,8 +191,9 @@ class TritonPythonModel:
                         sampling_stream=self.defaults.get("sampling_stream", "generate"))
         from nndf.actions.common import check_draw_flags_apply  # TEMPERATURE, TOP_K, TOP_P where nothing is sampled
 
-        check_draw_flags_apply(decoding, self.model.generation_options(**settings).sampling.do_sample)
-        return settings
+        options = self.model.generation_options(**settings)
+        check_draw_flags_apply(decoding, options.sampling.do_sample)
+        return settings, options
 
     def prompts(self, texts):
         from nndf.actions.common import encode_prompts
@@ -215,7 +217,7 @@ class TritonPythonModel:
         sender = request.get_response_sender()
         try:
             texts = _texts(request)
-            options = self.model.generation_options(**self.settings(request))
+            _, options = self.settings(request)
             stopping = self.model.stop_criteria(_stop_strings(request))
             prompts = self.prompts(texts)
             reply = Reply(sender, len(prompts), self.model.tokenizer, self.stream)
@@ -241,7 +243,7 @@ class TritonPythonModel:
 
         try:
             texts = _texts(request)
-            settings = self.settings(request)
+            settings, _ = self.settings(request)
             if len(texts) * settings["num_beams"] > self.max_rows:  # the request is one batch: a row per beam
                 raise UsageError(f"{len(texts)} prompts with NUM_BEAMS {settings['num_beams']} are "
                                  f"{len(texts) * settings['num_beams']} rows, more than the {self.max_rows} this "
