@@ -117,6 +117,30 @@ def test_a_write_without_streaming_removes_the_earlier_streaming_twin(tiny_gpt2_
         capsys.readouterr().err
 
 
+def test_a_streaming_write_stopped_before_its_twin_leaves_no_old_twin(tiny_gpt2_dir, onnx_work_dir, tmp_path,
+                                                                      monkeypatch):
+    """The two folders are written one after the other: a write killed between them left the new model beside the
+    old twin, which served the earlier graph and settings. The old twin goes first, so only the new model stands."""
+    import nndf.triton.generative as generative
+
+    model = nndf.load("GPT2", torch_dir=str(tiny_gpt2_dir), backend="onnxrt", working_dir=str(onnx_work_dir),
+                      device="cpu")
+    models = tmp_path / "models"
+    generative.write_generative_repository(models, "gpt2", model, 2, streaming=True)
+    written = generative.write_model_folder
+
+    def stopped_at_the_twin(output_dir, folder, *args, **kwargs):
+        if folder == "gpt2_stream":
+            raise KeyboardInterrupt
+        return written(output_dir, folder, *args, **kwargs)
+
+    monkeypatch.setattr(generative, "write_model_folder", stopped_at_the_twin)
+    with pytest.raises(KeyboardInterrupt):
+        generative.write_generative_repository(models, "gpt2", model, 2, max_new_tokens=7, streaming=True)
+    assert sorted(p.name for p in models.iterdir()) == ["gpt2"]
+    assert json.loads((models / "gpt2" / "1" / "nndf.json").read_text())["defaults"]["max_new_tokens"] == 7
+
+
 def test_the_serve_line_quotes_a_repository_with_a_space(tiny_gpt2_dir, onnx_work_dir, tmp_path, capsys):
     """`-o "my models"`: the serve line said `tritonserver --model-repository .../my models`, which a shell splits
     into two arguments; it is quoted as a shell reads it."""

@@ -128,27 +128,29 @@ def write_generative_repository(output_dir: str | Path, name: str, model, max_ba
         (Path(tmp) / SETTINGS_FILE).write_text(json.dumps(settings, indent=2))
         files[SETTINGS_FILE] = Path(tmp) / SETTINGS_FILE
         Path(output_dir).mkdir(parents=True, exist_ok=True)
+        # an earlier twin goes before anything is written: stopped between the two folders, a write leaves the new
+        # model alone (it serves), never beside the old graph's twin
+        _remove_stale_twin(Path(output_dir) / (name + STREAM_SUFFIX), SETTINGS_FILE, said=not streaming)
         written = [write_model_folder(Path(output_dir), folder,
                                       generative_config(folder, max_batch_size, nb_instances, DEVICES["cpu"],
                                                         scheduler, decoupled=folder != name,
                                                         queue_delay_us=queue_delay_us), files,
                                       files_as=None if folder == name else name)  # the twin: its files linked
                    for folder in model_folders(name, streaming)]
-    if not streaming:
-        _remove_stale_twin(Path(output_dir) / (name + STREAM_SUFFIX), SETTINGS_FILE)
     warn_stray_folders(output_dir)
     return written
 
 
-def _remove_stale_twin(twin: Path, settings_file: str) -> None:
+def _remove_stale_twin(twin: Path, settings_file: str, said: bool) -> None:
     """The streaming twin an earlier `--streaming` write left: written again without it, `<name>_stream` would go
-    on serving the old graph and settings beside the new model, so it goes (said). Only a folder of ours (its
-    config.pbtxt and version 1's settings file) is removed."""
+    on serving the old graph and settings beside the new model, so it goes (`said`: where no new twin replaces it).
+    Only a folder of ours (its config.pbtxt and version 1's settings file) is removed."""
     if (twin / "config.pbtxt").is_file() and (twin / "1" / settings_file).is_file():
         import shutil
 
         from nndf.progress import say
 
         shutil.rmtree(twin)
-        say(f"removed {twin}: the streaming model of an earlier --streaming write, which would serve the old graph "
-            "and settings")
+        if said:
+            say(f"removed {twin}: the streaming model of an earlier --streaming write, which would serve the old "
+                "graph and settings")
