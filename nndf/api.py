@@ -69,7 +69,8 @@ def run(action: str, model: str | None = None, *backends: str, input: str | list
     num_samples=100)`); a flag the action does not know, or a bad value, raises `UsageError` with the sentence the
     command line prints, and a runtime failure `HarnessError`. `input`: for `chat`, the lines it answers (what it
     reads from stdin on the command line), as one string or a list of lines. `help=True` prints the action's
-    `--help` and returns no results.
+    `--help` and returns no results. Ctrl-C after some backends were measured raises `nndf.interrupt.Interrupted`
+    (a KeyboardInterrupt) whose `.results` are the tables of those backends.
     """
     from nndf.cli import ACTIONS, build_parser, check_given_paths, check_unused_flags
 

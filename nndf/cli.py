@@ -12,6 +12,7 @@ import importlib
 import sys
 
 from nndf.errors import OneSentenceParser, UsageError, run_command
+from nndf.interrupt import Interrupted
 from nndf.paths import check_output_file, check_output_folder
 
 # Action name -> (module in nndf.actions, one-line help). Each module has `add_arguments(parser)` and `run(args)`.
@@ -331,7 +332,10 @@ def _main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     check_unused_flags(args)
     check_given_paths(args)
-    results = args.run_action(args)
+    try:
+        results, code = args.run_action(args), 0
+    except Interrupted as stopped:  # Ctrl-C after some backends were measured: their tables, then exit as interrupted
+        results, code = stopped.results, 130
     from nndf.results import write_json
 
     rendered = [result.render(verbose=getattr(args, "info", False), shown=getattr(args, "info_context", None))
@@ -340,4 +344,6 @@ def _main(argv: list[str]) -> int:
     if getattr(args, "json", None):
         write_json(results, args.json)
         print(f"\nresults written to {args.json}")
-    return 0
+    if code:
+        print("interrupted", file=sys.stderr)
+    return code

@@ -5,10 +5,14 @@ step (an ONNX Runtime run, a TensorRT launch) whose state then has to be trusted
 flag; the work asks `check()` at a point where stopping is safe (the generation loop's `on_token`, between steps)
 and unwinds with `Stopped`. A second Ctrl-C before that interrupts as usual, so a stuck step can still be left.
 SIGTERM is not touched (nndf.cli unwinds on it).
+
+An action that measures several backends in turn keeps what it measured when Ctrl-C comes (`KeepOnInterrupt`): its
+tables show the backends done, say where it stopped, and the command still exits as interrupted (`Interrupted`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 
@@ -44,3 +48,51 @@ class StopOnInterrupt:
         if self._previous is not None:
             signal.signal(signal.SIGINT, self._previous)
             self._previous = None
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C after some of an action's work was measured: `results` are the tables of what was (their notes say
+    where it stopped). Still a KeyboardInterrupt, so a script calling `nndf.run` stops as it would; the command line
+    prints and writes them before it exits 130."""
+
+    def __init__(self, results: list) -> None:
+        super().__init__("interrupted; the results measured before it are in .results")
+        self.results = results
+
+
+class KeepOnInterrupt:
+    """Ctrl-C in an action's loop over backends (hours of LAMBADA or lm-eval, minutes of benchmarks) used to lose
+    every table. Each backend's work runs in `guard`: Ctrl-C there, once something is measured, ends the loop
+    instead of the command; the action builds its tables from what was measured, adds `note`, and calls `finish`,
+    which raises `Interrupted` with them."""
+
+    def __init__(self) -> None:
+        self.during: str | None = None  # what was being done when Ctrl-C came
+
+    @property
+    def stopped(self) -> bool:
+        return self.during is not None
+
+    @contextlib.contextmanager
+    def guard(self, what: str, kept: bool):
+        """Run the block; Ctrl-C inside it is remembered (`what`: "benchmarking onnxrt") where `kept` (something
+        measured already), else raised as usual."""
+        try:
+            yield
+        except KeyboardInterrupt:
+            if not kept:
+                raise
+            self.during = what
+
+    def note(self, missing: str) -> str:
+        """The note of an interrupted table: where Ctrl-C came and what is missing for it."""
+        return f"interrupted (Ctrl-C) while {self.during}: {missing}."
+
+    def finish(self, results: list) -> list:
+        """`results`, or `Interrupted` carrying them when Ctrl-C ended the loop (each result's context, and so its
+        JSON, then says `interrupted`: what was being done)."""
+        if self.stopped:
+            for result in results:
+                result.context["interrupted"] = self.during
+            raise Interrupted(results)
+        return results

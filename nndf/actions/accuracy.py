@@ -12,6 +12,7 @@ import math
 
 from nndf.actions.common import data_seed, describe, label, open_models, say
 from nndf.errors import UsageError
+from nndf.interrupt import KeepOnInterrupt
 from nndf.results import Column, Result
 
 
@@ -79,19 +80,27 @@ def run(args) -> list[Result]:
     texts: list[str] = []
     models = open_models(args, needs_text=True, before_load=lambda: texts.extend(load_lambada(args.dataset_file)))
     chosen = [text for _, text in sample_texts(texts, args.num_samples, seed=data_seed(args))]
-    rows = []
-    for model in models:
-        say(f"scoring {len(chosen)} LAMBADA passages on {label(model)}")
-        metrics = model.architecture.lambada(chosen, model, args.tokens_to_generate, args.topN, args.batch_size)
-        rows.append(dict(backend=label(model), **metrics.as_dict()))
+    rows, keep, stopped = [], KeepOnInterrupt(), []
+    for index, model in enumerate(models):
+        with keep.guard(f"scoring {label(model)}", kept=bool(rows)):
+            say(f"scoring {len(chosen)} LAMBADA passages on {label(model)}")
+            metrics = model.architecture.lambada(chosen, model, args.tokens_to_generate, args.topN, args.batch_size)
+            rows.append(dict(backend=label(model), **metrics.as_dict()))
+        if keep.stopped:
+            stopped = [keep.note(f"not scored: {', '.join(label(m) for m in models[index:])}")]
+            break
     judged = [(row, model) for row, model in zip(rows, models) if args.fidelity and not model.is_reference]
-    if judged:
+    if judged and not keep.stopped:
         names = ", ".join(label(model) for _, model in judged)
         say(f"fidelity: comparing the logits of {names} with PyTorch's on the same passages, one more PyTorch pass "
             "(--no-fidelity skips it)")
-        fidelities = models[0].architecture.fidelities(chosen, [model for _, model in judged], args.batch_size)
+        fidelities = []
+        with keep.guard("comparing logits with PyTorch's (fidelity)", kept=True):
+            fidelities = models[0].architecture.fidelities(chosen, [model for _, model in judged], args.batch_size)
         for (row, _), fidelity in zip(judged, fidelities):
             row.update(top1_agreement=fidelity.top1_agreement, mean_kl=fidelity.mean_kl)
+        if keep.stopped:
+            stopped = [keep.note("no top-1 agreement or KL columns (--no-fidelity leaves that pass out)")]
     n = args.topN
     columns = [
         Column("backend", "backend"),
@@ -116,13 +125,14 @@ def run(args) -> list[Result]:
                      "KL vs PyTorch: mean KL(PyTorch || backend) per position, both from one more pass over the "
                      "passages on PyTorch, which --no-fidelity skips. On random weights the logits are nearly flat, "
                      "so quantized agreement says little there: judge fidelity on trained weights.")
+    notes += stopped
     first = models[0]
     title = f"accuracy {first.spec.family} {first.loaded.name}: LAMBADA, {sample_words(len(chosen), len(texts), args)}"
     context = dict(describe(*models), dataset=args.dataset_file or "EleutherAI/lambada_openai",
                    num_samples=len(chosen), passages_in_dataset=len(texts),
                    sample="random" if len(chosen) < len(texts) else "all", sample_seed=data_seed(args),
                    tokens_to_generate=args.tokens_to_generate, topN=n)
-    return [Result("accuracy", title, columns, rows, context, notes)]
+    return keep.finish([Result("accuracy", title, columns, rows, context, notes)])
 
 
 def sample_words(chosen: int, available: int, args) -> str:

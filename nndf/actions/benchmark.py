@@ -21,6 +21,7 @@ from nndf.actions.runners import runners_for, time_generation
 from nndf.architectures import architecture
 from nndf.errors import UsageError
 from nndf.images import caption_inputs
+from nndf.interrupt import KeepOnInterrupt
 from nndf.measure import format_bytes
 from nndf.plots import check_plotting, plot_bars
 from nndf.registry import resolve
@@ -88,24 +89,13 @@ def run(args) -> list[Result]:
     picked = decoding_note(first, decoding, args.num_beams)
     rows = []
     hf_row = None
-    for runner in runners_for(models):
-        say(f"benchmarking {runner.label}: batch {batch}, {first.architecture.benchmark_inputs(prompt_len)} + "
-            f"{_count(new_tokens, 'token')}, {picked}")
-        t = time_generation(runner, inputs, new_tokens, new_tokens, args.num_beams, timing, decoding=decoding)
-        latency = t.latency.percentile(pct)
-        rows.append({
-            "backend": runner.label,
-            "runs": len(t.latency.samples),
-            "latency_ms": latency * 1e3,
-            "encoder_ms": None if t.encoder_median is None else t.encoder_median * 1e3,
-            "first_token_ms": t.first_token_median * 1e3,
-            "decode_ms": None if t.decode_step_median is None else t.decode_step_median * 1e3,
-            "tokens_per_s": batch * new_tokens / latency,
-            "spread_pct": 100 * t.latency.stdev / t.latency.mean,
-            "decode_spread_ms": 1e3 * statistics.stdev(t.decode_steps) if len(t.decode_steps) > 1 else None,
-            "peak_memory": format_bytes(t.peak_bytes),
-            "peak_bytes": t.peak_bytes,
-        })
+    runners, keep, stopped = runners_for(models), KeepOnInterrupt(), []
+    for index, runner in enumerate(runners):
+        with keep.guard(f"benchmarking {runner.label}", kept=bool(rows)):
+            rows.append(_measure(runner, args, timing, inputs, first, decoding, picked))
+        if keep.stopped:
+            stopped = [keep.note(f"not measured: {', '.join(r.label for r in runners[index:])}")]
+            break
         if runner.is_hf_generate and hf_row is None:
             hf_row = rows[-1]
     if hf_row is not None:  # the speed-up users come for, against the generate() they know
@@ -132,7 +122,7 @@ def run(args) -> list[Result]:
         notes.append("encoder: the encoder's run (a vision encoder's for images), and for our loop the "
                      "cross-attention cache generator's too (Hugging Face computes the cross-attention keys and "
                      "values inside its first decoder step); first token includes it.")
-    notes += noisy_note(rows)
+    notes += noisy_note(rows) + stopped
     inputs = first.architecture.benchmark_inputs(prompt_len)
     title = (f"benchmark {first.spec.family} {first.loaded.name}: batch {batch}, {inputs} + "
              f"{_count(new_tokens, 'new token')}, {picked}, {weights_and_cache(args)}")
@@ -140,7 +130,29 @@ def run(args) -> list[Result]:
         plot_bars(args.plot, title, rows, [("decode_ms", "decode step (ms, +- stdev over runs)", "decode_spread_ms"),
                                            ("tokens_per_s", "throughput (tok/s)", None)])
         notes.append(f"plot written to {args.plot}")
-    return [Result("benchmark", title, columns, rows, context, notes)]
+    return keep.finish([Result("benchmark", title, columns, rows, context, notes)])
+
+
+def _measure(runner, args, timing, inputs: dict, first, decoding, picked: str) -> dict:
+    """Time one backend's generations: its row."""
+    batch, prompt_len, new_tokens = args.batch_size, args.input_seq_len or 0, args.output_seq_len
+    say(f"benchmarking {runner.label}: batch {batch}, {first.architecture.benchmark_inputs(prompt_len)} + "
+        f"{_count(new_tokens, 'token')}, {picked}")
+    t = time_generation(runner, inputs, new_tokens, new_tokens, args.num_beams, timing, decoding=decoding)
+    latency = t.latency.percentile(timing.percentile)
+    return {
+        "backend": runner.label,
+        "runs": len(t.latency.samples),
+        "latency_ms": latency * 1e3,
+        "encoder_ms": None if t.encoder_median is None else t.encoder_median * 1e3,
+        "first_token_ms": t.first_token_median * 1e3,
+        "decode_ms": None if t.decode_step_median is None else t.decode_step_median * 1e3,
+        "tokens_per_s": batch * new_tokens / latency,
+        "spread_pct": 100 * t.latency.stdev / t.latency.mean,
+        "decode_spread_ms": 1e3 * statistics.stdev(t.decode_steps) if len(t.decode_steps) > 1 else None,
+        "peak_memory": format_bytes(t.peak_bytes),
+        "peak_bytes": t.peak_bytes,
+    }
 
 
 def runs_note(rows: list[dict], timing) -> str:

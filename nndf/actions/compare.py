@@ -8,6 +8,7 @@ from nndf.actions.run import (
     RUN_UNUSED_FLAGS, checkpoint_columns, checkpoint_rows, checkpoint_samples, outputs_result, sample_length_check,
     sample_notes,
 )
+from nndf.interrupt import KeepOnInterrupt
 from nndf.plots import check_plotting, plot_bars
 from nndf.results import Column, Result
 
@@ -32,7 +33,8 @@ def run(args) -> list[Result]:
     models = open_models(args, needs_text=True, check_inputs=sample_length_check(args, samples))
     first = models[0]
     picked = decoding_note(first, decoding_flags(args), args.num_beams)  # refuses beams with sampling up front
-    rows, outputs = checkpoint_rows(args, models, samples)
+    keep = KeepOnInterrupt()
+    rows, outputs, stopped = checkpoint_rows(args, models, samples, keep)
     base = rows[0]["generation_ms"]
     for row in rows:
         row["speedup"] = base / row["generation_ms"]
@@ -40,10 +42,10 @@ def run(args) -> list[Result]:
     title = (f"compare {first.spec.family} {first.loaded.name}: {', '.join(r['backend'] for r in rows)}; "
              f"{picked}, {weights_and_cache(args)}")
     notes = ["speed: full-generation time of the first row divided by each row's (higher is faster).",
-             *sample_notes(args, rows)]
+             *sample_notes(args, rows), *stopped]
     if args.plot:
         plot_bars(args.plot, title, rows, [("generation_ms", "full generation (ms)", None),
                                            ("decode_ms", "decode step (ms)", None)])
         notes.append(f"plot written to {args.plot}")
-    return [Result("compare", title, columns, rows, describe(*models), notes),
-            outputs_result(first, outputs)]
+    return keep.finish([Result("compare", title, columns, rows, describe(*models), notes),
+                        outputs_result(first, outputs)])

@@ -23,6 +23,7 @@ from nndf.checkpoint import DEFAULT_NEW_TOKENS, Sample, read_samples
 from nndf.architectures import architecture
 from nndf.errors import HarnessError, UsageError
 from nndf.images import image_files
+from nndf.interrupt import KeepOnInterrupt
 from nndf.registry import resolve
 from nndf.results import Column, Result
 
@@ -118,46 +119,58 @@ def sample_length_check(args, samples: list[Sample]):
     return check
 
 
-def checkpoint_rows(args, models, samples: list[Sample]) -> tuple[list[dict], list[dict]]:
-    """One row per runner (token accuracy against the labels, median runtimes over all samples), and one row per
-    runner and sample with the generated text."""
+def checkpoint_rows(args, models, samples: list[Sample], keep: KeepOnInterrupt) -> tuple[list[dict], list[dict],
+                                                                                         list[str]]:
+    """One row per runner (token accuracy against the labels, median runtimes over all samples), one row per runner
+    and sample with the generated text, and the note of a Ctrl-C that ended the runs (`keep`): the runners done
+    before it keep their rows and outputs."""
+    rows, outputs = [], []
+    runners = runners_for(models)
+    for index, runner in enumerate(runners):
+        done = len(outputs)
+        with keep.guard(f"running the samples on {runner.label}", kept=bool(rows)):
+            rows.append(_runner_row(args, models[0], runner, samples, outputs))
+        if keep.stopped:
+            del outputs[done:]  # the interrupted runner's: not all samples
+            return rows, outputs, [keep.note(f"not run: {', '.join(r.label for r in runners[index:])}")]
+    return rows, outputs, []
+
+
+def _runner_row(args, first, runner, samples: list[Sample], outputs: list[dict]) -> dict:
+    """Run every sample on `runner`: its row, and each sample's output added to `outputs`."""
     timing = timing_settings(args)
     decoding = decoding_flags(args)
-    first = models[0]
     tokenizer = first.tokenizer
-    rows, outputs = [], []
     known = len(tokenizer)  # ids from here on (a vocabulary padded past its tokenizer) decode to no text
-    for runner in runners_for(models):
-        matched = total = 0
-        full, step = [], []
-        for sample in samples:
-            inputs = generation_inputs(first, sample.prompt, sample.image, args.use_mask)
-            ids = inputs.get("input_ids")
-            label, new_tokens = _label_and_new_tokens(args, first.architecture, tokenizer, sample, ids)
-            say(f"{runner.label}: '{_shown(sample)}' + up to {new_tokens} tokens")
-            try:
-                t = time_generation(runner, inputs, new_tokens, None, args.num_beams, timing, progress=False,
-                                    decoding=decoding)
-            except UsageError as exc:  # a model with fewer positions than the family's samples: say which sample
-                raise _sample_error(args, first.spec, sample, exc) from None
-            new = first.new_tokens(t.output, ids)[0].tolist()
-            if label:
-                matched += sum(a == b for a, b in zip(new, label))
-                total += len(label)
-            full.append(t.latency.percentile(timing.percentile))  # --percentile of each sample's runs
-            if t.decode_step_median is not None:
-                step.append(t.decode_step_median)
-            outputs.append({"backend": runner.label, "input": _describe_sample(sample),
-                            "output": tokenizer.decode(new, skip_special_tokens=True).strip(),
-                            "textless_ids": sum(i >= known for i in new)})
-        rows.append({
-            "backend": runner.label,
-            "samples": len(samples),
-            "accuracy": matched / total if total else None,
-            "generation_ms": statistics.median(full) * 1e3,
-            "decode_ms": statistics.median(step) * 1e3 if step else None,
-        })
-    return rows, outputs
+    matched = total = 0
+    full, step = [], []
+    for sample in samples:
+        inputs = generation_inputs(first, sample.prompt, sample.image, args.use_mask)
+        ids = inputs.get("input_ids")
+        label, new_tokens = _label_and_new_tokens(args, first.architecture, tokenizer, sample, ids)
+        say(f"{runner.label}: '{_shown(sample)}' + up to {new_tokens} tokens")
+        try:
+            t = time_generation(runner, inputs, new_tokens, None, args.num_beams, timing, progress=False,
+                                decoding=decoding)
+        except UsageError as exc:  # a model with fewer positions than the family's samples: say which sample
+            raise _sample_error(args, first.spec, sample, exc) from None
+        new = first.new_tokens(t.output, ids)[0].tolist()
+        if label:
+            matched += sum(a == b for a, b in zip(new, label))
+            total += len(label)
+        full.append(t.latency.percentile(timing.percentile))  # --percentile of each sample's runs
+        if t.decode_step_median is not None:
+            step.append(t.decode_step_median)
+        outputs.append({"backend": runner.label, "input": _describe_sample(sample),
+                        "output": tokenizer.decode(new, skip_special_tokens=True).strip(),
+                        "textless_ids": sum(i >= known for i in new)})
+    return {
+        "backend": runner.label,
+        "samples": len(samples),
+        "accuracy": matched / total if total else None,
+        "generation_ms": statistics.median(full) * 1e3,
+        "decode_ms": statistics.median(step) * 1e3 if step else None,
+    }
 
 
 # A labelled sample is scored over its label's tokens, or over the first --output-seq-len of them when given.
@@ -220,9 +233,10 @@ def run(args) -> list[Result]:
     models = open_models(args, needs_text=True, check_inputs=sample_length_check(args, samples))
     first = models[0]
     picked = decoding_note(first, decoding_flags(args), args.num_beams)  # refuses beams with sampling up front
-    rows, outputs = checkpoint_rows(args, models, samples)
-    notes = sample_notes(args, rows)
+    keep = KeepOnInterrupt()
+    rows, outputs, stopped = checkpoint_rows(args, models, samples, keep)
+    notes = sample_notes(args, rows) + stopped
     source = "the given images" if getattr(args, "image", None) else "checkpoint samples"
     title = f"run {first.spec.family} {first.loaded.name}: {source}, {picked}, {weights_and_cache(args)}"
-    return [Result("run", title, checkpoint_columns(args), rows, describe(*models), notes),
-            outputs_result(first, outputs)]
+    return keep.finish([Result("run", title, checkpoint_columns(args), rows, describe(*models), notes),
+                        outputs_result(first, outputs)])
