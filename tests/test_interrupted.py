@@ -13,7 +13,6 @@ import pytest
 
 import nndf
 import nndf.actions.benchmark
-import nndf.actions.compare
 import nndf.actions.run
 from conftest import LAMBADA_FILE, TOKENIZER_DIR, needs_shared
 from nndf.architectures import DecoderOnly
@@ -76,17 +75,19 @@ def test_the_python_api_raises_with_the_measured_tables(monkeypatch, tiny_gpt2_d
 
 
 @needs_shared(TOKENIZER_DIR)
-def test_compare_keeps_whole_backends_only(capsys, monkeypatch, tiny_gpt2_dir, onnx_work_dir):
-    """Stopped in onnxrt's second sample: its first sample's output goes with it, frameworks' rows stay."""
-    samples = nndf.actions.compare.checkpoint_samples
-    monkeypatch.setattr(nndf.actions.compare, "checkpoint_samples", lambda args: samples(args) * 2)
-    ctrl_c_on(monkeypatch, nndf.actions.run, "onnxrt", after=1)
-    code, out, err = run_cli(capsys, "compare", "GPT2", "frameworks", "onnxrt", "--torch-dir", tiny_gpt2_dir,
-                             "--working-dir", onnx_work_dir, "--output-seq-len", 2, "--iterations", 1, "--warmup", 0)
+def test_run_keeps_whole_backends_only(capsys, monkeypatch, tiny_gpt2_dir):
+    """Stopped in generate()'s second sample: its first sample's output goes with it, our loop's rows stay (`run`
+    and `compare` share this loop)."""
+    samples = nndf.actions.run.checkpoint_samples
+    monkeypatch.setattr(nndf.actions.run, "checkpoint_samples", lambda args: samples(args) * 2)
+    ctrl_c_on(monkeypatch, nndf.actions.run, "frameworks (HF generate)", after=1)
+    code, out, err = run_cli(capsys, "run", "GPT2", "frameworks", "--torch-dir", tiny_gpt2_dir, "--output-seq-len", 2,
+                             "--iterations", 1, "--warmup", 0)
     assert code == 130, err
-    firsts = [line.split()[0] for line in out.splitlines() if line.startswith(("frameworks", "onnxrt"))]
-    assert "onnxrt" not in firsts and firsts.count("frameworks") == 2 + 2 * 2  # two rows, two outputs each
-    assert "interrupted (Ctrl-C) while running the samples on onnxrt: not run: onnxrt." in " ".join(out.split())
+    firsts = [line.split()[:2] for line in out.splitlines() if line.startswith("frameworks")]
+    assert firsts == [["frameworks", "2"]] + [["frameworks", "TensorRT"]] * 2  # its row, its output per sample
+    text = " ".join(out.split())
+    assert "while running the samples on frameworks (HF generate): not run: frameworks (HF generate)." in text
 
 
 @needs_shared(LAMBADA_FILE)
@@ -131,7 +132,7 @@ def test_evaluate_keeps_the_backends_evaluated_before_ctrl_c(capsys, monkeypatch
     passages.write_text("\n".join(LAMBADA_FILE.read_text(encoding="utf-8").splitlines()[:5]) + "\n", encoding="utf-8")
     code, out, err = run_cli(capsys, "evaluate", "GPT2", "frameworks", "onnxrt", "--torch-dir", tiny_gpt2_dir,
                              "--working-dir", onnx_work_dir, "--tasks", "lambada_openai", "--dataset-file", passages,
-                             "--bootstrap-iters", 0)
+                             "--bootstrap-iters", 0, "--limit", 2)
     assert code == 130, err
     assert "on frameworks: lm-evaluation-harness" in out and "on onnxrt" not in out and "against" not in out
     assert "interrupted (Ctrl-C) while evaluating onnxrt: not evaluated: onnxrt." in " ".join(out.split())
