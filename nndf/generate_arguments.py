@@ -106,6 +106,25 @@ def check_prompt_tensors(input_ids, attention_mask, image: bool = False):
     return attention_mask
 
 
+def bos_prompt(input_ids, attention_mask, generation_config, takes_images: bool):
+    """The prompt `generate()` starts from when it is given no input_ids (a text model): one row holding the
+    generation config's `bos_token_id`, as `generate()` builds it; one sentence where it cannot (no BOS token, or a
+    mask without the ids it masks). Given ids, and image-to-text models (their text prefix is optional), pass as
+    they are."""
+    if input_ids is not None or takes_images:
+        return input_ids
+    if attention_mask is not None:
+        raise UsageError("attention_mask was given without input_ids; give the input_ids it masks (or neither: "
+                         "generation then starts from the BOS token, as in generate())")
+    bos = getattr(generation_config, "bos_token_id", None)
+    if isinstance(bos, (list, tuple)):
+        bos = bos[0] if len(bos) == 1 else None
+    if bos is None:
+        raise UsageError("input_ids is None and this model's generation config names no bos_token_id to start "
+                         "from (generate() refuses this too); give input_ids")
+    return torch.full((1, 1), int(bos), dtype=torch.long)
+
+
 def warn_right_padding(architecture, attention_mask) -> None:
     """`generate()`'s warning for a left-padding model (decoder-only) given right-padded rows: their new tokens
     follow the pads, so such a row continues garbage (the tokens are still generate()'s own: `TokenState`'s

@@ -31,7 +31,8 @@ from nndf.backends import RUNS_ONNX_FILES, BackendOptions, split_backend
 from nndf.errors import HarnessError, UsageError
 from nndf.call_config import (call_generation_config, generation_options, options_under, warn_unfeasible,
                                warn_unused)
-from nndf.generate_arguments import RULE_KEYWORDS, check_prompt_tensors, new_token_budget, warn_right_padding
+from nndf.generate_arguments import (RULE_KEYWORDS, bos_prompt, check_prompt_tensors, new_token_budget,
+                                     warn_right_padding)
 from nndf.generation import GenerationOptions, generate
 from nndf.keyword_terms import speaks_keywords
 from nndf.option_checks import check_unused_options
@@ -133,6 +134,7 @@ class Model:
         attention_mask = check_prompt_tensors(input_ids, attention_mask, image=pixel_values is not None)
         warn_right_padding(self.architecture, attention_mask)
         gen = call_generation_config(self.loaded.generation_config, decoding.get("generation_config"))
+        input_ids = bos_prompt(input_ids, attention_mask, gen, self.architecture.takes_images)
         max_new_tokens = new_token_budget(self.architecture, self.loaded, input_ids, max_new_tokens,
                                           decoding.get("max_length"), gen)
         options = options_under(gen, self, max_new_tokens, min_new_tokens, num_beams, forced_bos_token_id, **decoding)
@@ -197,6 +199,7 @@ class Model:
                 return scores
 
         gen = call_generation_config(self.loaded.generation_config, decoding.get("generation_config"))
+        input_ids = bos_prompt(input_ids, attention_mask, gen, self.architecture.takes_images)
         max_new_tokens = new_token_budget(self.architecture, self.loaded, input_ids, max_new_tokens,
                                           decoding.pop("max_length", None), gen)
         ids, _, encoder_inputs = self.architecture.prompt(self.loaded, input_ids, attention_mask, pixel_values)
