@@ -98,6 +98,11 @@ def check_prompt_tensors(input_ids, attention_mask, image: bool = False):
                              "(.unsqueeze(0) makes a batch of one)")
         if value.is_floating_point() or value.is_complex():
             raise UsageError(f"{name} must hold integer token ids or 0/1 flags; got {value.dtype}")
+    if input_ids is not None and input_ids.shape[0] == 0:
+        raise UsageError(f"input_ids has no rows (shape {tuple(input_ids.shape)}): give at least one prompt")
+    if attention_mask is not None and not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+        raise UsageError("attention_mask must hold 1 for a token and 0 for a pad, as a tokenizer makes it; got "
+                         f"other values ({sorted(set(attention_mask.unique().tolist()) - {0, 1})[:3]})")
     if input_ids is not None and input_ids.shape[1] == 0 and not image:
         raise UsageError("input_ids is empty: a prompt needs at least one token (a BOS token, say)")
     if input_ids is not None and attention_mask is not None and attention_mask.shape != input_ids.shape:

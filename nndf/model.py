@@ -162,6 +162,10 @@ class Model:
         of them); None for no stop strings. A continuous batch's `Request(stopping=...)` takes it too."""
         if not stop_strings:
             return None
+        if not (isinstance(stop_strings, str) or isinstance(stop_strings, (list, tuple))
+                and all(isinstance(text, str) for text in stop_strings)):
+            raise UsageError(f"stop_strings must be a string or a list of strings, as generate() takes them; got "
+                             f"{stop_strings!r}")
         from transformers import StoppingCriteriaList, StopStringCriteria
 
         return StoppingCriteriaList([StopStringCriteria(self.tokenizer, stop_strings)])

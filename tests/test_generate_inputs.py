@@ -38,3 +38,23 @@ def test_no_input_ids_starts_from_the_bos_token_as_generate(gpt2, seq2seq_dirs):
         t5.loaded.model.generate(max_new_tokens=3)
     with pytest.raises(UsageError, match="names no bos_token_id"):
         t5.generate(max_new_tokens=3)
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(pad_token_id=10 ** 6), r"pad_token_id must be a token id \(0 to 50256\), got 1000000"),
+    (dict(pad_token_id=-1), r"pad_token_id must be a token id \(0 to 50256\), got -1"),
+    (dict(eos_token_id="x"), r"eos_token_id must be a token id \(0 to 50256\) or a non-empty list of them, got 'x'"),
+    (dict(eos_token_id=1.5), r"eos_token_id must be a token id .*, got 1.5"),  # was cut to 1 without a word
+    (dict(eos_token_id=[1, "a"]), r"eos_token_id must be a token id .*, got \[1, 'a'\]"),
+    (dict(stop_strings=5), r"stop_strings must be a string or a list of strings, as generate\(\) takes them; got 5"),
+    (dict(streamer=5), r"streamer must have put\(tokens\) and end\(\), .*; got a int"),
+    (dict(attention_mask=torch.full((2, 3), 2)), r"attention_mask must hold 1 for a token and 0 for a pad, .*\[2\]"),
+    (dict(input_ids=torch.zeros(0, 3, dtype=torch.long)), r"input_ids has no rows \(shape \(0, 3\)\)"),
+])
+def test_inputs_generate_cannot_read_are_one_sentence(gpt2, settings, message):
+    """Each was a raw error from inside (IndexError from the embedding of a finished row's pad, int()'s ValueError,
+    TypeError from StopStringCriteria, AttributeError from streamer.put, a reshape error on no rows) or a silent
+    result (a mask of 2s, which generate() reads as another mask), and is now a UsageError naming the keyword."""
+    ids = settings.pop("input_ids", torch.tensor([[5, 6, 7], [8, 9, 10]]))
+    with pytest.raises(UsageError, match=message):
+        gpt2.generate(ids, max_new_tokens=3, **settings)
