@@ -35,7 +35,7 @@ from nndf.generate_arguments import (RULE_KEYWORDS, bos_prompt, check_prompt_ten
                                      warn_right_padding)
 from nndf.generation import GenerationOptions, generate
 from nndf.keyword_terms import speaks_keywords
-from nndf.option_checks import check_unused_options
+from nndf.option_checks import check_load_arguments, check_unused_options
 from nndf.loading import LoadedModel, load_model
 from nndf.reference import pytorch_logits
 from nndf.registry import resolve
@@ -348,6 +348,8 @@ def load(
     the onnxrt decoder graph's KV cache layout (`nndf.export.fused_attention`; default shared where the model allows).
     An option the backend would not use is refused, as on the command line; usage errors name the keywords.
     """
+    check_load_arguments(family, backend, device, threads, settings, working_dir,
+                         dict(random_weights=random_weights, use_cache=use_cache, fp16=fp16, cuda_graph=cuda_graph))
     backend, named_quantization = split_backend(backend)  # "onnxrt-int8" as on the command line
     if named_quantization is not None and quantize not in (None, named_quantization):
         raise UsageError(f"backend '{backend}-{named_quantization}' and quantize='{quantize}' disagree; give one")

@@ -93,6 +93,24 @@ def test_load_refuses_in_its_keywords_terms(tiny_gpt2_dir, kwargs, message):
         nndf.load("GPT2", **dict(dict(torch_dir=str(tiny_gpt2_dir), device="cpu"), **kwargs))
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(family=None), r"^family must be a family name such as 'GPT2' \(nndf.run\('list'\) lists them\), got None$"),
+    (dict(backend=None), "^backend must be a backend name such as 'frameworks', 'onnxrt' or 'onnxrt-int8', got None$"),
+    (dict(use_cache="no"), "^use_cache must be True or False, got 'no'$"),  # truthy: it kept the cache on
+    (dict(fp16="yes"), "^fp16 must be True or False, got 'yes'$"),
+    (dict(device="gpu"), r"^device must be 'cpu', 'cuda' or 'cuda:N' \(or a torch.device\), got 'gpu'$"),
+    (dict(threads="2"), "^threads must be a whole number of at least 1, got '2'$"),
+    (dict(settings={"use_cache": False}), "^settings must be an nndf.spec.BuildSettings, got a dict"),
+    (dict(working_dir=__file__), r"^working_dir .*test_api.py is a file; it takes a folder \(created if missing\)$"),
+])
+def test_load_refuses_arguments_of_the_wrong_kind(tiny_gpt2_dir, kwargs, message):
+    """Each was an AttributeError, RuntimeError, TypeError or FileExistsError from inside, or (a truthy string for
+    a switch) silently read as True; now one sentence naming the keyword and what it takes."""
+    kwargs = dict(dict(family="GPT2", torch_dir=str(tiny_gpt2_dir), device="cpu"), **kwargs)
+    with pytest.raises(UsageError, match=message):
+        nndf.load(kwargs.pop("family"), **kwargs)
+
+
 def test_load_refuses_a_kv_layout_for_an_encoder_decoder_model():
     with pytest.raises(UsageError, match="^kv_layout applies to decoder-only models; BART's encoder-decoder graphs"):
         nndf.load("BART", variant="bart-base", backend="onnxrt", random_weights=True, kv_layout="growing")
