@@ -75,6 +75,12 @@ def run(action: str, model: str | None = None, *backends: str, input: str | list
 
     if action not in ACTIONS:
         raise UsageError(f"unknown action '{action}'; allowed: {', '.join(ACTIONS)}")
+    for value in (model, *backends):
+        if isinstance(value, (list, tuple)):
+            raise UsageError(f"backends are separate arguments, not a list: nndf.run({action!r}, MODEL, "
+                             f"'frameworks', 'onnxrt', ...) (a list L: *L); got {value!r}")
+        if value is not None and not isinstance(value, str):
+            raise UsageError(f"the model family and backends are names (strings), got {value!r}")
     parser = build_parser()
     options = parser.action_parsers[action]._option_string_actions
     if flags.get("help") is True:  # argparse's help would end the process (SystemExit) from inside a library call

@@ -47,6 +47,10 @@ def test_chat_from_python_answers_the_given_lines(tiny_gpt2_dir, capsys):
     (lambda: nndf.run("benchmark", "GPT2", "frameworks", iterations="many"), "invalid int value: 'many'"),
     (lambda: nndf.run("benchmark", "GPT2", "frameworks", input="hi"), "input= is for chat"),
     (lambda: nndf.run("accuracy", "GPT2", "frameworks", num_beams=4), "--num-beams does not apply to accuracy"),
+    # was argparse's "argument BACKEND: invalid lower value: ['frameworks', 'onnxrt']"
+    (lambda: nndf.run("benchmark", "GPT2", ["frameworks", "onnxrt"]),
+     r"^backends are separate arguments, not a list: nndf.run\('benchmark', MODEL, 'frameworks', 'onnxrt', ...\)"),
+    (lambda: nndf.run("benchmark", "GPT2", 3), r"^the model family and backends are names \(strings\), got 3$"),
 ])
 def test_bad_calls_raise_the_command_lines_sentence(call, message):
     with pytest.raises(UsageError, match=message):
