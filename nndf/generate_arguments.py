@@ -111,6 +111,22 @@ def check_prompt_tensors(input_ids, attention_mask, image: bool = False):
     return attention_mask
 
 
+def check_streamer(streamer) -> None:
+    """A streamer is what `generate(streamer=...)` takes: an object with `put(tokens)` and `end()`."""
+    if streamer is not None and not (callable(getattr(streamer, "put", None)) and callable(getattr(streamer, "end",
+                                                                                                     None))):
+        raise UsageError(f"streamer must have put(tokens) and end(), as transformers' TextStreamer and "
+                         f"TextIteratorStreamer have; got a {type(streamer).__name__}")
+
+
+def check_stop_strings(stop_strings) -> None:
+    """Stop strings are what `generate(stop_strings=...)` takes: a string or a list of strings (None or empty: none)."""
+    if stop_strings and not (isinstance(stop_strings, str) or isinstance(stop_strings, (list, tuple))
+                             and all(isinstance(text, str) for text in stop_strings)):
+        raise UsageError(f"stop_strings must be a string or a list of strings, as generate() takes them; got "
+                         f"{stop_strings!r}")
+
+
 def bos_prompt(input_ids, attention_mask, generation_config, takes_images: bool):
     """The prompt `generate()` starts from when it is given no input_ids (a text model): one row holding the
     generation config's `bos_token_id`, as `generate()` builds it; one sentence where it cannot (no BOS token, or a

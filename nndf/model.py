@@ -31,8 +31,8 @@ from nndf.backends import RUNS_ONNX_FILES, BackendOptions, split_backend
 from nndf.errors import HarnessError, UsageError
 from nndf.call_config import (call_generation_config, generation_options, options_under, warn_unfeasible,
                                warn_unused)
-from nndf.generate_arguments import (RULE_KEYWORDS, bos_prompt, check_prompt_tensors, new_token_budget,
-                                     warn_right_padding)
+from nndf.generate_arguments import (RULE_KEYWORDS, bos_prompt, check_prompt_tensors, check_stop_strings,
+                                     check_streamer, new_token_budget, warn_right_padding)
 from nndf.generation import GenerationOptions, generate
 from nndf.keyword_terms import speaks_keywords
 from nndf.option_checks import check_load_arguments, check_unused_options
@@ -162,10 +162,7 @@ class Model:
         of them); None for no stop strings. A continuous batch's `Request(stopping=...)` takes it too."""
         if not stop_strings:
             return None
-        if not (isinstance(stop_strings, str) or isinstance(stop_strings, (list, tuple))
-                and all(isinstance(text, str) for text in stop_strings)):
-            raise UsageError(f"stop_strings must be a string or a list of strings, as generate() takes them; got "
-                             f"{stop_strings!r}")
+        check_stop_strings(stop_strings)
         from transformers import StoppingCriteriaList, StopStringCriteria
 
         return StoppingCriteriaList([StopStringCriteria(self.tokenizer, stop_strings)])
@@ -202,6 +199,9 @@ class Model:
                 on_token()
                 return scores
 
+        attention_mask = check_prompt_tensors(input_ids, attention_mask, image=pixel_values is not None)
+        check_streamer(streamer)
+        check_stop_strings(stop_strings)
         gen = call_generation_config(self.loaded.generation_config, decoding.get("generation_config"))
         input_ids = bos_prompt(input_ids, attention_mask, gen, self.architecture.takes_images)
         max_new_tokens = new_token_budget(self.architecture, self.loaded, input_ids, max_new_tokens,

@@ -54,7 +54,23 @@ def test_no_input_ids_starts_from_the_bos_token_as_generate(gpt2, seq2seq_dirs):
 def test_inputs_generate_cannot_read_are_one_sentence(gpt2, settings, message):
     """Each was a raw error from inside (IndexError from the embedding of a finished row's pad, int()'s ValueError,
     TypeError from StopStringCriteria, AttributeError from streamer.put, a reshape error on no rows) or a silent
-    result (a mask of 2s, which generate() reads as another mask), and is now a UsageError naming the keyword."""
+    result (a mask of 2s, which generate() reads as another mask), and is now a UsageError naming the keyword; in
+    hf_generate (the reference) too."""
     ids = settings.pop("input_ids", torch.tensor([[5, 6, 7], [8, 9, 10]]))
+    for method in (gpt2.generate, gpt2.hf_generate):
+        with pytest.raises(UsageError, match=message):
+            method(ids, max_new_tokens=3, **settings)
+
+
+@pytest.mark.parametrize("ids, mask, message", [
+    ([[5, 6, 7]], None, r"^input_ids must be a torch tensor \(batch x length\), as generate\(\) takes it; got a list"),
+    (torch.tensor([5, 6, 7]), None, r"^input_ids must be 2-D \(batch x length\); got shape \(3,\)"),
+    (torch.tensor([[5.0, 6.0]]), None, "^input_ids must hold integer token ids or 0/1 flags; got torch.float32$"),
+    (torch.tensor([[5, 6, 7]]), torch.ones(1, 2, dtype=torch.long),
+     r"^attention_mask has shape \(1, 2\) and input_ids \(1, 3\); they must match$"),
+])
+def test_hf_generate_reads_the_prompt_as_generate_does(gpt2, ids, mask, message):
+    """hf_generate (the reference beside every backend) refuses a prompt it cannot read in generate's sentence;
+    it raised AttributeError, IndexError or a RuntimeError from inside the model."""
     with pytest.raises(UsageError, match=message):
-        gpt2.generate(ids, max_new_tokens=3, **settings)
+        gpt2.hf_generate(ids, mask, max_new_tokens=3)
