@@ -29,7 +29,9 @@ def test_no_input_ids_starts_from_the_bos_token_as_generate(gpt2, seq2seq_dirs):
                 ours = m.generate(**settings)
                 assert torch.equal(ours, m.loaded.model.generate(**settings)), (m.spec.family, settings)
                 assert torch.equal(ours, m.hf_generate(**settings))
-    assert gpt2.generate(max_new_tokens=3)[0, 0] == gpt2.loaded.generation_config.bos_token_id
+    out = gpt2.generate(max_new_tokens=3)
+    assert out[0, 0] == gpt2.loaded.generation_config.bos_token_id
+    assert torch.equal(gpt2.new_tokens(out, None), out[:, 1:])  # the new tokens follow that BOS token
     with pytest.raises(UsageError, match="attention_mask was given without input_ids"):
         gpt2.generate(attention_mask=torch.ones(1, 3, dtype=torch.long), max_new_tokens=3)
     t5 = nndf.load("T5", torch_dir=str(seq2seq_dirs["t5"]), device="cpu")
