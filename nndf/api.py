@@ -41,6 +41,8 @@ def _argv(flags: dict, options: dict, action: str, parsers: dict) -> list[str]:
         elif isinstance(value, (list, tuple)) and isinstance(options[flag], argparse._AppendAction):  # and extend
             argv += [f"{flag}={v}" for v in value]  # `--stop=--`: a value that starts with "-" stays a value
         elif isinstance(value, (list, tuple)):
+            if options[flag].nargs in (None, "?"):  # one value: argparse would take the first, and refuse the rest
+                raise UsageError(f"{key}= takes one value, not a list: got {list(value)!r}")
             argv += [flag, *(str(v) for v in value)]
         else:
             argv.append(f"{flag}={value}")
@@ -73,7 +75,7 @@ def run(action: str, model: str | None = None, *backends: str, input: str | list
     """
     from nndf.cli import ACTIONS, build_parser, check_given_paths, check_unused_flags
 
-    if action not in ACTIONS:
+    if not isinstance(action, str) or action not in ACTIONS:
         raise UsageError(f"unknown action '{action}'; allowed: {', '.join(ACTIONS)}")
     for value in (model, *backends):
         if isinstance(value, (list, tuple)):

@@ -51,6 +51,9 @@ def test_chat_from_python_answers_the_given_lines(tiny_gpt2_dir, capsys):
     (lambda: nndf.run("benchmark", "GPT2", ["frameworks", "onnxrt"]),
      r"^backends are separate arguments, not a list: nndf.run\('benchmark', MODEL, 'frameworks', 'onnxrt', ...\)"),
     (lambda: nndf.run("benchmark", "GPT2", 3), r"^the model family and backends are names \(strings\), got 3$"),
+    (lambda: nndf.run("benchmark", "GPT2", "frameworks", iterations=[1, 2]),  # was "unrecognized arguments: 2"
+     r"^iterations= takes one value, not a list: got \[1, 2\]$"),
+    (lambda: nndf.run(["benchmark"]), r"^unknown action '\['benchmark'\]'; allowed: benchmark, "),  # was a TypeError
 ])
 def test_bad_calls_raise_the_command_lines_sentence(call, message):
     with pytest.raises(UsageError, match=message):
