@@ -58,7 +58,10 @@ def _elsewhere(flag: str, options: dict, action: str, parsers: dict) -> str:
         return f" (it is a flag of {', '.join(others)})"
     import difflib
 
-    close = difflib.get_close_matches(flag, sorted(options), n=1)
+    long = [name for name in sorted(options) if name.startswith("--")]  # keywords are the long flags' names
+    short = options.get("-" + flag[2:])  # o= for -o: its long flag's keyword (output=)
+    close = [name for name in short.option_strings if name in long] if short is not None else []
+    close = close or difflib.get_close_matches(flag, long, n=1)
     return f" (did you mean {close[0][2:].replace('-', '_')}=?)" if close else ""
 
 

@@ -54,6 +54,8 @@ def test_chat_from_python_answers_the_given_lines(tiny_gpt2_dir, capsys):
     (lambda: nndf.run("benchmark", "GPT2", "frameworks", iterations=[1, 2]),  # was "unrecognized arguments: 2"
      r"^iterations= takes one value, not a list: got \[1, 2\]$"),
     (lambda: nndf.run(["benchmark"]), r"^unknown action '\['benchmark'\]'; allowed: benchmark, "),  # was a TypeError
+    (lambda: nndf.run("export", "GPT2", "onnxrt", o="out"),  # was "(did you mean =?)", from the short flag -o
+     r"^o= is not a flag of export \(did you mean output=\?\); see python run.py export --help$"),
 ])
 def test_bad_calls_raise_the_command_lines_sentence(call, message):
     with pytest.raises(UsageError, match=message):
