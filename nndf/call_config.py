@@ -145,6 +145,8 @@ def options_under(gen, model, max_new_tokens: int, min_new_tokens: int | None = 
     rules = {key: next((v for v in (decoding.pop(key, None), getattr(gen, key, None), fallback.get(key))
                         if v is not None), None) for key in RULE_KEYWORDS}
     check_rules(rules, model.shapes.vocab_size)
+    if forced_bos_token_id is not None:
+        check_token_id("forced_bos_token_id", forced_bos_token_id, model.shapes.vocab_size, several=False)
     rules["length_penalty"] = float(rules["length_penalty"])
     defaults = model.spec.hooks.generation_defaults(model.loaded.config)  # what the model's generate() passes
     for key in ("eos_token_id", "pad_token_id"):  # the caller's, as generate(eos_token_id=...) takes them

@@ -48,16 +48,17 @@ def test_no_input_ids_starts_from_the_bos_token_as_generate(gpt2, seq2seq_dirs):
     (dict(eos_token_id="x"), r"eos_token_id must be a token id \(0 to 50256\) or a non-empty list of them, got 'x'"),
     (dict(eos_token_id=1.5), r"eos_token_id must be a token id .*, got 1.5"),  # was cut to 1 without a word
     (dict(eos_token_id=[1, "a"]), r"eos_token_id must be a token id .*, got \[1, 'a'\]"),
+    (dict(forced_bos_token_id=50260), r"^forced_bos_token_id must be a token id \(0 to 50256\), got 50260$"),
     (dict(stop_strings=5), r"stop_strings must be a string or a list of strings, as generate\(\) takes them; got 5"),
     (dict(streamer=5), r"streamer must have put\(tokens\) and end\(\), .*; got a int"),
     (dict(attention_mask=torch.full((2, 3), 2)), r"attention_mask must hold 1 for a token and 0 for a pad, .*\[2\]"),
     (dict(input_ids=torch.zeros(0, 3, dtype=torch.long)), r"input_ids has no rows \(shape \(0, 3\)\)"),
 ])
 def test_inputs_generate_cannot_read_are_one_sentence(gpt2, settings, message):
-    """Each was a raw error from inside (IndexError from the embedding of a finished row's pad, int()'s ValueError,
-    TypeError from StopStringCriteria, AttributeError from streamer.put, a reshape error on no rows) or a silent
-    result (a mask of 2s, which generate() reads as another mask), and is now a UsageError naming the keyword; in
-    hf_generate (the reference) too."""
+    """Each was a raw error from inside (IndexError from the embedding of a finished row's pad or from the forced
+    BOS processor, int()'s ValueError, TypeError from StopStringCriteria, AttributeError from streamer.put, a
+    reshape error on no rows) or a silent result (a mask of 2s, which generate() reads as another mask), and is now
+    a UsageError naming the keyword; in hf_generate (the reference) too."""
     ids = settings.pop("input_ids", torch.tensor([[5, 6, 7], [8, 9, 10]]))
     for method in (gpt2.generate, gpt2.hf_generate):
         with pytest.raises(UsageError, match=message):
