@@ -41,6 +41,8 @@ def _argv(flags: dict, options: dict, action: str, parsers: dict) -> list[str]:
         elif isinstance(value, (list, tuple)) and isinstance(options[flag], argparse._AppendAction):  # and extend
             argv += [f"{flag}={v}" for v in value]  # `--stop=--`: a value that starts with "-" stays a value
         elif isinstance(value, (list, tuple)):
+            if options[flag].nargs in (None, "?"):  # one value: argparse would take the first, and refuse the rest
+                raise UsageError(f"{key}= takes one value, not a list: got {list(value)!r}")
             argv += [flag, *(str(v) for v in value)]
         else:
             argv.append(f"{flag}={value}")
@@ -56,7 +58,10 @@ def _elsewhere(flag: str, options: dict, action: str, parsers: dict) -> str:
         return f" (it is a flag of {', '.join(others)})"
     import difflib
 
-    close = difflib.get_close_matches(flag, sorted(options), n=1)
+    long = [name for name in sorted(options) if name.startswith("--")]  # keywords are the long flags' names
+    short = options.get("-" + flag[2:])  # o= for -o: its long flag's keyword (output=)
+    close = [name for name in short.option_strings if name in long] if short is not None else []
+    close = close or difflib.get_close_matches(flag, long, n=1)
     return f" (did you mean {close[0][2:].replace('-', '_')}=?)" if close else ""
 
 
@@ -74,8 +79,14 @@ def run(action: str, model: str | None = None, *backends: str, input: str | list
     """
     from nndf.cli import ACTIONS, build_parser, check_given_paths, check_unused_flags
 
-    if action not in ACTIONS:
+    if not isinstance(action, str) or action not in ACTIONS:
         raise UsageError(f"unknown action '{action}'; allowed: {', '.join(ACTIONS)}")
+    for value in (model, *backends):
+        if isinstance(value, (list, tuple)):
+            raise UsageError(f"backends are separate arguments, not a list: nndf.run({action!r}, MODEL, "
+                             f"'frameworks', 'onnxrt', ...) (a list L: *L); got {value!r}")
+        if value is not None and not isinstance(value, str):
+            raise UsageError(f"the model family and backends are names (strings), got {value!r}")
     parser = build_parser()
     options = parser.action_parsers[action]._option_string_actions
     if flags.get("help") is True:  # argparse's help would end the process (SystemExit) from inside a library call

@@ -110,7 +110,7 @@ class DecoderOnly(TextInputs):
                              f"more than the {shapes.max_positions} positions of this model")
 
     def prompt_length(self, input_ids, loaded) -> int:
-        return input_ids.shape[1]
+        return 1 if input_ids is None else input_ids.shape[1]  # None: generate() started from one BOS token
 
     def check_batches(self, shapes, loaded) -> list[tuple[torch.Tensor, ...]]:
         """Seeded prompts for the fp16 check, scored through `decoder.logits`."""

@@ -112,6 +112,17 @@ def check_rules(rules: dict, vocab_size: int) -> None:
             raise UsageError(f"{name} must be {allowed}, got {rules[name]!r}")
 
 
+def check_token_id(name: str, value, vocab_size: int, several: bool) -> None:
+    """A caller's special token (`eos_token_id=`, `pad_token_id=`) is a token id of this model's vocabulary, or for
+    EOS a list of them, as `generate()` takes it; else one sentence (a pad id outside the vocabulary stopped the
+    embedding lookup of a finished row's next step with an IndexError, a word ended in int()'s ValueError, and a
+    float was cut to a whole number)."""
+    ids = list(value) if several and isinstance(value, (list, tuple)) and value else [value]
+    if not all(_whole(t) and t < vocab_size for t in ids):
+        what = "a token id (0 to {}){}".format(vocab_size - 1, " or a non-empty list of them" if several else "")
+        raise UsageError(f"{name} must be {what}, got {value!r}")
+
+
 def generation_options(model, max_new_tokens: int, min_new_tokens: int | None = None, num_beams: int | None = None,
                        forced_bos_token_id: int | None = None, **decoding) -> GenerationOptions:
     """`Model.generation_options`: the options `generate()` would pick from the call's keywords over a passed
@@ -134,11 +145,14 @@ def options_under(gen, model, max_new_tokens: int, min_new_tokens: int | None = 
     rules = {key: next((v for v in (decoding.pop(key, None), getattr(gen, key, None), fallback.get(key))
                         if v is not None), None) for key in RULE_KEYWORDS}
     check_rules(rules, model.shapes.vocab_size)
+    if forced_bos_token_id is not None:
+        check_token_id("forced_bos_token_id", forced_bos_token_id, model.shapes.vocab_size, several=False)
     rules["length_penalty"] = float(rules["length_penalty"])
     defaults = model.spec.hooks.generation_defaults(model.loaded.config)  # what the model's generate() passes
     for key in ("eos_token_id", "pad_token_id"):  # the caller's, as generate(eos_token_id=...) takes them
         given = decoding.pop(key, None)
         if given is not None:
+            check_token_id(key, given, model.shapes.vocab_size, several=key == "eos_token_id")
             defaults = dict(defaults, **{key: given})
     eos = defaults.get("eos_token_id", gen.eos_token_id)
     if isinstance(eos, (list, tuple)):  # instruct checkpoints end at any of several tokens

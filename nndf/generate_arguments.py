@@ -98,12 +98,52 @@ def check_prompt_tensors(input_ids, attention_mask, image: bool = False):
                              "(.unsqueeze(0) makes a batch of one)")
         if value.is_floating_point() or value.is_complex():
             raise UsageError(f"{name} must hold integer token ids or 0/1 flags; got {value.dtype}")
+    if input_ids is not None and input_ids.shape[0] == 0:
+        raise UsageError(f"input_ids has no rows (shape {tuple(input_ids.shape)}): give at least one prompt")
+    if attention_mask is not None and not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+        raise UsageError("attention_mask must hold 1 for a token and 0 for a pad, as a tokenizer makes it; got "
+                         f"other values ({sorted(set(attention_mask.unique().tolist()) - {0, 1})[:3]})")
     if input_ids is not None and input_ids.shape[1] == 0 and not image:
         raise UsageError("input_ids is empty: a prompt needs at least one token (a BOS token, say)")
     if input_ids is not None and attention_mask is not None and attention_mask.shape != input_ids.shape:
         raise UsageError(f"attention_mask has shape {tuple(attention_mask.shape)} and input_ids "
                          f"{tuple(input_ids.shape)}; they must match")
     return attention_mask
+
+
+def check_streamer(streamer) -> None:
+    """A streamer is what `generate(streamer=...)` takes: an object with `put(tokens)` and `end()`."""
+    if streamer is not None and not (callable(getattr(streamer, "put", None)) and callable(getattr(streamer, "end",
+                                                                                                     None))):
+        raise UsageError(f"streamer must have put(tokens) and end(), as transformers' TextStreamer and "
+                         f"TextIteratorStreamer have; got a {type(streamer).__name__}")
+
+
+def check_stop_strings(stop_strings) -> None:
+    """Stop strings are what `generate(stop_strings=...)` takes: a string or a list of strings (None or empty: none)."""
+    if stop_strings and not (isinstance(stop_strings, str) or isinstance(stop_strings, (list, tuple))
+                             and all(isinstance(text, str) for text in stop_strings)):
+        raise UsageError(f"stop_strings must be a string or a list of strings, as generate() takes them; got "
+                         f"{stop_strings!r}")
+
+
+def bos_prompt(input_ids, attention_mask, generation_config, takes_images: bool):
+    """The prompt `generate()` starts from when it is given no input_ids (a text model): one row holding the
+    generation config's `bos_token_id`, as `generate()` builds it; one sentence where it cannot (no BOS token, or a
+    mask without the ids it masks). Given ids, and image-to-text models (their text prefix is optional), pass as
+    they are."""
+    if input_ids is not None or takes_images:
+        return input_ids
+    if attention_mask is not None:
+        raise UsageError("attention_mask was given without input_ids; give the input_ids it masks (or neither: "
+                         "generation then starts from the BOS token, as in generate())")
+    bos = getattr(generation_config, "bos_token_id", None)
+    if isinstance(bos, (list, tuple)):
+        bos = bos[0] if len(bos) == 1 else None
+    if bos is None:
+        raise UsageError("input_ids is None and this model's generation config names no bos_token_id to start "
+                         "from (generate() refuses this too); give input_ids")
+    return torch.full((1, 1), int(bos), dtype=torch.long)
 
 
 def warn_right_padding(architecture, attention_mask) -> None:

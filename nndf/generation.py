@@ -17,6 +17,7 @@ import torch
 
 from nndf.decoder import Decoder, TokenState
 from nndf.errors import UsageError
+from nndf.generate_arguments import check_streamer
 from nndf.processors import FastMinLength, FastMinNewTokensLength, PlainProcessors
 from nndf.sampling import Sampling, check_repetition_penalty
 
@@ -183,6 +184,7 @@ def generate(
     if options.num_beams > 1 and streamer is not None:
         raise UsageError("a streamer follows one sequence per prompt, as generate()'s does; beam search "
                          "(num_beams > 1) cannot stream")
+    check_streamer(streamer)
     with torch.inference_mode(), decoder.host_threads():
         state = decoder.start(input_ids, mask, options.num_beams, **(encoder_inputs or {}))
         if on_encoded is not None:

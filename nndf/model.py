@@ -31,10 +31,11 @@ from nndf.backends import RUNS_ONNX_FILES, BackendOptions, split_backend
 from nndf.errors import HarnessError, UsageError
 from nndf.call_config import (call_generation_config, generation_options, options_under, warn_unfeasible,
                                warn_unused)
-from nndf.generate_arguments import RULE_KEYWORDS, check_prompt_tensors, new_token_budget, warn_right_padding
+from nndf.generate_arguments import (RULE_KEYWORDS, bos_prompt, check_prompt_tensors, check_stop_strings,
+                                     check_streamer, new_token_budget, warn_right_padding)
 from nndf.generation import GenerationOptions, generate
 from nndf.keyword_terms import speaks_keywords
-from nndf.option_checks import check_unused_options
+from nndf.option_checks import check_load_arguments, check_unused_options
 from nndf.loading import LoadedModel, load_model
 from nndf.reference import pytorch_logits
 from nndf.registry import resolve
@@ -133,6 +134,7 @@ class Model:
         attention_mask = check_prompt_tensors(input_ids, attention_mask, image=pixel_values is not None)
         warn_right_padding(self.architecture, attention_mask)
         gen = call_generation_config(self.loaded.generation_config, decoding.get("generation_config"))
+        input_ids = bos_prompt(input_ids, attention_mask, gen, self.architecture.takes_images)
         max_new_tokens = new_token_budget(self.architecture, self.loaded, input_ids, max_new_tokens,
                                           decoding.get("max_length"), gen)
         options = options_under(gen, self, max_new_tokens, min_new_tokens, num_beams, forced_bos_token_id, **decoding)
@@ -160,6 +162,7 @@ class Model:
         of them); None for no stop strings. A continuous batch's `Request(stopping=...)` takes it too."""
         if not stop_strings:
             return None
+        check_stop_strings(stop_strings)
         from transformers import StoppingCriteriaList, StopStringCriteria
 
         return StoppingCriteriaList([StopStringCriteria(self.tokenizer, stop_strings)])
@@ -196,7 +199,11 @@ class Model:
                 on_token()
                 return scores
 
+        attention_mask = check_prompt_tensors(input_ids, attention_mask, image=pixel_values is not None)
+        check_streamer(streamer)
+        check_stop_strings(stop_strings)
         gen = call_generation_config(self.loaded.generation_config, decoding.get("generation_config"))
+        input_ids = bos_prompt(input_ids, attention_mask, gen, self.architecture.takes_images)
         max_new_tokens = new_token_budget(self.architecture, self.loaded, input_ids, max_new_tokens,
                                           decoding.pop("max_length", None), gen)
         ids, _, encoder_inputs = self.architecture.prompt(self.loaded, input_ids, attention_mask, pixel_values)
@@ -341,6 +348,8 @@ def load(
     the onnxrt decoder graph's KV cache layout (`nndf.export.fused_attention`; default shared where the model allows).
     An option the backend would not use is refused, as on the command line; usage errors name the keywords.
     """
+    check_load_arguments(family, backend, device, threads, settings, working_dir,
+                         dict(random_weights=random_weights, use_cache=use_cache, fp16=fp16, cuda_graph=cuda_graph))
     backend, named_quantization = split_backend(backend)  # "onnxrt-int8" as on the command line
     if named_quantization is not None and quantize not in (None, named_quantization):
         raise UsageError(f"backend '{backend}-{named_quantization}' and quantize='{quantize}' disagree; give one")

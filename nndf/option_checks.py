@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
+
+import torch
 
 from nndf.architectures import architecture
 from nndf.backends import RUNS_ONNX_FILES
@@ -46,3 +49,29 @@ def check_engine_postfix(postfix: str) -> None:
     named, for `nndf.load`): a `/` would otherwise reach `--info`'s trtexec command as a folder."""
     if postfix and not re.fullmatch(r"[A-Za-z0-9._+-]+", postfix):
         raise UsageError(f"--engine-postfix '{postfix}' may contain only letters, digits and . _ + -")
+
+
+def check_load_arguments(family, backend, device, threads, settings, working_dir, switches: dict) -> None:
+    """`nndf.load`'s arguments of the wrong kind, each in one sentence: a family or backend that is no name, a device
+    torch cannot read, threads that are no whole number, settings that are no BuildSettings, a working dir that is
+    a file, and switches that are not True or False (`use_cache="no"` is truthy: it would have kept the cache on)."""
+    if not isinstance(family, str):
+        raise UsageError(f"family must be a family name such as 'GPT2' (nndf.run('list') lists them), got {family!r}")
+    if not isinstance(backend, str):
+        raise UsageError(f"backend must be a backend name such as 'frameworks', 'onnxrt' or 'onnxrt-int8', got "
+                         f"{backend!r}")
+    for name, value in switches.items():
+        if not isinstance(value, bool):
+            raise UsageError(f"{name} must be True or False, got {value!r}")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)):
+        raise UsageError(f"threads must be a whole number of at least 1, got {threads!r}")
+    if settings is not None and not isinstance(settings, BuildSettings):
+        raise UsageError(f"settings must be an nndf.spec.BuildSettings, got a {type(settings).__name__}; or leave it "
+                         "out and give use_cache= and fp16=")
+    if device is not None:
+        try:
+            torch.device(device)
+        except (RuntimeError, TypeError):
+            raise UsageError(f"device must be 'cpu', 'cuda' or 'cuda:N' (or a torch.device), got {device!r}") from None
+    if Path(working_dir).exists() and not Path(working_dir).is_dir():  # (a read-only one may hold built exports)
+        raise UsageError(f"working_dir {working_dir} is a file; it takes a folder (created if missing)")

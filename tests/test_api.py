@@ -47,6 +47,15 @@ def test_chat_from_python_answers_the_given_lines(tiny_gpt2_dir, capsys):
     (lambda: nndf.run("benchmark", "GPT2", "frameworks", iterations="many"), "invalid int value: 'many'"),
     (lambda: nndf.run("benchmark", "GPT2", "frameworks", input="hi"), "input= is for chat"),
     (lambda: nndf.run("accuracy", "GPT2", "frameworks", num_beams=4), "--num-beams does not apply to accuracy"),
+    # was argparse's "argument BACKEND: invalid lower value: ['frameworks', 'onnxrt']"
+    (lambda: nndf.run("benchmark", "GPT2", ["frameworks", "onnxrt"]),
+     r"^backends are separate arguments, not a list: nndf.run\('benchmark', MODEL, 'frameworks', 'onnxrt', ...\)"),
+    (lambda: nndf.run("benchmark", "GPT2", 3), r"^the model family and backends are names \(strings\), got 3$"),
+    (lambda: nndf.run("benchmark", "GPT2", "frameworks", iterations=[1, 2]),  # was "unrecognized arguments: 2"
+     r"^iterations= takes one value, not a list: got \[1, 2\]$"),
+    (lambda: nndf.run(["benchmark"]), r"^unknown action '\['benchmark'\]'; allowed: benchmark, "),  # was a TypeError
+    (lambda: nndf.run("export", "GPT2", "onnxrt", o="out"),  # was "(did you mean =?)", from the short flag -o
+     r"^o= is not a flag of export \(did you mean output=\?\); see python run.py export --help$"),
 ])
 def test_bad_calls_raise_the_command_lines_sentence(call, message):
     with pytest.raises(UsageError, match=message):
@@ -91,6 +100,24 @@ def test_load_takes_the_quantized_backend_names(tiny_gpt2_dir):
 def test_load_refuses_in_its_keywords_terms(tiny_gpt2_dir, kwargs, message):
     with pytest.raises(UsageError, match=message):
         nndf.load("GPT2", **dict(dict(torch_dir=str(tiny_gpt2_dir), device="cpu"), **kwargs))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(family=None), r"^family must be a family name such as 'GPT2' \(nndf.run\('list'\) lists them\), got None$"),
+    (dict(backend=None), "^backend must be a backend name such as 'frameworks', 'onnxrt' or 'onnxrt-int8', got None$"),
+    (dict(use_cache="no"), "^use_cache must be True or False, got 'no'$"),  # truthy: it kept the cache on
+    (dict(fp16="yes"), "^fp16 must be True or False, got 'yes'$"),
+    (dict(device="gpu"), r"^device must be 'cpu', 'cuda' or 'cuda:N' \(or a torch.device\), got 'gpu'$"),
+    (dict(threads="2"), "^threads must be a whole number of at least 1, got '2'$"),
+    (dict(settings={"use_cache": False}), "^settings must be an nndf.spec.BuildSettings, got a dict"),
+    (dict(working_dir=__file__), r"^working_dir .*test_api.py is a file; it takes a folder \(created if missing\)$"),
+])
+def test_load_refuses_arguments_of_the_wrong_kind(tiny_gpt2_dir, kwargs, message):
+    """Each was an AttributeError, RuntimeError, TypeError or FileExistsError from inside, or (a truthy string for
+    a switch) silently read as True; now one sentence naming the keyword and what it takes."""
+    kwargs = dict(dict(family="GPT2", torch_dir=str(tiny_gpt2_dir), device="cpu"), **kwargs)
+    with pytest.raises(UsageError, match=message):
+        nndf.load(kwargs.pop("family"), **kwargs)
 
 
 def test_load_refuses_a_kv_layout_for_an_encoder_decoder_model():
