@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -73,5 +74,7 @@ def check_load_arguments(family, backend, device, threads, settings, working_dir
             torch.device(device)
         except (RuntimeError, TypeError):
             raise UsageError(f"device must be 'cpu', 'cuda' or 'cuda:N' (or a torch.device), got {device!r}") from None
+    if not isinstance(working_dir, (str, os.PathLike)):
+        raise UsageError(f"working_dir must be a folder's path, got {working_dir!r}")
     if Path(working_dir).exists() and not Path(working_dir).is_dir():  # (a read-only one may hold built exports)
         raise UsageError(f"working_dir {working_dir} is a file; it takes a folder (created if missing)")

@@ -111,6 +111,7 @@ def test_load_refuses_in_its_keywords_terms(tiny_gpt2_dir, kwargs, message):
     (dict(threads="2"), "^threads must be a whole number of at least 1, got '2'$"),
     (dict(settings={"use_cache": False}), "^settings must be an nndf.spec.BuildSettings, got a dict"),
     (dict(working_dir=__file__), r"^working_dir .*test_api.py is a file; it takes a folder \(created if missing\)$"),
+    (dict(working_dir=None), "^working_dir must be a folder's path, got None$"),
 ])
 def test_load_refuses_arguments_of_the_wrong_kind(tiny_gpt2_dir, kwargs, message):
     """Each was an AttributeError, RuntimeError, TypeError or FileExistsError from inside, or (a truthy string for
