@@ -169,6 +169,23 @@ def test_bad_flags_are_one_sentence_and_exit_2(argv, needle, minilm_dir, tmp_pat
     assert code == 2 and needle in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("argv, needle", [
+    (["-n", ".x"], "-n/--name '.x' names Triton models: use letters, digits, - and _"),  # was refused after the run
+    (["-n", "a:b"], "-n/--name 'a:b' names Triton models: use letters, digits, - and _"),  # was written as a:b_onnx_*
+    (["--atol", "nan"], "--atol must be a positive number, got nan"),  # was blamed on the machine's noise
+    (["--nb-threads", "100000"], "--nb-threads 100000 is more than the"),  # was a crash in OpenBLAS (exit 139)
+    (["-b", "1", "1", "100000000000"], "-b/--batch-size MAX 100000000000 with -s/--seq-len MAX 16 needs at least"),
+])
+def test_odd_values_are_refused_before_anything_is_written(argv, needle, minilm_dir, tmp_path, capsys):
+    """Values that parsed but failed late (a name refused only by the repository writer, after the graphs and the
+    benchmark), crashed (threads, a batch torch could not allocate: a traceback) or misled (NaN tolerance)."""
+    out = tmp_path / "out"
+    code = convert_model(["-m", str(minilm_dir), "--task", "embedding", "-o", str(out), *FAST, *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and needle in err and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()
+
+
 def test_missing_model_and_unfaithful_backend_are_errors_without_leftovers(minilm_dir, tmp_path, capsys):
     code = convert_model(["-m", str(tmp_path / "nowhere"), "-o", str(tmp_path / "a")])
     assert code == 2 and f"-m/--model {tmp_path / 'nowhere'} does not exist" in capsys.readouterr().err

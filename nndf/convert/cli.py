@@ -51,12 +51,14 @@ def _load(opts: ConvertOptions):
         early = None  # the model's own load below says what is wrong
     if early is not None:
         _check_positions(opts, getattr(early, "max_position_embeddings", None))
+        _check_memory(opts, early)
         _check_tokenizer(opts, tokenizer, early)
     task = TASKS[opts.task]
     model = load_task_model(task, opts.model, opts.device, opts.auth_token)
     names = model_inputs(model, tokenizer)
     config = transformer_of(model).config
     _check_positions(opts, getattr(config, "max_position_embeddings", None))
+    _check_memory(opts, config)
     _check_tokenizer(opts, tokenizer, config)
     return tokenizer, TaskModule(model, task, names), config
 
@@ -64,6 +66,24 @@ def _load(opts: ConvertOptions):
 def _check_positions(opts: ConvertOptions, positions: int | None) -> None:
     if positions and opts.seq_len[2] > positions:
         raise UsageError(f"-s/--seq-len MAX {opts.seq_len[2]} exceeds the {positions} positions of {opts.model}")
+
+
+def _check_memory(opts: ConvertOptions, config) -> None:
+    """Refuse -b / -s maxima whose one inference cannot fit in memory, before anything is allocated: the least it
+    holds is one layer's feed-forward activations in fp32 (the check runs the largest shape; torch would otherwise
+    fail in an allocation, or the system kill the process)."""
+    hidden = graphs.attention_sizes(config)[1]
+    widest = max(hidden, int(getattr(config, "intermediate_size", None) or getattr(config, "hidden_dim", None) or 0))
+    (_, _, batch), (_, _, seq) = opts.batch_size, opts.seq_len
+    need = batch * seq * widest * 4
+    if opts.device == "cuda":
+        free, where = torch.cuda.mem_get_info()[0], "free on the GPU"
+    else:
+        free, where = available_host_memory(), "available on this machine"
+    if free and need > free:
+        raise UsageError(f"-b/--batch-size MAX {batch} with -s/--seq-len MAX {seq} needs at least {need / 2**30:,.1f} "
+                         f"GiB for one inference (one layer's activations), more than the {free / 2**30:,.1f} GiB "
+                         f"{where}: lower -b or -s MAX")
 
 
 def _check_tokenizer(opts: ConvertOptions, tokenizer, config) -> None:

@@ -7,6 +7,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from nndf.errors import OneSentenceParser, UsageError
 from nndf.paths import check_output_file, check_output_folder
 
 BACKENDS = ("onnx", "tensorrt", "pytorch")
+_NAME = re.compile(r"[A-Za-z0-9_-]+")  # a Triton model folder and a URL path segment, as they are
 
 
 class _DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
@@ -137,12 +140,16 @@ def parse(argv: list[str] | None = None) -> ConvertOptions:
                                ("-w/--workspace-size", args.workspace_size, 1)):
         if value < least:
             raise UsageError(f"{flag} must be at least {least}, got {value}")
-    if args.atol <= 0:
-        raise UsageError(f"--atol must be positive, got {args.atol}")
+    if not args.atol > 0:  # NaN too: every comparison with it fails, and the check would blame the machine
+        raise UsageError(f"--atol must be a positive number, got {args.atol}")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if args.nb_threads > cores:  # far past the cores, OpenBLAS cannot start its threads and kills the process
+        raise UsageError(f"--nb-threads {args.nb_threads} is more than the {cores} CPU cores this process may use; "
+                         f"give 1 to {cores}")
     if args.generative_model == "t5":
         raise UsageError("--generative-model t5: convert_model converts decoder-only (gpt) text generation; T5 "
                          "generates with run.py (python run.py benchmark T5 frameworks onnxrt trt --variant t5-small)")
-    if not args.name or any(c in args.name for c in "/\\ "):
+    if not _NAME.fullmatch(args.name):  # before the conversion: the repository writer refuses it only at the end
         raise UsageError(f"-n/--name '{args.name}' names Triton models: use letters, digits, - and _")
     _check_local("-m/--model", args.model, needs="config.json")
     if args.tokenizer:
