@@ -100,6 +100,41 @@ def test_the_served_tokenizer_cuts_long_texts_where_sentence_transformers_does(m
     np.testing.assert_allclose(ours, model.encode([text], convert_to_numpy=True), atol=1e-5)
 
 
+def test_the_served_tokenizer_cuts_texts_at_the_models_positions(minilm_dir, tmp_path, capsys):
+    """A model of 64 positions with another model's tokenizer (-t, 512 tokens): the Triton tokenize model passed
+    texts of up to 512 tokens on, and the served model failed every text over 64 tokens (ONNX Runtime: 'input index
+    out of range', HTTP 500). A model whose position ids overrun before max_position_embeddings (an offset, as with
+    pad_token_id 1 here) was torch's IndexError traceback; it is one sentence naming -s, and no -o folder is left."""
+    import onnxruntime as ort
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.for_model(vocab_size=30522, num_labels=3, **dict(TINY["bert"],
+                                               max_position_embeddings=64))
+    model = transformers.AutoModelForSequenceClassification.from_config(config).eval()
+    model.save_pretrained(tmp_path / "bert64")
+    out = tmp_path / "out"
+    assert convert_model(["-m", str(tmp_path / "bert64"), "-t", str(minilm_dir), "-o", str(out), "-s", "1", "8", "32",
+                          *FAST]) == 0
+    served = transformers.AutoTokenizer.from_pretrained(str(out / "transformer_onnx_tokenize" / "1" / "tokenizer"))
+    tokens = served([" ".join(["river"] * 100)], padding=True, truncation=True, return_tensors="np")
+    assert tokens["input_ids"].shape == (1, 64)
+    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    ours = session.run(None, {i.name: tokens[i.name].astype(np.int64) for i in session.get_inputs()})[0]
+    with torch.no_grad():
+        expected = model(**{k: torch.from_numpy(v) for k, v in tokens.items()}).logits.numpy()
+    np.testing.assert_allclose(ours, expected, atol=1e-4)
+
+    config = transformers.AutoConfig.for_model(vocab_size=30522, **TINY["roberta"])  # 130 positions, 128 usable
+    transformers.AutoModelForSequenceClassification.from_config(config).save_pretrained(tmp_path / "roberta")
+    capsys.readouterr()
+    code = convert_model(["-m", str(tmp_path / "roberta"), "-t", str(minilm_dir), "-o", str(tmp_path / "r"),
+                          "-s", "1", "8", "130", *FAST])
+    err = capsys.readouterr().err
+    assert code == 2 and "-s/--seq-len: PyTorch cannot run the model on 130 tokens (batch 1)" in err, err
+    assert "Traceback" not in err and not (tmp_path / "r").exists()
+
+
 def test_what_the_triton_repository_needs_is_checked_before_the_conversion(minilm_dir, tmp_path, capsys,
                                                                            monkeypatch):
     """A file where a Triton model folder goes, or no tritonclient, failed only after the conversion and the

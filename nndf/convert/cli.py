@@ -185,15 +185,15 @@ def run(opts: ConvertOptions) -> dict:
     torch.manual_seed(opts.seed)
     torch.set_num_threads(opts.nb_threads)
     tokenizer, module, config = _load(opts)
-    out = Path(opts.output)
-    out.mkdir(parents=True, exist_ok=True)  # after the load: a model that does not load leaves no folder behind
     vocab = int(config.vocab_size)
     shapes = list(zip(opts.batch_size, opts.seq_len))
     checks = [eng.random_feeds(module.input_names, b, s, vocab, opts.seed + i, opts.device)
               for i, (b, s) in enumerate(dict.fromkeys(shapes))]
     opt_feeds = eng.random_feeds(module.input_names, *shapes[1], vocab, opts.seed, opts.device)
     reference_engine = eng.pytorch_engine(module)
-    reference = [reference_engine.infer(feeds) for feeds in checks]
+    reference = [_reference(reference_engine, feeds) for feeds in checks]
+    out = Path(opts.output)
+    out.mkdir(parents=True, exist_ok=True)  # after the load and the reference: a refusal leaves no folder behind
     paths = _graphs(opts, module, config, tokenizer, checks[0], out) if {"onnx", "tensorrt"} & set(opts.backends) \
         else {}
     results: dict = {"model": opts.model, "task": opts.task, "device": opts.device, "batch_size": opts.batch_size,
@@ -226,6 +226,18 @@ def run(opts: ConvertOptions) -> dict:
     return results
 
 
+def _reference(engine: eng.Engine, feeds: dict[str, torch.Tensor]) -> list:
+    """PyTorch's outputs for one check shape. Random ids stay within the vocabulary, so an index out of range is a
+    position past the model's embeddings: a -s MAX within max_position_embeddings that the model's position ids
+    still overrun (models that offset them), said as the flag's error, not as torch's traceback."""
+    batch, seq = next(iter(feeds.values())).shape
+    try:
+        return engine.infer(feeds)
+    except IndexError as exc:
+        raise UsageError(f"-s/--seq-len: PyTorch cannot run the model on {seq} tokens (batch {batch}): {exc}; the "
+                         f"model's positions end before {seq} tokens: lower -s MAX") from None
+
+
 def _check_triton(opts: ConvertOptions) -> None:
     """What writing the Triton repository at the end needs (tritonclient, room for its model folders), checked
     before the load, the conversion and the benchmark rather than after them."""
@@ -251,6 +263,10 @@ def _triton(opts: ConvertOptions, module: TaskModule, paths: dict[str, Path], to
     # (512): the tokenize model must cut texts where it does, or long texts embed otherwise
     longest = module.model.max_seq_length if module.task.auto_class is None and module.model.max_seq_length \
         else tokenizer.model_max_length
+    # nor past the model's positions: a tokenizer of another model (-t), or one without model_max_length (a huge
+    # number then), would pass longer texts on, and the server would fail them with an index error
+    positions = getattr(transformer_of(module.model).config, "max_position_embeddings", None)
+    longest = min(longest, positions or longest)
     # a TensorRT plan takes no more tokens than its profile's maximum (-s MAX): longer texts are cut there, not
     # refused by the server with a shape error
     limits = {"onnx": longest, "tensorrt": min(longest, opts.seq_len[2])}
