@@ -188,6 +188,11 @@ def test_tiny_architectures_convert_for_each_task(kind, task, minilm_dir, tmp_pa
         import onnx
 
         assert [i.name for i in onnx.load(str(out / "model.onnx")).graph.input] == ["input_ids", "attention_mask"]
+    if task == "question-answering":  # the Triton ensemble takes the question and its context, as transformer-deploy's
+        from nndf.triton import validate_config
+
+        ensemble = validate_config(out / "transformer_onnx_inference" / "config.pbtxt")
+        assert [i.name for i in ensemble.input] == ["QUESTION", "CONTEXT"]
 
 
 @pytest.mark.parametrize("argv, needle", [

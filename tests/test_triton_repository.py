@@ -255,3 +255,39 @@ def test_tokenize_model_called_as_triton_calls_it_equals_the_tokenizer(tmp_path,
             assert got[name].dtype == np.int64 and got[name].shape == (len(rows), expected[name].shape[1])
             np.testing.assert_array_equal(got[name], expected[name])
     assert responses[1].error is not None and "tokenization failed" in str(responses[1].error)
+
+
+def test_a_text_pair_is_two_inputs_tokenized_together(tmp_path, onnx_file, tokenizer_dir, monkeypatch):
+    """Question answering takes a question and a context (transformer-deploy's QUESTION and CONTEXT): with one TEXT
+    input there was no way to send the pair, nor to get its segment ids and separator."""
+    from google.protobuf import json_format
+    from transformers import AutoTokenizer
+
+    write(tmp_path, onnx_file, tokenizer_dir, text_inputs=("QUESTION", "CONTEXT"))
+    configs = validate_repository(tmp_path)
+    for role in ("tokenize", "inference"):
+        config = configs[model_names("transformer", "onnx")[role]]
+        assert [(i.name, list(i.dims)) for i in config.input] == [("QUESTION", [1]), ("CONTEXT", [1])]
+    steps = configs["transformer_onnx_inference"].ensemble_scheduling.step
+    assert dict(steps[0].input_map) == {"QUESTION": "QUESTION", "CONTEXT": "CONTEXT"}
+    folder = tmp_path / "transformer_onnx_tokenize"
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake_pb_utils())
+    spec = importlib.util.spec_from_file_location("triton_tokenize_pairs", folder / "1" / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model = module.TritonPythonModel()
+    config = json_format.MessageToJson(validate_config(folder / "config.pbtxt"), preserving_proto_field_name=True)
+    model.initialize({"model_config": config, "model_repository": str(folder), "model_version": "1"})
+    questions, contexts = ["Who walked on the Moon?", "Where?"], ["Neil Armstrong did, in 1969.", "In the garden."]
+    pb = sys.modules["triton_python_backend_utils"]
+    [response] = model.execute([[pb.Tensor("QUESTION", np.array([[q.encode()] for q in questions], dtype=object)),
+                                 pb.Tensor("CONTEXT", np.array([[c.encode()] for c in contexts], dtype=object))]])
+    assert response.error is None
+    expected = AutoTokenizer.from_pretrained(str(tokenizer_dir))(questions, contexts, padding=True, truncation=True,
+                                                                 return_tensors="np")
+    got = {t.name: t.as_numpy() for t in response.output_tensors}
+    for name in INPUTS:
+        np.testing.assert_array_equal(got[name], expected[name])
+    assert got["token_type_ids"].max() == 1  # the context is the second segment
+    with pytest.raises(UsageError, match="text_inputs must be one name, or two different ones"):
+        write(tmp_path / "bad", onnx_file, tokenizer_dir, text_inputs=("QUESTION", "QUESTION"))

@@ -279,7 +279,7 @@ def _triton(opts: ConvertOptions, module: TaskModule, paths: dict[str, Path], to
                 tokenizer.save_pretrained(tokenizer_dir)
                 served += write_encoder_repository(out, opts.name, model_file, engine, tokenizer_dir,
                                                    module.graph_inputs, dims, opts.batch_size[2], opts.nb_instances,
-                                                   opts.device)
+                                                   opts.device, text_inputs=module.task.text_inputs)
     return [str(p) for p in served]
 
 

@@ -23,14 +23,15 @@ class Task:
     auto_class: str | None  # a transformers Auto class; None: a sentence-transformers model
     outputs: tuple[str, ...]
     per_token: bool  # the outputs keep the sequence axis (token classification, question answering, logits)
+    text_inputs: tuple[str, ...] = ("TEXT",)  # what the Triton ensemble takes: one text, or a pair tokenized together
 
 
 TASKS: dict[str, Task] = {
     "classification": Task("classification", "AutoModelForSequenceClassification", ("output",), False),
     "embedding": Task("embedding", None, ("output",), False),
     "token-classification": Task("token-classification", "AutoModelForTokenClassification", ("output",), True),
-    "question-answering": Task("question-answering", "AutoModelForQuestionAnswering",
-                               ("start_logits", "end_logits"), True),
+    "question-answering": Task("question-answering", "AutoModelForQuestionAnswering",  # transformer-deploy's names
+                               ("start_logits", "end_logits"), True, ("QUESTION", "CONTEXT")),
     "text-generation": Task("text-generation", "AutoModelForCausalLM", ("output",), True),
 }
 
