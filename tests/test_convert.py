@@ -195,6 +195,18 @@ def test_tiny_architectures_convert_for_each_task(kind, task, minilm_dir, tmp_pa
         assert [i.name for i in ensemble.input] == ["QUESTION", "CONTEXT"]
 
 
+@pytest.mark.parametrize("task, head", [("classification", "classifier.bias, classifier.weight"),
+                                        ("question-answering", "qa_outputs.bias, qa_outputs.weight")])
+def test_a_checkpoint_without_the_tasks_head_is_refused(task, head, minilm_dir, tmp_path, capsys):
+    """all-MiniLM-L6-v2 under the default --task classification (a user who forgot --task embedding) converted,
+    checked, timed and served a classifier head of random weights, with only transformers' load notice to say so."""
+    out = tmp_path / "out"
+    code = convert_model(["-m", str(minilm_dir), "--task", task, "-o", str(out), *FAST])
+    err = capsys.readouterr().err
+    assert code == 2 and f"has no trained weights for --task {task} ({head} are not in the checkpoint" in err, err
+    assert "--task embedding" in err and "MISSING" not in err and "Traceback" not in err and not out.exists()
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["-b", "4", "2", "8"], "-b/--batch-size takes MIN OPT MAX with MIN <= OPT <= MAX, got 4 2 8"),
     (["-s", "0", "8", "8"], "-s/--seq-len values must be at least 1, got 0"),
