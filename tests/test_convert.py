@@ -45,6 +45,20 @@ def test_minilm_converts_with_every_cpu_backend_within_tolerance(minilm_converte
     assert not list(repo.glob("*.tmp")) and not list(repo.glob(".*.tmp"))
 
 
+def test_the_json_report_is_strict_json_with_the_printed_timings(minilm_dir, tmp_path, capsys):
+    """With one measure the spread is unknown: the report held `"stdev": NaN`, which is no JSON (jq, JSON.parse and
+    Python's strict parsing refuse it), and it lacked the 95p and 99p that the latency line prints."""
+    import re
+
+    report = tmp_path / "report.json"
+    assert convert_model(["-m", str(minilm_dir), "--task", "embedding", "--backend", "pytorch", "-o",
+                          str(tmp_path / "out"), "--nb-measures", "1", "--warmup", "0", "--json", str(report)]) == 0
+    printed = dict(re.findall(r"(\w+)=([-\d.]+)(?:ms)?", capsys.readouterr().out.split("[Pytorch (FP32)] ")[1]))
+    timing = json.loads(report.read_text(), parse_constant=pytest.fail)["backends"]["Pytorch (FP32)"]["timing_ms"]
+    assert timing["stdev"] is None and printed.pop("sd") == "-"
+    assert {k: f"{v:.2f}" for k, v in timing.items() if v is not None} == printed
+
+
 def _lambada_passages(count: int, start: int = 2500) -> list[str]:
     lines = LAMBADA_FILE.read_text().splitlines()[start:start + count]
     return [json.loads(line)["text"] for line in lines]

@@ -209,8 +209,7 @@ def run(opts: ConvertOptions) -> dict:
         say(f"timing {engine.name} ({opts.nb_measures} calls at batch {shapes[1][0]}, {shapes[1][1]} tokens) ...")
         timing = report.timings(engine, opt_feeds, opts.warmup, opts.nb_measures, opts.device)
         lines.append(report.latency_line(engine.name, timing))
-        results["backends"][engine.name] = {"timing_ms": {k: 1000 * v for k, v in timing.to_dict().items()
-                                                          if isinstance(v, float)},
+        results["backends"][engine.name] = {"timing_ms": report.timing_ms(timing),
                                             "max_abs_diff": fidelity[engine.name].max_abs_diff,
                                             "mean_cosine": fidelity[engine.name].mean_cosine,
                                             "file": str(engine.artifact) if engine.artifact else None}

@@ -64,11 +64,19 @@ def timings(engine: Engine, feeds: dict[str, torch.Tensor], warmup: int, measure
     return time_calls(lambda: engine.infer(feeds), TimingSettings(iterations=measures, warmup=warmup), sync=sync)
 
 
-def latency_line(name: str, timing: Timing) -> str:
-    ms = {k: 1000 * v for k, v in (("mean", timing.mean), ("sd", timing.stdev), ("min", timing.min),
+def timing_ms(timing: Timing) -> dict[str, float | None]:
+    """The statistics the latency line prints, in ms, for the JSON report: the same figures under the same names
+    (stdev for sd), and null for an unknown spread (one measure), since NaN is not JSON."""
+    ms = {k: 1000 * v for k, v in (("mean", timing.mean), ("stdev", timing.stdev), ("min", timing.min),
                                     ("max", timing.max), ("median", timing.median), ("95p", timing.percentile(95)),
                                     ("99p", timing.percentile(99)))}
-    return f"[{name}] " + ", ".join(f"{k}=-" if math.isnan(v) else f"{k}={v:.2f}ms" for k, v in ms.items())
+    return {k: None if math.isnan(v) else v for k, v in ms.items()}
+
+
+def latency_line(name: str, timing: Timing) -> str:
+    ms = timing_ms(timing)
+    return f"[{name}] " + ", ".join(f"{'sd' if k == 'stdev' else k}=-" if v is None else
+                                    f"{'sd' if k == 'stdev' else k}={v:.2f}ms" for k, v in ms.items())
 
 
 def fidelity_lines(results: dict[str, Fidelity], atol: float) -> list[str]:
