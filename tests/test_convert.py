@@ -241,6 +241,7 @@ def test_bad_flags_are_one_sentence_and_exit_2(argv, needle, minilm_dir, tmp_pat
     (["--atol", "nan"], "--atol must be a positive number, got nan"),  # was blamed on the machine's noise
     (["--nb-threads", "100000"], "--nb-threads 100000 is more than the"),  # was a crash in OpenBLAS (exit 139)
     (["-b", "1", "1", "100000000000"], "-b/--batch-size MAX 100000000000 with -s/--seq-len MAX 16 needs at least"),
+    (["-q", "--backend", "pytorch"], "with --backend pytorch alone there is nothing to quantize"),  # was ignored
 ])
 def test_odd_values_are_refused_before_anything_is_written(argv, needle, minilm_dir, tmp_path, capsys):
     """Values that parsed but failed late (a name refused only by the repository writer, after the graphs and the
@@ -304,7 +305,9 @@ def test_the_tokenizer_must_fit_the_model_and_pad(minilm_dir, tmp_path, capsys):
 
 
 def test_transformer_deploy_flags_are_accepted(minilm_dir, tmp_path):
-    from nndf.convert.options import parse
+    from nndf.convert.options import parse, parser
+
+    assert "nothing either (default: True)" not in " ".join(parser().format_help().split())  # the default is off
 
     base = ["-m", str(minilm_dir), "-o", str(tmp_path / "out")]
     assert parse([*base, "--auth-token", "true", "--load-external-data"]).auth_token is True

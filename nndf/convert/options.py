@@ -24,10 +24,11 @@ _NAME = re.compile(r"[A-Za-z0-9_-]+")  # a Triton model folder and a URL path se
 
 class _DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
     """Each flag's default after its help, as transformer-deploy shows them, but not "(default: None)" for the
-    flags that have none (their help says what happens without them) nor "(default: False)" for switches."""
+    flags that have none (their help says what happens without them) nor a default for switches ("(default: True)"
+    on --no-load-external-data read as though that switch were on)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
-        if action.default is None or action.default is False or action.required:
+        if action.default is None or isinstance(action.default, bool) or action.required:
             return action.help or ""
         return super()._get_help_string(action)
 
@@ -146,6 +147,9 @@ def parse(argv: list[str] | None = None) -> ConvertOptions:
     if args.nb_threads > cores:  # far past the cores, OpenBLAS cannot start its threads and kills the process
         raise UsageError(f"--nb-threads {args.nb_threads} is more than the {cores} CPU cores this process may use; "
                          f"give 1 to {cores}")
+    if args.quantization and not {"onnx", "tensorrt"} & set(args.backend):
+        raise UsageError("-q/--quantization makes int8 ONNX graphs (--backend onnx) or an int8 TensorRT plan (--backend "
+                         "tensorrt); with --backend pytorch alone there is nothing to quantize: add onnx or tensorrt")
     if args.generative_model == "t5":
         raise UsageError("--generative-model t5: convert_model converts decoder-only (gpt) text generation; T5 "
                          "generates with run.py (python run.py benchmark T5 frameworks onnxrt trt --variant t5-small)")
