@@ -242,6 +242,8 @@ def test_bad_flags_are_one_sentence_and_exit_2(argv, needle, minilm_dir, tmp_pat
     (["--nb-threads", "100000"], "--nb-threads 100000 is more than the"),  # was a crash in OpenBLAS (exit 139)
     (["-b", "1", "1", "100000000000"], "-b/--batch-size MAX 100000000000 with -s/--seq-len MAX 16 needs at least"),
     (["-q", "--backend", "pytorch"], "with --backend pytorch alone there is nothing to quantize"),  # was ignored
+    (["--seed", str(2**64)], f"--seed must be from 0 to 4294967295, got {2**64}"),  # was torch's overflow traceback
+    (["--nb-instances", str(2**31)], "--nb-instances must be at most 2147483647"),  # was protobuf's, after the run
 ])
 def test_odd_values_are_refused_before_anything_is_written(argv, needle, minilm_dir, tmp_path, capsys):
     """Values that parsed but failed late (a name refused only by the repository writer, after the graphs and the

@@ -19,6 +19,8 @@ from nndf.errors import OneSentenceParser, UsageError
 from nndf.paths import check_output_file, check_output_folder
 
 BACKENDS = ("onnx", "tensorrt", "pytorch")
+INT32_MAX = 2**31 - 1
+SEED_MAX = 2**32 - 1  # the usual seed range (numpy's); well within torch's 64 bits for the seed + shape index
 _NAME = re.compile(r"[A-Za-z0-9_-]+")  # a Triton model folder and a URL path segment, as they are
 
 
@@ -141,6 +143,10 @@ def parse(argv: list[str] | None = None) -> ConvertOptions:
                                ("-w/--workspace-size", args.workspace_size, 1)):
         if value < least:
             raise UsageError(f"{flag} must be at least {least}, got {value}")
+    if args.nb_instances > INT32_MAX:  # Triton's instance count is an int32: the config could not be written
+        raise UsageError(f"--nb-instances must be at most {INT32_MAX} (Triton's limit), got {args.nb_instances}")
+    if not 0 <= args.seed <= SEED_MAX:  # torch's generators take 64-bit seeds; the check inputs use seed + 0, 1, 2
+        raise UsageError(f"--seed must be from 0 to {SEED_MAX}, got {args.seed}")
     if not args.atol > 0:  # NaN too: every comparison with it fails, and the check would blame the machine
         raise UsageError(f"--atol must be a positive number, got {args.atol}")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
