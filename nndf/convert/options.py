@@ -20,6 +20,7 @@ from nndf.paths import check_output_file, check_output_folder
 
 BACKENDS = ("onnx", "tensorrt", "pytorch")
 INT32_MAX = 2**31 - 1
+WORKSPACE_MAX_MIB = 2**44 - 1
 SEED_MAX = 2**32 - 1  # the usual seed range (numpy's); well within torch's 64 bits for the seed + shape index
 _NAME = re.compile(r"[A-Za-z0-9_-]+")  # a Triton model folder and a URL path segment, as they are
 
@@ -143,6 +144,9 @@ def parse(argv: list[str] | None = None) -> ConvertOptions:
                                ("-w/--workspace-size", args.workspace_size, 1)):
         if value < least:
             raise UsageError(f"{flag} must be at least {least}, got {value}")
+    if args.workspace_size > WORKSPACE_MAX_MIB:  # TensorRT's pool limit is a size_t of bytes
+        raise UsageError(f"-w/--workspace-size must be at most {WORKSPACE_MAX_MIB} MiB (2**64 bytes, TensorRT's "
+                         f"limit), got {args.workspace_size}")
     if args.nb_instances > INT32_MAX:  # Triton's instance count is an int32: the config could not be written
         raise UsageError(f"--nb-instances must be at most {INT32_MAX} (Triton's limit), got {args.nb_instances}")
     if not 0 <= args.seed <= SEED_MAX:  # torch's generators take 64-bit seeds; the check inputs use seed + 0, 1, 2
