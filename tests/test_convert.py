@@ -226,6 +226,12 @@ def test_tensorrt_engine_through_the_fake_tensorrt(fake_gpu, minilm_dir, tmp_pat
                                                         "tokenizer")) for engine in ("onnx", "tensorrt")}
     text = " ".join(["river"] * 100)
     assert [served[e]([text], truncation=True)["input_ids"][0].__len__() for e in ("onnx", "tensorrt")] == [102, 24]
+    # and pads shorter texts up to the profile's -s MIN (2), the fewest tokens the plan takes
+    from nndf.triton import validate_config
+
+    tokenize = {e: validate_config(tmp_path / "out" / f"transformer_{e}_tokenize" / "config.pbtxt").parameters
+                for e in ("onnx", "tensorrt")}
+    assert tokenize["tensorrt"]["min_length"].string_value == "2" and "min_length" not in tokenize["onnx"]
     run(opts)
     assert len(fake_gpu) == 1  # the engine was reused
 

@@ -267,7 +267,7 @@ def _triton(opts: ConvertOptions, module: TaskModule, paths: dict[str, Path], to
     positions = getattr(transformer_of(module.model).config, "max_position_embeddings", None)
     longest = min(longest, positions or longest)
     # a TensorRT plan takes no more tokens than its profile's maximum (-s MAX): longer texts are cut there, not
-    # refused by the server with a shape error
+    # refused by the server with a shape error; and no fewer than its minimum (-s MIN): shorter ones are padded
     limits = {"onnx": longest, "tensorrt": min(longest, opts.seq_len[2])}
     with tempfile.TemporaryDirectory() as scratch:
         for engine, model_file in (("onnx", paths.get("int8", paths.get("optimized"))),
@@ -278,7 +278,8 @@ def _triton(opts: ConvertOptions, module: TaskModule, paths: dict[str, Path], to
                 tokenizer.save_pretrained(tokenizer_dir)
                 served += write_encoder_repository(out, opts.name, model_file, engine, tokenizer_dir,
                                                    module.graph_inputs, dims, opts.batch_size[2], opts.nb_instances,
-                                                   opts.device, text_inputs=module.task.text_inputs)
+                                                   opts.device, text_inputs=module.task.text_inputs,
+                                                   min_length=opts.seq_len[0] if engine == "tensorrt" else 1)
     return [str(p) for p in served]
 
 

@@ -34,6 +34,7 @@ from nndf.workspace import locked_atomic_dir
 ENGINES = {"onnx": ("onnxruntime_onnx", "model.onnx"), "tensorrt": ("tensorrt_plan", "model.plan")}
 DEVICES = {"cpu": "KIND_CPU", "cuda": "KIND_GPU"}
 TEXT_INPUT = "TEXT"
+MIN_LENGTH = "min_length"  # the tokenize model's parameter, read by tokenize_model.py
 TOKENIZER_FOLDER = "tokenizer"  # inside the tokenize model's version folder, read by tokenize_model.py
 TOKENIZE_SOURCE = Path(__file__).with_name("tokenize_model.py")
 
@@ -117,11 +118,12 @@ def model_config(folder: str, platform: str, input_names: Sequence[str], outputs
 
 
 def tokenize_config(folder: str, input_names: Sequence[str], max_batch_size: int, nb_instances: int,
-                    text_inputs: Sequence[str] = (TEXT_INPUT,)):
+                    text_inputs: Sequence[str] = (TEXT_INPUT,), min_length: int = 1):
     """The tokenizer's config: the text inputs (one string per row each: a text, or a pair such as QUESTION and
     CONTEXT, tokenized together in that order) in, the engine's inputs out, padded to the longest row.
 
-    Tokenizing is CPU work whatever the engine's device, so its instances are always KIND_CPU.
+    Tokenizing is CPU work whatever the engine's device, so its instances are always KIND_CPU. `min_length` > 1
+    (a TensorRT profile's shortest sequence) is the parameter `min_length`: shorter rows are padded up to it.
     """
     pb = config_schema()
     config = pb.ModelConfig(name=folder, backend="python", max_batch_size=max_batch_size)
@@ -130,6 +132,8 @@ def tokenize_config(folder: str, input_names: Sequence[str], max_batch_size: int
     for input_name in input_names:
         add_tensor(config.output.add(), input_name, "TYPE_INT64", [-1])
     config.instance_group.add(count=nb_instances, kind=pb.ModelInstanceGroup.Kind.Value("KIND_CPU"))
+    if min_length > 1:
+        config.parameters[MIN_LENGTH].string_value = str(min_length)
     return config
 
 
@@ -236,12 +240,14 @@ def write_model_folder(output_dir: Path, folder: str, config, files: Mapping[str
 def write_encoder_repository(output_dir: str | Path, name: str, model_file: str | Path, engine: str,
                              tokenizer_dir: str | Path, input_names: Sequence[str],
                              outputs: Mapping[str, Sequence[int]], max_batch_size: int, nb_instances: int = 1,
-                             device: str = "cpu", text_inputs: Sequence[str] = (TEXT_INPUT,)) -> list[Path]:
+                             device: str = "cpu", text_inputs: Sequence[str] = (TEXT_INPUT,),
+                             min_length: int = 1) -> list[Path]:
     """Write the tokenize, model and ensemble folders for `engine` ("onnx" or "tensorrt") into `output_dir`.
 
     `input_names` are the graph's token inputs in the tokenizer's names; `outputs` maps each graph output to its
     dims without the batch axis ([H] for pooled embeddings or classes, [-1, H] per token, [-1] for QA logits).
     `text_inputs`: the ensemble's string inputs, TEXT, or a pair tokenized together (QUESTION and CONTEXT).
+    `min_length`: the fewest tokens the model takes (a TensorRT profile's minimum): shorter requests are padded.
     Existing model folders of the same names are replaced; other entries of `output_dir` are left alone.
     Returns the three model folders written.
     """
@@ -259,7 +265,7 @@ def write_encoder_repository(output_dir: str | Path, name: str, model_file: str 
     output_dir.mkdir(parents=True, exist_ok=True)
     written = [
         write_model_folder(output_dir, names["tokenize"], tokenize_config(names["tokenize"], input_names, max_batch_size,
-                                                                    nb_instances, text_inputs),
+                                                                    nb_instances, text_inputs, min_length),
                      {"model.py": TOKENIZE_SOURCE}, tokenizer_dir=tokenizer_dir),
         write_model_folder(output_dir, names["model"], model_config(names["model"], platform, input_names, outputs,
                                                               max_batch_size, nb_instances, DEVICES[device], filename),

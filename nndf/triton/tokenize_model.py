@@ -14,6 +14,7 @@ import triton_python_backend_utils as pb_utils
 from transformers import AutoTokenizer
 
 TOKENIZER_FOLDER = "tokenizer"
+MIN_LENGTH = "min_length"
 
 
 class TritonPythonModel:
@@ -23,6 +24,8 @@ class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
         self.texts = [tensor["name"] for tensor in config["input"]]
+        # the fewest tokens the model takes (a TensorRT plan's profile minimum): shorter rows are padded up to it
+        self.min_length = int(config.get("parameters", {}).get(MIN_LENGTH, {}).get("string_value", 1))
         self.outputs = {out["name"]: pb_utils.triton_string_to_numpy(out["data_type"]) for out in config["output"]}
         folder = Path(args["model_repository"]) / args["model_version"] / TOKENIZER_FOLDER
         self.tokenizer = AutoTokenizer.from_pretrained(str(folder))
@@ -34,6 +37,9 @@ class TritonPythonModel:
         """{output name: array[batch, seq]} for a list of strings (and the second strings of pairs), as the engine's
         config wants them."""
         encoded = self.tokenizer(texts, pairs, padding=True, truncation=True, return_tensors="np")
+        if encoded["input_ids"].shape[1] < self.min_length:  # every row is shorter, so max_length cuts none
+            encoded = self.tokenizer(texts, pairs, padding="max_length", max_length=self.min_length, truncation=True,
+                                     return_tensors="np")
         return {name: np.ascontiguousarray(encoded[name], dtype=dtype) for name, dtype in self.outputs.items()}
 
     def execute(self, requests):
