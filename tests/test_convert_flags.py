@@ -132,6 +132,18 @@ def test_the_tokenizer_must_fit_the_model_and_pad(minilm_dir, tmp_path, capsys):
         _check_tokenizer(opts, gpt2, types.SimpleNamespace(vocab_size=50257))
 
 
+def test_a_path_with_a_tilde_is_the_home_folders(minilm_dir, tmp_path, monkeypatch):
+    """The shell does not expand ~ after `=` (--model=~/minilm): -m passed the existence check (which expanded it),
+    then the tokenizer's load took '~/minilm' for a hub id and failed; -o and --json made a folder named '~'."""
+    from nndf.convert.options import parse
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "minilm").symlink_to(minilm_dir)
+    opts = parse(["--model=~/minilm", "--tokenizer=~/minilm", "--output=~/out", "--json=~/r.json"])
+    assert (opts.model, opts.tokenizer) == (str(tmp_path / "minilm"),) * 2
+    assert (opts.output, opts.json) == (str(tmp_path / "out"), str(tmp_path / "r.json"))
+
+
 def test_transformer_deploy_flags_are_accepted(minilm_dir, tmp_path):
     from nndf.convert.options import parse, parser
 

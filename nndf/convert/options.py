@@ -133,6 +133,10 @@ def _check_range(flag: str, values: list[int]) -> tuple[int, int, int]:
 def parse(argv: list[str] | None = None) -> ConvertOptions:
     """Parsed and checked options; a UsageError names the flag (argparse itself exits 2 on unknown flags)."""
     args = parser().parse_args(argv)
+    for flag in ("model", "tokenizer", "output", "json"):  # the shell leaves ~ alone in --model=~/x: expand it here
+        value = getattr(args, flag)
+        if value and value.startswith("~"):
+            setattr(args, flag, str(Path(value).expanduser()))
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         raise UsageError("-d/--device cuda needs a CUDA GPU, and none is visible to PyTorch here; use -d cpu")
