@@ -236,6 +236,28 @@ def test_tensorrt_engine_through_the_fake_tensorrt(fake_gpu, minilm_dir, tmp_pat
     assert len(fake_gpu) == 1  # the engine was reused
 
 
+def test_pytorch_fp16_is_timed_on_a_gpu_unless_fast(minilm_dir, tmp_path, monkeypatch):
+    """README and transformer-deploy: on CUDA PyTorch fp16 is timed too and --fast skips it; it was timed only when
+    --backend named pytorch, so the default --backend onnx had no fp16 row. (ONNX Runtime's CUDA sessions are
+    replaced here by named stand-ins: what is tested is which engines are lined up.)"""
+    import dataclasses
+
+    from nndf.convert import cli
+    from nndf.convert import engines as eng
+    from nndf.convert.options import parse
+    from nndf.convert.tasks import TASKS, TaskModule, load_task_model
+
+    monkeypatch.setattr(eng, "ort_engine", lambda name, path, device, threads: eng.Engine(name, list, path))
+    model = load_task_model(TASKS["classification"], str(_tiny_classifier(tmp_path / "bert")), "cpu")
+    module = TaskModule(model, TASKS["classification"], ("input_ids", "attention_mask"))
+    paths = {"original": tmp_path / "a.onnx", "optimized": tmp_path / "b.onnx"}
+    opts = dataclasses.replace(parse(["-m", str(minilm_dir), "-d", "cpu"]), device="cuda")
+    names = [e.name for e in cli._engines(opts, module, paths, tmp_path)]
+    assert names == ["Pytorch (FP32)", "Pytorch (FP16)", "ONNX Runtime (FP32)", "ONNX Runtime (optimized, FP16)"]
+    fast = dataclasses.replace(opts, fast=True)
+    assert "Pytorch (FP16)" not in [e.name for e in cli._engines(fast, module, paths, tmp_path)]
+
+
 def test_static_qdq_int8_for_tensorrt_stays_close(minilm_dir, tmp_path):
     """The GPU's int8 path: ONNX Runtime's static quantization in symmetric QDQ format (what TensorRT builds int8
     engines from), calibrated on the tokenized sample sentences; ONNX Runtime runs QDQ graphs on the CPU too, so

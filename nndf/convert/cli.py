@@ -165,7 +165,7 @@ def _digest(path: Path) -> str:
 def _engines(opts: ConvertOptions, module: TaskModule, paths: dict[str, Path], out: Path) -> list[eng.Engine]:
     found = [eng.pytorch_engine(module)]
     gpu = opts.device == "cuda"
-    if gpu and not opts.fast and "pytorch" in opts.backends:
+    if gpu and not opts.fast:  # whatever --backend says, as transformer-deploy times it: --fast is the way out
         found.append(eng.pytorch_engine(module, "Pytorch (FP16)", fp16=True))
     if "onnx" in opts.backends:
         found.append(eng.ort_engine("ONNX Runtime (FP32)", paths["original"], opts.device, opts.nb_threads))
