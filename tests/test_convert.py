@@ -329,6 +329,9 @@ def test_a_second_pytorch_run_over_atol_is_named_noise_not_an_unfaithful_convers
     onnx_row = Engine("ONNX Runtime (FP32)", rerun.infer)
     with pytest.raises(HarnessError, match="the converted model is not faithful"):
         check(onnx_row, [{}], reference, ("logits",), atol=1e-12)
+    misshapen = Engine("TensorRT (FP16)", lambda feeds: [np.zeros((1, 3), dtype=np.float32)])
+    with pytest.raises(HarnessError, match=r"^\[TensorRT \(FP16\)\] an output has shape \(1, 3\) where PyTorch's"):
+        check(misshapen, [{}], reference, ("logits",), atol=1)  # the backend was not named
 
 
 @needs_shared(TOKENIZER_DIR)

@@ -46,7 +46,10 @@ def compare(reference: list[list[np.ndarray]], outputs: list[list[np.ndarray]]) 
 def check(engine: Engine, inputs: list[dict[str, torch.Tensor]], reference: list[list[np.ndarray]],
           output_names: tuple[str, ...], atol: float) -> Fidelity:
     outputs = [engine.infer(feeds) for feeds in inputs]
-    fidelity, per_output = compare(reference, outputs)
+    try:
+        fidelity, per_output = compare(reference, outputs)
+    except HarnessError as exc:  # which backend gave that shape
+        raise HarnessError(f"[{engine.name}] {exc}") from None
     for name, diff in zip(output_names, per_output):
         if not diff <= atol and engine.reruns_reference:
             raise HarnessError(f"[{engine.name}] a second PyTorch run's output '{name}' differs from the first's by up "
