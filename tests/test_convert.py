@@ -4,7 +4,6 @@ every CPU backend, each checked against PyTorch; bad flags; what is written."""
 from __future__ import annotations
 
 import json
-import types
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +42,20 @@ def test_minilm_converts_with_every_cpu_backend_within_tolerance(minilm_converte
     for name in ("model-original.onnx", "model.onnx", "model-int8.onnx"):
         assert (repo / name).stat().st_size > 1_000_000
     assert not list(repo.glob("*.tmp")) and not list(repo.glob(".*.tmp"))
+
+
+def test_the_json_report_is_strict_json_with_the_printed_timings(minilm_dir, tmp_path, capsys):
+    """With one measure the spread is unknown: the report held `"stdev": NaN`, which is no JSON (jq, JSON.parse and
+    Python's strict parsing refuse it), and it lacked the 95p and 99p that the latency line prints."""
+    import re
+
+    report = tmp_path / "report.json"
+    assert convert_model(["-m", str(minilm_dir), "--task", "embedding", "--backend", "pytorch", "-o",
+                          str(tmp_path / "out"), "--nb-measures", "1", "--warmup", "0", "--json", str(report)]) == 0
+    printed = dict(re.findall(r"(\w+)=([-\d.]+)(?:ms)?", capsys.readouterr().out.split("[Pytorch (FP32)] ")[1]))
+    timing = json.loads(report.read_text(), parse_constant=pytest.fail)["backends"]["Pytorch (FP32)"]["timing_ms"]
+    assert timing["stdev"] is None and printed.pop("sd") == "-"
+    assert {k: f"{v:.2f}" for k, v in timing.items() if v is not None} == printed
 
 
 def _lambada_passages(count: int, start: int = 2500) -> list[str]:
@@ -100,24 +113,39 @@ def test_the_served_tokenizer_cuts_long_texts_where_sentence_transformers_does(m
     np.testing.assert_allclose(ours, model.encode([text], convert_to_numpy=True), atol=1e-5)
 
 
-def test_what_the_triton_repository_needs_is_checked_before_the_conversion(minilm_dir, tmp_path, capsys,
-                                                                           monkeypatch):
-    """A file where a Triton model folder goes, or no tritonclient, failed only after the conversion and the
-    benchmark (1000 timed calls per backend by default)."""
-    import sys
+def test_the_served_tokenizer_cuts_texts_at_the_models_positions(minilm_dir, tmp_path, capsys):
+    """A model of 64 positions with another model's tokenizer (-t, 512 tokens): the Triton tokenize model passed
+    texts of up to 512 tokens on, and the served model failed every text over 64 tokens (ONNX Runtime: 'input index
+    out of range', HTTP 500). A model whose position ids overrun before max_position_embeddings (an offset, as with
+    pad_token_id 1 here) was torch's IndexError traceback; it is one sentence naming -s, and no -o folder is left."""
+    import onnxruntime as ort
+    import transformers
 
-    from nndf.convert import cli
-
-    monkeypatch.setattr(cli, "_load", lambda opts: pytest.fail("the model loaded before the refusal"))
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.for_model(vocab_size=30522, num_labels=3, **dict(TINY["bert"],
+                                               max_position_embeddings=64))
+    model = transformers.AutoModelForSequenceClassification.from_config(config).eval()
+    model.save_pretrained(tmp_path / "bert64")
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "transformer_onnx_inference").write_text("not a folder")
-    assert convert_model(["-m", str(minilm_dir), "-o", str(out)]) == 2
-    assert "transformer_onnx_inference is a file; the Triton model" in capsys.readouterr().err
-    monkeypatch.setitem(sys.modules, "tritonclient.grpc", None)  # as where the `triton` extra is not installed
-    assert convert_model(["-m", str(minilm_dir), "-o", str(tmp_path / "other")]) == 1
-    assert "needs tritonclient[grpc] (pip install 'nndf[triton]')" in capsys.readouterr().err
-    assert sorted(p.name for p in out.iterdir()) == ["transformer_onnx_inference"]
+    assert convert_model(["-m", str(tmp_path / "bert64"), "-t", str(minilm_dir), "-o", str(out), "-s", "1", "8", "32",
+                          *FAST]) == 0
+    served = transformers.AutoTokenizer.from_pretrained(str(out / "transformer_onnx_tokenize" / "1" / "tokenizer"))
+    tokens = served([" ".join(["river"] * 100)], padding=True, truncation=True, return_tensors="np")
+    assert tokens["input_ids"].shape == (1, 64)
+    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    ours = session.run(None, {i.name: tokens[i.name].astype(np.int64) for i in session.get_inputs()})[0]
+    with torch.no_grad():
+        expected = model(**{k: torch.from_numpy(v) for k, v in tokens.items()}).logits.numpy()
+    np.testing.assert_allclose(ours, expected, atol=1e-4)
+
+    config = transformers.AutoConfig.for_model(vocab_size=30522, **TINY["roberta"])  # 130 positions, 128 usable
+    transformers.AutoModelForSequenceClassification.from_config(config).save_pretrained(tmp_path / "roberta")
+    capsys.readouterr()
+    code = convert_model(["-m", str(tmp_path / "roberta"), "-t", str(minilm_dir), "-o", str(tmp_path / "r"),
+                          "-s", "1", "8", "130", *FAST])
+    err = capsys.readouterr().err
+    assert code == 2 and "-s/--seq-len: PyTorch cannot run the model on 130 tokens (batch 1)" in err, err
+    assert "Traceback" not in err and not (tmp_path / "r").exists()
 
 
 TINY = {  # tiny random configs of the other architectures, with BERT's uncased vocabulary (the MiniLM tokenizer)
@@ -153,80 +181,11 @@ def test_tiny_architectures_convert_for_each_task(kind, task, minilm_dir, tmp_pa
         import onnx
 
         assert [i.name for i in onnx.load(str(out / "model.onnx")).graph.input] == ["input_ids", "attention_mask"]
+    if task == "question-answering":  # the Triton ensemble takes the question and its context, as transformer-deploy's
+        from nndf.triton import validate_config
 
-
-@pytest.mark.parametrize("argv, needle", [
-    (["-b", "4", "2", "8"], "-b/--batch-size takes MIN OPT MAX with MIN <= OPT <= MAX, got 4 2 8"),
-    (["-s", "0", "8", "8"], "-s/--seq-len values must be at least 1, got 0"),
-    (["--backend", "tensorrt", "-d", "cpu"], "--backend tensorrt builds a TensorRT plan, which needs a CUDA GPU"),
-    (["--nb-measures", "0"], "--nb-measures must be at least 1"),
-    (["-s", "1", "8", "4096"], "-s/--seq-len MAX 4096 exceeds the 512 positions"),
-    (["--generative-model", "t5"], "--generative-model t5: convert_model converts decoder-only (gpt) text generation"),
-])
-def test_bad_flags_are_one_sentence_and_exit_2(argv, needle, minilm_dir, tmp_path, capsys):
-    code = convert_model(["-m", str(minilm_dir), "--task", "embedding", "-o", str(tmp_path / "out"), *argv])
-    err = capsys.readouterr().err
-    assert code == 2 and needle in err and "Traceback" not in err
-
-
-def test_missing_model_and_unfaithful_backend_are_errors_without_leftovers(minilm_dir, tmp_path, capsys):
-    code = convert_model(["-m", str(tmp_path / "nowhere"), "-o", str(tmp_path / "a")])
-    assert code == 2 and f"-m/--model {tmp_path / 'nowhere'} does not exist" in capsys.readouterr().err
-    (tmp_path / "empty").mkdir()
-    code = convert_model(["-m", str(tmp_path / "empty"), "-o", str(tmp_path / "a")])
-    assert code == 2 and f"-m/--model {tmp_path / 'empty'} holds no config.json" in capsys.readouterr().err
-    code = convert_model(["-m", str(minilm_dir / "config.json"), "-o", str(tmp_path / "a")])
-    assert code == 2 and "config.json is a file; it takes a folder" in capsys.readouterr().err
-    code = convert_model(["-m", str(minilm_dir), "-t", str(tmp_path / "empty"), "-o", str(tmp_path / "a")])
-    assert code == 2 and f"-t/--tokenizer {tmp_path / 'empty'}: cannot load a tokenizer" in capsys.readouterr().err
-    code = convert_model(["-m", "nobody/no-such-model", "-o", str(tmp_path / "a")])  # offline: not on this machine
-    assert code == 2 and "-m/--model nobody/no-such-model: cannot load it from the Hugging Face hub (" in \
-        capsys.readouterr().err
-    assert not (tmp_path / "a").exists()  # no empty -o folder left by a model that did not load
-    out, report = tmp_path / "b", tmp_path / "report.json"
-    code = convert_model(["-m", str(minilm_dir), "--task", "embedding", "-q", "-o", str(out), "--atol", "1e-6",
-                          "--json", str(report), *FAST])
-    err = capsys.readouterr().err
-    assert code == 1
-    assert "[ONNX Runtime (INT-8)] output 'output' differs from PyTorch's by up to" in err
-    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
-    backends = json.loads(report.read_text())["backends"]  # what was measured before the failure is kept
-    assert backends["ONNX Runtime (FP32)"]["max_abs_diff"] < 1e-6
-    assert backends["ONNX Runtime (INT-8)"]["error"].startswith("[ONNX Runtime (INT-8)] output 'output' differs")
-
-
-@needs_shared(TOKENIZER_DIR)
-def test_the_tokenizer_must_fit_the_model_and_pad(minilm_dir, tmp_path, capsys):
-    """A tokenizer with ids past the model's vocabulary is refused before anything is written; one without a
-    padding token pads with its end token (the Triton tokenize model pads every request's texts)."""
-    from transformers import AutoTokenizer
-
-    from nndf.convert.cli import _check_tokenizer
-    from nndf.convert.options import parse
-    from nndf.errors import UsageError
-
-    out = tmp_path / "out"
-    code = convert_model(["-m", str(minilm_dir), "-t", str(TOKENIZER_DIR), "--task", "embedding", "-o", str(out)])
-    assert code == 2 and (f"-t/--tokenizer {TOKENIZER_DIR}: the tokenizer has 50257 tokens and the model's "
-                          "vocabulary 30522") in capsys.readouterr().err
-    assert not out.exists() or not any(out.iterdir())
-    opts = parse(["-m", str(minilm_dir), "-t", str(TOKENIZER_DIR), "-b", "1", "2", "4", "-o", str(out)])
-    gpt2 = AutoTokenizer.from_pretrained(TOKENIZER_DIR)
-    _check_tokenizer(opts, gpt2, types.SimpleNamespace(vocab_size=50257))
-    assert gpt2.pad_token == "<|endoftext|>"
-    assert gpt2(["a", "a b c"], padding=True)["attention_mask"][0] == [1, 0, 0]
-    gpt2.pad_token, gpt2.eos_token = None, None
-    with pytest.raises(UsageError, match="has no padding token .* batches of up to 4 texts"):
-        _check_tokenizer(opts, gpt2, types.SimpleNamespace(vocab_size=50257))
-
-
-def test_transformer_deploy_flags_are_accepted(minilm_dir, tmp_path):
-    from nndf.convert.options import parse
-
-    base = ["-m", str(minilm_dir), "-o", str(tmp_path / "out")]
-    assert parse([*base, "--auth-token", "true", "--load-external-data"]).auth_token is True
-    assert parse([*base, "--auth-token", "hf_abc", "--no-load-external-data"]).auth_token == "hf_abc"
-    assert parse([*base, "--generative-model", "gpt"]).auth_token is None
+        ensemble = validate_config(out / "transformer_onnx_inference" / "config.pbtxt")
+        assert [i.name for i in ensemble.input] == ["QUESTION", "CONTEXT"]
 
 
 def _tiny_classifier(folder: Path) -> Path:
@@ -267,8 +226,36 @@ def test_tensorrt_engine_through_the_fake_tensorrt(fake_gpu, minilm_dir, tmp_pat
                                                         "tokenizer")) for engine in ("onnx", "tensorrt")}
     text = " ".join(["river"] * 100)
     assert [served[e]([text], truncation=True)["input_ids"][0].__len__() for e in ("onnx", "tensorrt")] == [102, 24]
+    # and pads shorter texts up to the profile's -s MIN (2), the fewest tokens the plan takes
+    from nndf.triton import validate_config
+
+    tokenize = {e: validate_config(tmp_path / "out" / f"transformer_{e}_tokenize" / "config.pbtxt").parameters
+                for e in ("onnx", "tensorrt")}
+    assert tokenize["tensorrt"]["min_length"].string_value == "2" and "min_length" not in tokenize["onnx"]
     run(opts)
     assert len(fake_gpu) == 1  # the engine was reused
+
+
+def test_pytorch_fp16_is_timed_on_a_gpu_unless_fast(minilm_dir, tmp_path, monkeypatch):
+    """README and transformer-deploy: on CUDA PyTorch fp16 is timed too and --fast skips it; it was timed only when
+    --backend named pytorch, so the default --backend onnx had no fp16 row. (ONNX Runtime's CUDA sessions are
+    replaced here by named stand-ins: what is tested is which engines are lined up.)"""
+    import dataclasses
+
+    from nndf.convert import cli
+    from nndf.convert import engines as eng
+    from nndf.convert.options import parse
+    from nndf.convert.tasks import TASKS, TaskModule, load_task_model
+
+    monkeypatch.setattr(eng, "ort_engine", lambda name, path, device, threads: eng.Engine(name, list, path))
+    model = load_task_model(TASKS["classification"], str(_tiny_classifier(tmp_path / "bert")), "cpu")
+    module = TaskModule(model, TASKS["classification"], ("input_ids", "attention_mask"))
+    paths = {"original": tmp_path / "a.onnx", "optimized": tmp_path / "b.onnx"}
+    opts = dataclasses.replace(parse(["-m", str(minilm_dir), "-d", "cpu"]), device="cuda")
+    names = [e.name for e in cli._engines(opts, module, paths, tmp_path)]
+    assert names == ["Pytorch (FP32)", "Pytorch (FP16)", "ONNX Runtime (FP32)", "ONNX Runtime (optimized, FP16)"]
+    fast = dataclasses.replace(opts, fast=True)
+    assert "Pytorch (FP16)" not in [e.name for e in cli._engines(fast, module, paths, tmp_path)]
 
 
 def test_static_qdq_int8_for_tensorrt_stays_close(minilm_dir, tmp_path):
@@ -342,6 +329,9 @@ def test_a_second_pytorch_run_over_atol_is_named_noise_not_an_unfaithful_convers
     onnx_row = Engine("ONNX Runtime (FP32)", rerun.infer)
     with pytest.raises(HarnessError, match="the converted model is not faithful"):
         check(onnx_row, [{}], reference, ("logits",), atol=1e-12)
+    misshapen = Engine("TensorRT (FP16)", lambda feeds: [np.zeros((1, 3), dtype=np.float32)])
+    with pytest.raises(HarnessError, match=r"^\[TensorRT \(FP16\)\] an output has shape \(1, 3\) where PyTorch's"):
+        check(misshapen, [{}], reference, ("logits",), atol=1)  # the backend was not named
 
 
 @needs_shared(TOKENIZER_DIR)

@@ -49,6 +49,6 @@ def test_a_full_disk_under_convert_is_said_as_the_disk_not_as_a_failed_export(mi
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "out" / "model.onnx"))
 
     monkeypatch.setattr(torch.onnx, "export", full)
-    code = convert_model(["-m", str(minilm_dir), "-o", str(tmp_path / "out")])
+    code = convert_model(["-m", str(minilm_dir), "--task", "embedding", "-o", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert code == 1 and err.startswith(f"error: no space left on device in {tmp_path}"), err

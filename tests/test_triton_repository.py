@@ -255,3 +255,76 @@ def test_tokenize_model_called_as_triton_calls_it_equals_the_tokenizer(tmp_path,
             assert got[name].dtype == np.int64 and got[name].shape == (len(rows), expected[name].shape[1])
             np.testing.assert_array_equal(got[name], expected[name])
     assert responses[1].error is not None and "tokenization failed" in str(responses[1].error)
+
+
+def test_a_text_pair_is_two_inputs_tokenized_together(tmp_path, onnx_file, tokenizer_dir, monkeypatch):
+    """Question answering takes a question and a context (transformer-deploy's QUESTION and CONTEXT): with one TEXT
+    input there was no way to send the pair, nor to get its segment ids and separator."""
+    from google.protobuf import json_format
+    from transformers import AutoTokenizer
+
+    write(tmp_path, onnx_file, tokenizer_dir, text_inputs=("QUESTION", "CONTEXT"))
+    configs = validate_repository(tmp_path)
+    for role in ("tokenize", "inference"):
+        config = configs[model_names("transformer", "onnx")[role]]
+        assert [(i.name, list(i.dims)) for i in config.input] == [("QUESTION", [1]), ("CONTEXT", [1])]
+    steps = configs["transformer_onnx_inference"].ensemble_scheduling.step
+    assert dict(steps[0].input_map) == {"QUESTION": "QUESTION", "CONTEXT": "CONTEXT"}
+    folder = tmp_path / "transformer_onnx_tokenize"
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake_pb_utils())
+    spec = importlib.util.spec_from_file_location("triton_tokenize_pairs", folder / "1" / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model = module.TritonPythonModel()
+    config = json_format.MessageToJson(validate_config(folder / "config.pbtxt"), preserving_proto_field_name=True)
+    model.initialize({"model_config": config, "model_repository": str(folder), "model_version": "1"})
+    questions, contexts = ["Who walked on the Moon?", "Where?"], ["Neil Armstrong did, in 1969.", "In the garden."]
+    pb = sys.modules["triton_python_backend_utils"]
+    [response] = model.execute([[pb.Tensor("QUESTION", np.array([[q.encode()] for q in questions], dtype=object)),
+                                 pb.Tensor("CONTEXT", np.array([[c.encode()] for c in contexts], dtype=object))]])
+    assert response.error is None
+    expected = AutoTokenizer.from_pretrained(str(tokenizer_dir))(questions, contexts, padding=True, truncation=True,
+                                                                 return_tensors="np")
+    got = {t.name: t.as_numpy() for t in response.output_tensors}
+    for name in INPUTS:
+        np.testing.assert_array_equal(got[name], expected[name])
+    assert got["token_type_ids"].max() == 1  # the context is the second segment
+    with pytest.raises(UsageError, match="text_inputs must be one name, or two different ones"):
+        write(tmp_path / "bad", onnx_file, tokenizer_dir, text_inputs=("QUESTION", "QUESTION"))
+
+
+def test_a_tensorrt_models_tokenizer_pads_to_the_profiles_shortest_sequence(tmp_path, tokenizer_dir, monkeypatch):
+    """A TensorRT plan takes no fewer tokens than its profile's minimum (convert_model's -s MIN, 16 by default): the
+    tokenize model padded each request to its longest row only, so every short text was the server's shape error."""
+    from google.protobuf import json_format
+    from transformers import AutoTokenizer
+
+    plan = tmp_path / "engine.plan"
+    plan.write_bytes(b"a serialized engine")
+    write(tmp_path / "repo", plan, tokenizer_dir, engine="tensorrt", device="cuda", min_length=16)
+    folder = tmp_path / "repo" / "transformer_tensorrt_tokenize"
+    config = validate_config(folder / "config.pbtxt")
+    assert config.parameters["min_length"].string_value == "16"
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake_pb_utils())
+    spec = importlib.util.spec_from_file_location("triton_tokenize_min", folder / "1" / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model = module.TritonPythonModel()
+    model.initialize({"model_config": json_format.MessageToJson(config, preserving_proto_field_name=True),
+                      "model_repository": str(folder), "model_version": "1"})
+    pb = sys.modules["triton_python_backend_utils"]
+    short, long = ["hi", "a b c"], ["hi", " ".join(["river"] * 30)]
+    responses = model.execute([[pb.Tensor("TEXT", np.array([[t.encode()] for t in rows], dtype=object))]
+                               for rows in (short, long)])
+    reference = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    for response, rows, padding in ((responses[0], short, dict(padding="max_length", max_length=16)),
+                                    (responses[1], long, dict(padding=True))):  # a longer row: padded as before
+        expected = reference(rows, truncation=True, return_tensors="np", **padding)
+        got = {t.name: t.as_numpy() for t in response.output_tensors}
+        for name in INPUTS:
+            np.testing.assert_array_equal(got[name], expected[name])
+    assert [len(t.as_numpy()[0]) for t in responses[0].output_tensors] == [16] * 3
+    assert len(responses[1].output_tensors[0].as_numpy()[0]) == 32
+    write(tmp_path / "default", plan, tokenizer_dir, engine="tensorrt", device="cuda")  # no minimum: no parameter
+    assert "min_length" not in validate_config(tmp_path / "default" / "transformer_tensorrt_tokenize" /
+                                               "config.pbtxt").parameters

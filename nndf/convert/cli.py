@@ -51,12 +51,14 @@ def _load(opts: ConvertOptions):
         early = None  # the model's own load below says what is wrong
     if early is not None:
         _check_positions(opts, getattr(early, "max_position_embeddings", None))
+        _check_memory(opts, early)
         _check_tokenizer(opts, tokenizer, early)
     task = TASKS[opts.task]
     model = load_task_model(task, opts.model, opts.device, opts.auth_token)
     names = model_inputs(model, tokenizer)
     config = transformer_of(model).config
     _check_positions(opts, getattr(config, "max_position_embeddings", None))
+    _check_memory(opts, config)
     _check_tokenizer(opts, tokenizer, config)
     return tokenizer, TaskModule(model, task, names), config
 
@@ -64,6 +66,24 @@ def _load(opts: ConvertOptions):
 def _check_positions(opts: ConvertOptions, positions: int | None) -> None:
     if positions and opts.seq_len[2] > positions:
         raise UsageError(f"-s/--seq-len MAX {opts.seq_len[2]} exceeds the {positions} positions of {opts.model}")
+
+
+def _check_memory(opts: ConvertOptions, config) -> None:
+    """Refuse -b / -s maxima whose one inference cannot fit in memory, before anything is allocated: the least it
+    holds is one layer's feed-forward activations in fp32 (the check runs the largest shape; torch would otherwise
+    fail in an allocation, or the system kill the process)."""
+    hidden = graphs.attention_sizes(config)[1]
+    widest = max(hidden, int(getattr(config, "intermediate_size", None) or getattr(config, "hidden_dim", None) or 0))
+    (_, _, batch), (_, _, seq) = opts.batch_size, opts.seq_len
+    need = batch * seq * widest * 4
+    if opts.device == "cuda":
+        free, where = torch.cuda.mem_get_info()[0], "free on the GPU"
+    else:
+        free, where = available_host_memory(), "available on this machine"
+    if free and need > free:
+        raise UsageError(f"-b/--batch-size MAX {batch} with -s/--seq-len MAX {seq} needs at least {need / 2**30:,.1f} "
+                         f"GiB for one inference (one layer's activations), more than the {free / 2**30:,.1f} GiB "
+                         f"{where}: lower -b or -s MAX")
 
 
 def _check_tokenizer(opts: ConvertOptions, tokenizer, config) -> None:
@@ -145,7 +165,7 @@ def _digest(path: Path) -> str:
 def _engines(opts: ConvertOptions, module: TaskModule, paths: dict[str, Path], out: Path) -> list[eng.Engine]:
     found = [eng.pytorch_engine(module)]
     gpu = opts.device == "cuda"
-    if gpu and not opts.fast and "pytorch" in opts.backends:
+    if gpu and not opts.fast:  # whatever --backend says, as transformer-deploy times it: --fast is the way out
         found.append(eng.pytorch_engine(module, "Pytorch (FP16)", fp16=True))
     if "onnx" in opts.backends:
         found.append(eng.ort_engine("ONNX Runtime (FP32)", paths["original"], opts.device, opts.nb_threads))
@@ -165,15 +185,15 @@ def run(opts: ConvertOptions) -> dict:
     torch.manual_seed(opts.seed)
     torch.set_num_threads(opts.nb_threads)
     tokenizer, module, config = _load(opts)
-    out = Path(opts.output)
-    out.mkdir(parents=True, exist_ok=True)  # after the load: a model that does not load leaves no folder behind
     vocab = int(config.vocab_size)
     shapes = list(zip(opts.batch_size, opts.seq_len))
     checks = [eng.random_feeds(module.input_names, b, s, vocab, opts.seed + i, opts.device)
               for i, (b, s) in enumerate(dict.fromkeys(shapes))]
     opt_feeds = eng.random_feeds(module.input_names, *shapes[1], vocab, opts.seed, opts.device)
     reference_engine = eng.pytorch_engine(module)
-    reference = [reference_engine.infer(feeds) for feeds in checks]
+    reference = [_reference(reference_engine, feeds) for feeds in checks]
+    out = Path(opts.output)
+    out.mkdir(parents=True, exist_ok=True)  # after the load and the reference: a refusal leaves no folder behind
     paths = _graphs(opts, module, config, tokenizer, checks[0], out) if {"onnx", "tensorrt"} & set(opts.backends) \
         else {}
     results: dict = {"model": opts.model, "task": opts.task, "device": opts.device, "batch_size": opts.batch_size,
@@ -189,8 +209,7 @@ def run(opts: ConvertOptions) -> dict:
         say(f"timing {engine.name} ({opts.nb_measures} calls at batch {shapes[1][0]}, {shapes[1][1]} tokens) ...")
         timing = report.timings(engine, opt_feeds, opts.warmup, opts.nb_measures, opts.device)
         lines.append(report.latency_line(engine.name, timing))
-        results["backends"][engine.name] = {"timing_ms": {k: 1000 * v for k, v in timing.to_dict().items()
-                                                          if isinstance(v, float)},
+        results["backends"][engine.name] = {"timing_ms": report.timing_ms(timing),
                                             "max_abs_diff": fidelity[engine.name].max_abs_diff,
                                             "mean_cosine": fidelity[engine.name].mean_cosine,
                                             "file": str(engine.artifact) if engine.artifact else None}
@@ -204,6 +223,18 @@ def run(opts: ConvertOptions) -> dict:
     for model in results["triton"]:
         print(f"Triton model: {model}")
     return results
+
+
+def _reference(engine: eng.Engine, feeds: dict[str, torch.Tensor]) -> list:
+    """PyTorch's outputs for one check shape. Random ids stay within the vocabulary, so an index out of range is a
+    position past the model's embeddings: a -s MAX within max_position_embeddings that the model's position ids
+    still overrun (models that offset them), said as the flag's error, not as torch's traceback."""
+    batch, seq = next(iter(feeds.values())).shape
+    try:
+        return engine.infer(feeds)
+    except IndexError as exc:
+        raise UsageError(f"-s/--seq-len: PyTorch cannot run the model on {seq} tokens (batch {batch}): {exc}; the "
+                         f"model's positions end before {seq} tokens: lower -s MAX") from None
 
 
 def _check_triton(opts: ConvertOptions) -> None:
@@ -231,8 +262,12 @@ def _triton(opts: ConvertOptions, module: TaskModule, paths: dict[str, Path], to
     # (512): the tokenize model must cut texts where it does, or long texts embed otherwise
     longest = module.model.max_seq_length if module.task.auto_class is None and module.model.max_seq_length \
         else tokenizer.model_max_length
+    # nor past the model's positions: a tokenizer of another model (-t), or one without model_max_length (a huge
+    # number then), would pass longer texts on, and the server would fail them with an index error
+    positions = getattr(transformer_of(module.model).config, "max_position_embeddings", None)
+    longest = min(longest, positions or longest)
     # a TensorRT plan takes no more tokens than its profile's maximum (-s MAX): longer texts are cut there, not
-    # refused by the server with a shape error
+    # refused by the server with a shape error; and no fewer than its minimum (-s MIN): shorter ones are padded
     limits = {"onnx": longest, "tensorrt": min(longest, opts.seq_len[2])}
     with tempfile.TemporaryDirectory() as scratch:
         for engine, model_file in (("onnx", paths.get("int8", paths.get("optimized"))),
@@ -243,7 +278,8 @@ def _triton(opts: ConvertOptions, module: TaskModule, paths: dict[str, Path], to
                 tokenizer.save_pretrained(tokenizer_dir)
                 served += write_encoder_repository(out, opts.name, model_file, engine, tokenizer_dir,
                                                    module.graph_inputs, dims, opts.batch_size[2], opts.nb_instances,
-                                                   opts.device)
+                                                   opts.device, text_inputs=module.task.text_inputs,
+                                                   min_length=opts.seq_len[0] if engine == "tensorrt" else 1)
     return [str(p) for p in served]
 
 

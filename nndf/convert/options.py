@@ -7,6 +7,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,14 +19,19 @@ from nndf.errors import OneSentenceParser, UsageError
 from nndf.paths import check_output_file, check_output_folder
 
 BACKENDS = ("onnx", "tensorrt", "pytorch")
+INT32_MAX = 2**31 - 1
+WORKSPACE_MAX_MIB = 2**44 - 1
+SEED_MAX = 2**32 - 1  # the usual seed range (numpy's); well within torch's 64 bits for the seed + shape index
+_NAME = re.compile(r"[A-Za-z0-9_-]+")  # a Triton model folder and a URL path segment, as they are
 
 
 class _DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
     """Each flag's default after its help, as transformer-deploy shows them, but not "(default: None)" for the
-    flags that have none (their help says what happens without them) nor "(default: False)" for switches."""
+    flags that have none (their help says what happens without them) nor a default for switches ("(default: True)"
+    on --no-load-external-data read as though that switch were on)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
-        if action.default is None or action.default is False or action.required:
+        if action.default is None or isinstance(action.default, bool) or action.required:
             return action.help or ""
         return super()._get_help_string(action)
 
@@ -126,6 +133,10 @@ def _check_range(flag: str, values: list[int]) -> tuple[int, int, int]:
 def parse(argv: list[str] | None = None) -> ConvertOptions:
     """Parsed and checked options; a UsageError names the flag (argparse itself exits 2 on unknown flags)."""
     args = parser().parse_args(argv)
+    for flag in ("model", "tokenizer", "output", "json"):  # the shell leaves ~ alone in --model=~/x: expand it here
+        value = getattr(args, flag)
+        if value and value.startswith("~"):
+            setattr(args, flag, str(Path(value).expanduser()))
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         raise UsageError("-d/--device cuda needs a CUDA GPU, and none is visible to PyTorch here; use -d cpu")
@@ -137,12 +148,26 @@ def parse(argv: list[str] | None = None) -> ConvertOptions:
                                ("-w/--workspace-size", args.workspace_size, 1)):
         if value < least:
             raise UsageError(f"{flag} must be at least {least}, got {value}")
-    if args.atol <= 0:
-        raise UsageError(f"--atol must be positive, got {args.atol}")
+    if args.workspace_size > WORKSPACE_MAX_MIB:  # TensorRT's pool limit is a size_t of bytes
+        raise UsageError(f"-w/--workspace-size must be at most {WORKSPACE_MAX_MIB} MiB (2**64 bytes, TensorRT's "
+                         f"limit), got {args.workspace_size}")
+    if args.nb_instances > INT32_MAX:  # Triton's instance count is an int32: the config could not be written
+        raise UsageError(f"--nb-instances must be at most {INT32_MAX} (Triton's limit), got {args.nb_instances}")
+    if not 0 <= args.seed <= SEED_MAX:  # torch's generators take 64-bit seeds; the check inputs use seed + 0, 1, 2
+        raise UsageError(f"--seed must be from 0 to {SEED_MAX}, got {args.seed}")
+    if not args.atol > 0:  # NaN too: every comparison with it fails, and the check would blame the machine
+        raise UsageError(f"--atol must be a positive number, got {args.atol}")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if args.nb_threads > cores:  # far past the cores, OpenBLAS cannot start its threads and kills the process
+        raise UsageError(f"--nb-threads {args.nb_threads} is more than the {cores} CPU cores this process may use; "
+                         f"give 1 to {cores}")
+    if args.quantization and not {"onnx", "tensorrt"} & set(args.backend):
+        raise UsageError("-q/--quantization makes int8 ONNX graphs (--backend onnx) or an int8 TensorRT plan (--backend "
+                         "tensorrt); with --backend pytorch alone there is nothing to quantize: add onnx or tensorrt")
     if args.generative_model == "t5":
         raise UsageError("--generative-model t5: convert_model converts decoder-only (gpt) text generation; T5 "
                          "generates with run.py (python run.py benchmark T5 frameworks onnxrt trt --variant t5-small)")
-    if not args.name or any(c in args.name for c in "/\\ "):
+    if not _NAME.fullmatch(args.name):  # before the conversion: the repository writer refuses it only at the end
         raise UsageError(f"-n/--name '{args.name}' names Triton models: use letters, digits, - and _")
     _check_local("-m/--model", args.model, needs="config.json")
     if args.tokenizer:

@@ -46,7 +46,10 @@ def compare(reference: list[list[np.ndarray]], outputs: list[list[np.ndarray]]) 
 def check(engine: Engine, inputs: list[dict[str, torch.Tensor]], reference: list[list[np.ndarray]],
           output_names: tuple[str, ...], atol: float) -> Fidelity:
     outputs = [engine.infer(feeds) for feeds in inputs]
-    fidelity, per_output = compare(reference, outputs)
+    try:
+        fidelity, per_output = compare(reference, outputs)
+    except HarnessError as exc:  # which backend gave that shape
+        raise HarnessError(f"[{engine.name}] {exc}") from None
     for name, diff in zip(output_names, per_output):
         if not diff <= atol and engine.reruns_reference:
             raise HarnessError(f"[{engine.name}] a second PyTorch run's output '{name}' differs from the first's by up "
@@ -64,11 +67,19 @@ def timings(engine: Engine, feeds: dict[str, torch.Tensor], warmup: int, measure
     return time_calls(lambda: engine.infer(feeds), TimingSettings(iterations=measures, warmup=warmup), sync=sync)
 
 
-def latency_line(name: str, timing: Timing) -> str:
-    ms = {k: 1000 * v for k, v in (("mean", timing.mean), ("sd", timing.stdev), ("min", timing.min),
+def timing_ms(timing: Timing) -> dict[str, float | None]:
+    """The statistics the latency line prints, in ms, for the JSON report: the same figures under the same names
+    (stdev for sd), and null for an unknown spread (one measure), since NaN is not JSON."""
+    ms = {k: 1000 * v for k, v in (("mean", timing.mean), ("stdev", timing.stdev), ("min", timing.min),
                                     ("max", timing.max), ("median", timing.median), ("95p", timing.percentile(95)),
                                     ("99p", timing.percentile(99)))}
-    return f"[{name}] " + ", ".join(f"{k}=-" if math.isnan(v) else f"{k}={v:.2f}ms" for k, v in ms.items())
+    return {k: None if math.isnan(v) else v for k, v in ms.items()}
+
+
+def latency_line(name: str, timing: Timing) -> str:
+    ms = timing_ms(timing)
+    return f"[{name}] " + ", ".join(f"{'sd' if k == 'stdev' else k}=-" if v is None else
+                                    f"{'sd' if k == 'stdev' else k}={v:.2f}ms" for k, v in ms.items())
 
 
 def fidelity_lines(results: dict[str, Fidelity], atol: float) -> list[str]:

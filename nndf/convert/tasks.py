@@ -23,14 +23,15 @@ class Task:
     auto_class: str | None  # a transformers Auto class; None: a sentence-transformers model
     outputs: tuple[str, ...]
     per_token: bool  # the outputs keep the sequence axis (token classification, question answering, logits)
+    text_inputs: tuple[str, ...] = ("TEXT",)  # what the Triton ensemble takes: one text, or a pair tokenized together
 
 
 TASKS: dict[str, Task] = {
     "classification": Task("classification", "AutoModelForSequenceClassification", ("output",), False),
     "embedding": Task("embedding", None, ("output",), False),
     "token-classification": Task("token-classification", "AutoModelForTokenClassification", ("output",), True),
-    "question-answering": Task("question-answering", "AutoModelForQuestionAnswering",
-                               ("start_logits", "end_logits"), True),
+    "question-answering": Task("question-answering", "AutoModelForQuestionAnswering",  # transformer-deploy's names
+                               ("start_logits", "end_logits"), True, ("QUESTION", "CONTEXT")),
     "text-generation": Task("text-generation", "AutoModelForCausalLM", ("output",), True),
 }
 
@@ -89,7 +90,7 @@ def load_task_model(task: Task, model_path: str, device: str, token: str | bool 
 
             if task.name == "text-generation":
                 check_generates(transformers.AutoConfig.from_pretrained(model_path, token=token), model_path)
-            model = getattr(transformers, task.auto_class).from_pretrained(model_path, token=token).to(device)
+            model = _load_trained(getattr(transformers, task.auto_class), model_path, token, task).to(device)
     except UsageError:  # check_generates' own sentence (a UsageError is a ValueError)
         raise
     except ImportError as exc:
@@ -99,6 +100,28 @@ def load_task_model(task: Task, model_path: str, device: str, token: str | bool 
         raise UsageError(f"-m/--model {model_path}: cannot load it for --task {task.name} "
                          f"({str(exc).splitlines()[0]}); give a hub id or a local Hugging Face folder") from None
     return model.eval()
+
+
+def _load_trained(auto_class, model_path: str, token, task: Task) -> torch.nn.Module:
+    """The checkpoint with the task's head, refused when the head is not in it: transformers would start it at
+    random (after a notice in its log), and every figure and the served model would be of that. transformers'
+    load report is kept out of the log: what matters of it is this refusal."""
+    import logging
+
+    log = logging.getLogger("transformers")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        model, info = auto_class.from_pretrained(model_path, token=token, output_loading_info=True)
+    finally:
+        log.setLevel(level)
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:
+        shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+        raise UsageError(f"-m/--model {model_path} has no trained weights for --task {task.name} ({shown} are not in "
+                         "the checkpoint, so they would be random): give a model fine-tuned for that task, or the "
+                         "task it was trained for (a sentence-transformers model is --task embedding)")
+    return model
 
 
 def model_inputs(model: torch.nn.Module, tokenizer) -> tuple[str, ...]:

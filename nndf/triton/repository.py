@@ -34,6 +34,7 @@ from nndf.workspace import locked_atomic_dir
 ENGINES = {"onnx": ("onnxruntime_onnx", "model.onnx"), "tensorrt": ("tensorrt_plan", "model.plan")}
 DEVICES = {"cpu": "KIND_CPU", "cuda": "KIND_GPU"}
 TEXT_INPUT = "TEXT"
+MIN_LENGTH = "min_length"  # the tokenize model's parameter, read by tokenize_model.py
 TOKENIZER_FOLDER = "tokenizer"  # inside the tokenize model's version folder, read by tokenize_model.py
 TOKENIZE_SOURCE = Path(__file__).with_name("tokenize_model.py")
 
@@ -62,7 +63,8 @@ def _render(config) -> str:
 
 
 def _check_args(name: str, model_file: Path, engine: str, tokenizer_dir: Path, input_names: Sequence[str],
-                outputs: Mapping[str, Sequence[int]], max_batch_size: int, nb_instances: int, device: str) -> None:
+                outputs: Mapping[str, Sequence[int]], max_batch_size: int, nb_instances: int, device: str,
+                text_inputs: Sequence[str]) -> None:
     """Reject bad arguments before anything is written: each message names the argument and what is allowed."""
     if engine not in ENGINES:
         raise UsageError(f"engine must be one of {sorted(ENGINES)}, not {engine!r}")
@@ -83,7 +85,9 @@ def _check_args(name: str, model_file: Path, engine: str, tokenizer_dir: Path, i
     for out, dims in outputs.items():
         if not dims or any(d == 0 or d < -1 for d in dims):
             raise UsageError(f"output {out!r}: dims (without the batch axis) must be sizes or -1, not {list(dims)}")
-    clash = {TEXT_INPUT} & (set(input_names) | set(outputs))
+    if len(text_inputs) not in (1, 2) or len(set(text_inputs)) != len(text_inputs):
+        raise UsageError(f"text_inputs must be one name, or two different ones (a text pair), not {list(text_inputs)}")
+    clash = set(text_inputs) & (set(input_names) | set(outputs))
     if clash:
         raise UsageError(f"tensor name {clash.pop()!r} is reserved for the ensemble's text input")
 
@@ -113,30 +117,38 @@ def model_config(folder: str, platform: str, input_names: Sequence[str], outputs
     return config
 
 
-def tokenize_config(folder: str, input_names: Sequence[str], max_batch_size: int, nb_instances: int):
-    """The tokenizer's config: TEXT (one string per row) in, the engine's inputs out, padded to the longest row.
+def tokenize_config(folder: str, input_names: Sequence[str], max_batch_size: int, nb_instances: int,
+                    text_inputs: Sequence[str] = (TEXT_INPUT,), min_length: int = 1):
+    """The tokenizer's config: the text inputs (one string per row each: a text, or a pair such as QUESTION and
+    CONTEXT, tokenized together in that order) in, the engine's inputs out, padded to the longest row.
 
-    Tokenizing is CPU work whatever the engine's device, so its instances are always KIND_CPU.
+    Tokenizing is CPU work whatever the engine's device, so its instances are always KIND_CPU. `min_length` > 1
+    (a TensorRT profile's shortest sequence) is the parameter `min_length`: shorter rows are padded up to it.
     """
     pb = config_schema()
     config = pb.ModelConfig(name=folder, backend="python", max_batch_size=max_batch_size)
-    add_tensor(config.input.add(), TEXT_INPUT, "TYPE_STRING", [1])
+    for text in text_inputs:
+        add_tensor(config.input.add(), text, "TYPE_STRING", [1])
     for input_name in input_names:
         add_tensor(config.output.add(), input_name, "TYPE_INT64", [-1])
     config.instance_group.add(count=nb_instances, kind=pb.ModelInstanceGroup.Kind.Value("KIND_CPU"))
+    if min_length > 1:
+        config.parameters[MIN_LENGTH].string_value = str(min_length)
     return config
 
 
 def ensemble_config(names: Mapping[str, str], input_names: Sequence[str], outputs: Mapping[str, Sequence[int]],
-                    max_batch_size: int):
-    """The ensemble: TEXT -> tokenize -> engine -> outputs, tensors passed under their own names."""
+                    max_batch_size: int, text_inputs: Sequence[str] = (TEXT_INPUT,)):
+    """The ensemble: the text input(s) -> tokenize -> engine -> outputs, tensors passed under their own names."""
     pb = config_schema()
     config = pb.ModelConfig(name=names["inference"], platform="ensemble", max_batch_size=max_batch_size)
-    add_tensor(config.input.add(), TEXT_INPUT, "TYPE_STRING", [1])
+    for text in text_inputs:
+        add_tensor(config.input.add(), text, "TYPE_STRING", [1])
     for out, dims in outputs.items():
         add_tensor(config.output.add(), out, "TYPE_FP32", dims)
     tokenize = config.ensemble_scheduling.step.add(model_name=names["tokenize"], model_version=-1)
-    tokenize.input_map[TEXT_INPUT] = TEXT_INPUT
+    for text in text_inputs:
+        tokenize.input_map[text] = text
     engine = config.ensemble_scheduling.step.add(model_name=names["model"], model_version=-1)
     for input_name in input_names:
         tokenize.output_map[input_name] = input_name
@@ -228,17 +240,22 @@ def write_model_folder(output_dir: Path, folder: str, config, files: Mapping[str
 def write_encoder_repository(output_dir: str | Path, name: str, model_file: str | Path, engine: str,
                              tokenizer_dir: str | Path, input_names: Sequence[str],
                              outputs: Mapping[str, Sequence[int]], max_batch_size: int, nb_instances: int = 1,
-                             device: str = "cpu") -> list[Path]:
+                             device: str = "cpu", text_inputs: Sequence[str] = (TEXT_INPUT,),
+                             min_length: int = 1) -> list[Path]:
     """Write the tokenize, model and ensemble folders for `engine` ("onnx" or "tensorrt") into `output_dir`.
 
     `input_names` are the graph's token inputs in the tokenizer's names; `outputs` maps each graph output to its
     dims without the batch axis ([H] for pooled embeddings or classes, [-1, H] per token, [-1] for QA logits).
+    `text_inputs`: the ensemble's string inputs, TEXT, or a pair tokenized together (QUESTION and CONTEXT).
+    `min_length`: the fewest tokens the model takes (a TensorRT profile's minimum): shorter requests are padded.
     Existing model folders of the same names are replaced; other entries of `output_dir` are left alone.
     Returns the three model folders written.
     """
     output_dir, model_file, tokenizer_dir = Path(output_dir), Path(model_file), Path(tokenizer_dir)
     input_names, outputs = list(input_names), {k: list(v) for k, v in outputs.items()}
-    _check_args(name, model_file, engine, tokenizer_dir, input_names, outputs, max_batch_size, nb_instances, device)
+    text_inputs = list(text_inputs)
+    _check_args(name, model_file, engine, tokenizer_dir, input_names, outputs, max_batch_size, nb_instances, device,
+                text_inputs)
     platform, filename = ENGINES[engine]
     names = model_names(name, engine)
     check_model_folders(output_dir, names.values())
@@ -248,12 +265,13 @@ def write_encoder_repository(output_dir: str | Path, name: str, model_file: str 
     output_dir.mkdir(parents=True, exist_ok=True)
     written = [
         write_model_folder(output_dir, names["tokenize"], tokenize_config(names["tokenize"], input_names, max_batch_size,
-                                                                    nb_instances),
+                                                                    nb_instances, text_inputs, min_length),
                      {"model.py": TOKENIZE_SOURCE}, tokenizer_dir=tokenizer_dir),
         write_model_folder(output_dir, names["model"], model_config(names["model"], platform, input_names, outputs,
                                                               max_batch_size, nb_instances, DEVICES[device], filename),
                      files),
-        write_model_folder(output_dir, names["inference"], ensemble_config(names, input_names, outputs, max_batch_size)),
+        write_model_folder(output_dir, names["inference"], ensemble_config(names, input_names, outputs, max_batch_size,
+                                                                          text_inputs)),
     ]
     warn_stray_folders(output_dir)
     return written

@@ -13,15 +13,19 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from transformers import AutoTokenizer
 
-TEXT_INPUT = "TEXT"
 TOKENIZER_FOLDER = "tokenizer"
+MIN_LENGTH = "min_length"
 
 
 class TritonPythonModel:
-    """One tokenizer per model instance; each request's rows are padded to that request's longest row."""
+    """One tokenizer per model instance; each request's rows are padded to that request's longest row. The config's
+    string inputs are one text per row (TEXT), or two tokenized as a pair (QUESTION and CONTEXT, in that order)."""
 
     def initialize(self, args):
         config = json.loads(args["model_config"])
+        self.texts = [tensor["name"] for tensor in config["input"]]
+        # the fewest tokens the model takes (a TensorRT plan's profile minimum): shorter rows are padded up to it
+        self.min_length = int(config.get("parameters", {}).get(MIN_LENGTH, {}).get("string_value", 1))
         self.outputs = {out["name"]: pb_utils.triton_string_to_numpy(out["data_type"]) for out in config["output"]}
         folder = Path(args["model_repository"]) / args["model_version"] / TOKENIZER_FOLDER
         self.tokenizer = AutoTokenizer.from_pretrained(str(folder))
@@ -29,9 +33,13 @@ class TritonPythonModel:
         if missing:
             raise ValueError(f"the tokenizer in {folder} produces {self.tokenizer.model_input_names}, not {missing}")
 
-    def tokenize(self, texts):
-        """{output name: array[batch, seq]} for a list of strings, as the engine's config wants them."""
-        encoded = self.tokenizer(texts, padding=True, truncation=True, return_tensors="np")
+    def tokenize(self, texts, pairs=None):
+        """{output name: array[batch, seq]} for a list of strings (and the second strings of pairs), as the engine's
+        config wants them."""
+        encoded = self.tokenizer(texts, pairs, padding=True, truncation=True, return_tensors="np")
+        if encoded["input_ids"].shape[1] < self.min_length:  # every row is shorter, so max_length cuts none
+            encoded = self.tokenizer(texts, pairs, padding="max_length", max_length=self.min_length, truncation=True,
+                                     return_tensors="np")
         return {name: np.ascontiguousarray(encoded[name], dtype=dtype) for name, dtype in self.outputs.items()}
 
     def execute(self, requests):
@@ -39,9 +47,10 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             try:
-                rows = pb_utils.get_input_tensor_by_name(request, TEXT_INPUT).as_numpy().reshape(-1)
-                texts = [row.decode("utf-8") if isinstance(row, bytes) else str(row) for row in rows]
-                tensors = [pb_utils.Tensor(name, array) for name, array in self.tokenize(texts).items()]
+                columns = [[row.decode("utf-8") if isinstance(row, bytes) else str(row) for row in
+                            pb_utils.get_input_tensor_by_name(request, name).as_numpy().reshape(-1)]
+                           for name in self.texts]
+                tensors = [pb_utils.Tensor(name, array) for name, array in self.tokenize(*columns).items()]
                 responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
             except Exception as exc:  # noqa: BLE001 - the client must get the reason, the server must keep serving
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"tokenization failed: {exc}")))
