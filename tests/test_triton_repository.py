@@ -223,21 +223,28 @@ def fake_pb_utils() -> types.ModuleType:
     return pb
 
 
-def test_tokenize_model_called_as_triton_calls_it_equals_the_tokenizer(tmp_path, onnx_file, tokenizer_dir,
-                                                                        monkeypatch):
+def tokenize_model(folder: Path, monkeypatch):
+    """The tokenize model of `folder` as Triton's Python backend loads it (its model.py, initialized with the
+    folder's config), over the fake backend utilities; returns it and those utilities."""
     from google.protobuf import json_format
-    from transformers import AutoTokenizer
 
-    write(tmp_path, onnx_file, tokenizer_dir)
-    folder = tmp_path / "transformer_onnx_tokenize"
     pb = fake_pb_utils()
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pb)
-    spec = importlib.util.spec_from_file_location("triton_tokenize_model", folder / "1" / "model.py")
+    spec = importlib.util.spec_from_file_location(f"triton_tokenize_{folder.name}", folder / "1" / "model.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     model = module.TritonPythonModel()
     config = json_format.MessageToJson(validate_config(folder / "config.pbtxt"), preserving_proto_field_name=True)
     model.initialize({"model_config": config, "model_repository": str(folder), "model_version": "1"})
+    return model, pb
+
+
+def test_tokenize_model_called_as_triton_calls_it_equals_the_tokenizer(tmp_path, onnx_file, tokenizer_dir,
+                                                                        monkeypatch):
+    from transformers import AutoTokenizer
+
+    write(tmp_path, onnx_file, tokenizer_dir)
+    model, pb = tokenize_model(tmp_path / "transformer_onnx_tokenize", monkeypatch)
 
     texts = [["Hello, world!"], ["A longer sentence, with naïve accents and ÉCOLE capitals."], [""]]
     batch = np.array([[t.encode("utf-8")] for [t] in texts], dtype=object)  # [batch, 1] bytes, as Triton gives it
@@ -260,7 +267,6 @@ def test_tokenize_model_called_as_triton_calls_it_equals_the_tokenizer(tmp_path,
 def test_a_text_pair_is_two_inputs_tokenized_together(tmp_path, onnx_file, tokenizer_dir, monkeypatch):
     """Question answering takes a question and a context (transformer-deploy's QUESTION and CONTEXT): with one TEXT
     input there was no way to send the pair, nor to get its segment ids and separator."""
-    from google.protobuf import json_format
     from transformers import AutoTokenizer
 
     write(tmp_path, onnx_file, tokenizer_dir, text_inputs=("QUESTION", "CONTEXT"))
@@ -270,16 +276,8 @@ def test_a_text_pair_is_two_inputs_tokenized_together(tmp_path, onnx_file, token
         assert [(i.name, list(i.dims)) for i in config.input] == [("QUESTION", [1]), ("CONTEXT", [1])]
     steps = configs["transformer_onnx_inference"].ensemble_scheduling.step
     assert dict(steps[0].input_map) == {"QUESTION": "QUESTION", "CONTEXT": "CONTEXT"}
-    folder = tmp_path / "transformer_onnx_tokenize"
-    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake_pb_utils())
-    spec = importlib.util.spec_from_file_location("triton_tokenize_pairs", folder / "1" / "model.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    model = module.TritonPythonModel()
-    config = json_format.MessageToJson(validate_config(folder / "config.pbtxt"), preserving_proto_field_name=True)
-    model.initialize({"model_config": config, "model_repository": str(folder), "model_version": "1"})
+    model, pb = tokenize_model(tmp_path / "transformer_onnx_tokenize", monkeypatch)
     questions, contexts = ["Who walked on the Moon?", "Where?"], ["Neil Armstrong did, in 1969.", "In the garden."]
-    pb = sys.modules["triton_python_backend_utils"]
     [response] = model.execute([[pb.Tensor("QUESTION", np.array([[q.encode()] for q in questions], dtype=object)),
                                  pb.Tensor("CONTEXT", np.array([[c.encode()] for c in contexts], dtype=object))]])
     assert response.error is None
@@ -296,7 +294,6 @@ def test_a_text_pair_is_two_inputs_tokenized_together(tmp_path, onnx_file, token
 def test_a_tensorrt_models_tokenizer_pads_to_the_profiles_shortest_sequence(tmp_path, tokenizer_dir, monkeypatch):
     """A TensorRT plan takes no fewer tokens than its profile's minimum (convert_model's -s MIN, 16 by default): the
     tokenize model padded each request to its longest row only, so every short text was the server's shape error."""
-    from google.protobuf import json_format
     from transformers import AutoTokenizer
 
     plan = tmp_path / "engine.plan"
@@ -305,14 +302,7 @@ def test_a_tensorrt_models_tokenizer_pads_to_the_profiles_shortest_sequence(tmp_
     folder = tmp_path / "repo" / "transformer_tensorrt_tokenize"
     config = validate_config(folder / "config.pbtxt")
     assert config.parameters["min_length"].string_value == "16"
-    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake_pb_utils())
-    spec = importlib.util.spec_from_file_location("triton_tokenize_min", folder / "1" / "model.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    model = module.TritonPythonModel()
-    model.initialize({"model_config": json_format.MessageToJson(config, preserving_proto_field_name=True),
-                      "model_repository": str(folder), "model_version": "1"})
-    pb = sys.modules["triton_python_backend_utils"]
+    model, pb = tokenize_model(folder, monkeypatch)
     short, long = ["hi", "a b c"], ["hi", " ".join(["river"] * 30)]
     responses = model.execute([[pb.Tensor("TEXT", np.array([[t.encode()] for t in rows], dtype=object))]
                                for rows in (short, long)])
