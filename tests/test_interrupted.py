@@ -132,7 +132,7 @@ def test_evaluate_keeps_the_backends_evaluated_before_ctrl_c(capsys, monkeypatch
     passages.write_text("\n".join(LAMBADA_FILE.read_text(encoding="utf-8").splitlines()[:5]) + "\n", encoding="utf-8")
     code, out, err = run_cli(capsys, "evaluate", "GPT2", "frameworks", "onnxrt", "--torch-dir", tiny_gpt2_dir,
                              "--working-dir", onnx_work_dir, "--tasks", "lambada_openai", "--dataset-file", passages,
-                             "--bootstrap-iters", 0, "--limit", 2)
+                             "--bootstrap-iters", 0, "--limit", 1)
     assert code == 130, err
     assert "on frameworks: lm-evaluation-harness" in out and "on onnxrt" not in out and "against" not in out
     assert "interrupted (Ctrl-C) while evaluating onnxrt: not evaluated: onnxrt." in " ".join(out.split())

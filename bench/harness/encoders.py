@@ -63,7 +63,9 @@ def convert_once(weights: Path, out: Path, threads: int | None = None) -> None:
     from nndf.convert.cli import main
 
     argv = ["-m", str(weights), "--task", "embedding", "--backend", "onnx", "-q", "-o", str(out),
-            "--nb-measures", "1", "--warmup", "0", *CONVERT_SHAPES] + (["--nb-threads", str(threads)] if threads else [])
+            "--nb-measures", "1", "--warmup", "0", *CONVERT_SHAPES]
+    if threads:  # the preparation's own threads: convert_model takes no more than the cores (the timed workers may)
+        argv += ["--nb-threads", str(min(threads, len(os.sched_getaffinity(0))))]
     print("convert_model " + " ".join(argv), flush=True)
     code = main(argv)
     if code != 0:
