@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
+from typing import Callable
 
 
 class Stopped(Exception):
@@ -62,31 +63,44 @@ class Interrupted(KeyboardInterrupt):
 
 class KeepOnInterrupt:
     """Ctrl-C in an action's loop over backends (hours of LAMBADA or lm-eval, minutes of benchmarks) used to lose
-    every table. Each backend's work runs in `guard`: Ctrl-C there, once something is measured, ends the loop
-    instead of the command; the action builds its tables from what was measured, adds `note`, and calls `finish`,
-    which raises `Interrupted` with them."""
+    every table. `each` runs each backend's work in `guard`: Ctrl-C there, once something is measured, ends the loop
+    instead of the command; the action builds its tables from what was measured, adds `notes()`, and calls
+    `finish`, which raises `Interrupted` with them."""
 
     def __init__(self) -> None:
         self.during: str | None = None  # what was being done when Ctrl-C came
+        self.missing = ""  # what the tables lack for it
 
     @property
     def stopped(self) -> bool:
         return self.during is not None
 
     @contextlib.contextmanager
-    def guard(self, what: str, kept: bool):
-        """Run the block; Ctrl-C inside it is remembered (`what`: "benchmarking onnxrt") where `kept` (something
-        measured already), else raised as usual."""
+    def guard(self, what: str, kept: bool, missing: str = ""):
+        """Run the block; Ctrl-C inside it is remembered (`what`: "benchmarking onnxrt"; `missing`: what the tables
+        then lack) where `kept` (something measured already), else raised as usual."""
         try:
             yield
         except KeyboardInterrupt:
             if not kept:
                 raise
-            self.during = what
+            self.during, self.missing = what, missing
 
-    def note(self, missing: str) -> str:
-        """The note of an interrupted table: where Ctrl-C came and what is missing for it."""
-        return f"interrupted (Ctrl-C) while {self.during}: {missing}."
+    def each(self, items: list, doing: str, undone: str, work: Callable, name: Callable[[object], str]) -> list:
+        """`work(item)` for each item in turn, in a list; Ctrl-C ends the loop with the results so far (after the
+        first), remembering what was being done ("{doing} {name}") and which items were not ("{undone}: ...")."""
+        done = []
+        for index, item in enumerate(items):
+            left = f"{undone}: {', '.join(name(i) for i in items[index:])}"
+            with self.guard(f"{doing} {name(item)}", kept=bool(done), missing=left):
+                done.append(work(item))
+            if self.stopped:
+                break
+        return done
+
+    def notes(self) -> list[str]:
+        """The note of an interrupted table (where Ctrl-C came and what is missing for it), or none."""
+        return [f"interrupted (Ctrl-C) while {self.during}: {self.missing}."] if self.stopped else []
 
     def finish(self, results: list) -> list:
         """`results`, or `Interrupted` carrying them when Ctrl-C ended the loop (each result's context, and so its

@@ -80,27 +80,24 @@ def run(args) -> list[Result]:
     texts: list[str] = []
     models = open_models(args, needs_text=True, before_load=lambda: texts.extend(load_lambada(args.dataset_file)))
     chosen = [text for _, text in sample_texts(texts, args.num_samples, seed=data_seed(args))]
-    rows, keep, stopped = [], KeepOnInterrupt(), []
-    for index, model in enumerate(models):
-        with keep.guard(f"scoring {label(model)}", kept=bool(rows)):
-            say(f"scoring {len(chosen)} LAMBADA passages on {label(model)}")
-            metrics = model.architecture.lambada(chosen, model, args.tokens_to_generate, args.topN, args.batch_size)
-            rows.append(dict(backend=label(model), **metrics.as_dict()))
-        if keep.stopped:
-            stopped = [keep.note(f"not scored: {', '.join(label(m) for m in models[index:])}")]
-            break
+    def score(model) -> dict:
+        say(f"scoring {len(chosen)} LAMBADA passages on {label(model)}")
+        metrics = model.architecture.lambada(chosen, model, args.tokens_to_generate, args.topN, args.batch_size)
+        return dict(backend=label(model), **metrics.as_dict())
+
+    keep = KeepOnInterrupt()
+    rows = keep.each(models, "scoring", "not scored", score, name=label)
     judged = [(row, model) for row, model in zip(rows, models) if args.fidelity and not model.is_reference]
     if judged and not keep.stopped:
         names = ", ".join(label(model) for _, model in judged)
         say(f"fidelity: comparing the logits of {names} with PyTorch's on the same passages, one more PyTorch pass "
             "(--no-fidelity skips it)")
         fidelities = []
-        with keep.guard("comparing logits with PyTorch's (fidelity)", kept=True):
+        with keep.guard("comparing logits with PyTorch's (fidelity)", kept=True,
+                        missing="no top-1 agreement or KL columns (--no-fidelity leaves that pass out)"):
             fidelities = models[0].architecture.fidelities(chosen, [model for _, model in judged], args.batch_size)
         for (row, _), fidelity in zip(judged, fidelities):
             row.update(top1_agreement=fidelity.top1_agreement, mean_kl=fidelity.mean_kl)
-        if keep.stopped:
-            stopped = [keep.note("no top-1 agreement or KL columns (--no-fidelity leaves that pass out)")]
     n = args.topN
     columns = [
         Column("backend", "backend"),
@@ -125,7 +122,7 @@ def run(args) -> list[Result]:
                      "KL vs PyTorch: mean KL(PyTorch || backend) per position, both from one more pass over the "
                      "passages on PyTorch, which --no-fidelity skips. On random weights the logits are nearly flat, "
                      "so quantized agreement says little there: judge fidelity on trained weights.")
-    notes += stopped
+    notes += keep.notes()
     first = models[0]
     title = f"accuracy {first.spec.family} {first.loaded.name}: LAMBADA, {sample_words(len(chosen), len(texts), args)}"
     context = dict(describe(*models), dataset=args.dataset_file or "EleutherAI/lambada_openai",

@@ -87,17 +87,11 @@ def run(args) -> list[Result]:
     pct = timing.percentile
     decoding = decoding_flags(args)
     picked = decoding_note(first, decoding, args.num_beams)
-    rows = []
-    hf_row = None
-    runners, keep, stopped = runners_for(models), KeepOnInterrupt(), []
-    for index, runner in enumerate(runners):
-        with keep.guard(f"benchmarking {runner.label}", kept=bool(rows)):
-            rows.append(_measure(runner, args, timing, inputs, first, decoding, picked))
-        if keep.stopped:
-            stopped = [keep.note(f"not measured: {', '.join(r.label for r in runners[index:])}")]
-            break
-        if runner.is_hf_generate and hf_row is None:
-            hf_row = rows[-1]
+    runners, keep = runners_for(models), KeepOnInterrupt()
+    rows = keep.each(runners, "benchmarking", "not measured",
+                     lambda runner: _measure(runner, args, timing, inputs, first, decoding, picked),
+                     name=lambda runner: runner.label)
+    hf_row = next((row for row, runner in zip(rows, runners) if runner.is_hf_generate), None)
     if hf_row is not None:  # the speed-up users come for, against the generate() they know
         for row in rows:
             row["vs_hf"] = row["tokens_per_s"] / hf_row["tokens_per_s"]
@@ -122,7 +116,7 @@ def run(args) -> list[Result]:
         notes.append("encoder: the encoder's run (a vision encoder's for images), and for our loop the "
                      "cross-attention cache generator's too (Hugging Face computes the cross-attention keys and "
                      "values inside its first decoder step); first token includes it.")
-    notes += noisy_note(rows) + stopped
+    notes += noisy_note(rows) + keep.notes()
     inputs = first.architecture.benchmark_inputs(prompt_len)
     title = (f"benchmark {first.spec.family} {first.loaded.name}: batch {batch}, {inputs} + "
              f"{_count(new_tokens, 'new token')}, {picked}, {weights_and_cache(args)}")

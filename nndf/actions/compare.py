@@ -34,7 +34,7 @@ def run(args) -> list[Result]:
     first = models[0]
     picked = decoding_note(first, decoding_flags(args), args.num_beams)  # refuses beams with sampling up front
     keep = KeepOnInterrupt()
-    rows, outputs, stopped = checkpoint_rows(args, models, samples, keep)
+    rows, outputs = checkpoint_rows(args, models, samples, keep)
     base = rows[0]["generation_ms"]
     for row in rows:
         row["speedup"] = base / row["generation_ms"]
@@ -42,7 +42,7 @@ def run(args) -> list[Result]:
     title = (f"compare {first.spec.family} {first.loaded.name}: {', '.join(r['backend'] for r in rows)}; "
              f"{picked}, {weights_and_cache(args)}")
     notes = ["speed: full-generation time of the first row divided by each row's (higher is faster).",
-             *sample_notes(args, rows), *stopped]
+             *sample_notes(args, rows), *keep.notes()]
     if args.plot:
         plot_bars(args.plot, title, rows, [("generation_ms", "full generation (ms)", None),
                                            ("decode_ms", "decode step (ms)", None)])

@@ -136,31 +136,30 @@ def run(args) -> list[Result]:
 
     _check_flags(args)
     check_text_family(resolve(args.model, args.variant)[0])
-    runs, keep = [], KeepOnInterrupt()
+
+    def evaluate(model) -> tuple:  # one backend's lm-eval run (tasks and models are set below, before it runs)
+        say(f"evaluating {', '.join(tasks.names)} on {label(model)} ({models.index(model) + 1} of {len(models)})")
+        lm = NndfLM(model, batch_size=args.batch_size, max_gen_toks=args.max_gen_toks)
+        started = time.perf_counter()
+        with contextlib.redirect_stdout(sys.stderr), _bootstrap_in_process():  # lm-eval prints its progress
+            out = lm_eval.simple_evaluate(model=lm, tasks=tasks.specs, task_manager=tasks.manager,
+                                          num_fewshot=args.num_fewshot, limit=args.limit,
+                                          batch_size=args.batch_size, bootstrap_iters=args.bootstrap_iters,
+                                          log_samples=False, **lm_eval_seeds(args.seed))
+        return model, out, time.perf_counter() - started
+
+    keep = KeepOnInterrupt()
     with tempfile.TemporaryDirectory(prefix="nndf-tasks-") as folder:
         tasks = check_tasks(args.tasks, args.task_files, args.include_path, folder, args.working_dir)
         models = open_models(args, needs_text=True, before_load=lambda: load_task_data(tasks))
-        for number, model in enumerate(models, start=1):
-            with keep.guard(f"evaluating {label(model)}", kept=bool(runs)):
-                say(f"evaluating {', '.join(tasks.names)} on {label(model)} ({number} of {len(models)})")
-                lm = NndfLM(model, batch_size=args.batch_size, max_gen_toks=args.max_gen_toks)
-                started = time.perf_counter()
-                with contextlib.redirect_stdout(sys.stderr), _bootstrap_in_process():  # lm-eval prints its progress
-                    out = lm_eval.simple_evaluate(model=lm, tasks=tasks.specs, task_manager=tasks.manager,
-                                                  num_fewshot=args.num_fewshot, limit=args.limit,
-                                                  batch_size=args.batch_size, bootstrap_iters=args.bootstrap_iters,
-                                                  log_samples=False, **lm_eval_seeds(args.seed))
-                runs.append((model, out, time.perf_counter() - started))
-            if keep.stopped:
-                break
+        runs = keep.each(models, "evaluating", "not evaluated", evaluate, name=label)
     context = dict(describe(*models), tasks=tasks.names, limit=args.limit, num_fewshot=args.num_fewshot,
                    seed=args.seed, dataset_files=args.task_files, include_path=args.include_path)
     results = [backend_table(model, out, seconds, context) for model, out, seconds in runs]
     if len(runs) > 1:
         results.append(difference_table([label(m) for m, _, _ in runs], [out for _, out, _ in runs], models[0],
                                         context))
-    if keep.stopped:
-        results[-1].notes.append(keep.note(f"not evaluated: {', '.join(label(m) for m in models[len(runs):])}"))
+    results[-1].notes.extend(keep.notes())
     return keep.finish(results)
 
 

@@ -119,25 +119,17 @@ def sample_length_check(args, samples: list[Sample]):
     return check
 
 
-def checkpoint_rows(args, models, samples: list[Sample], keep: KeepOnInterrupt) -> tuple[list[dict], list[dict],
-                                                                                         list[str]]:
-    """One row per runner (token accuracy against the labels, median runtimes over all samples), one row per runner
-    and sample with the generated text, and the note of a Ctrl-C that ended the runs (`keep`): the runners done
-    before it keep their rows and outputs."""
-    rows, outputs = [], []
-    runners = runners_for(models)
-    for index, runner in enumerate(runners):
-        done = len(outputs)
-        with keep.guard(f"running the samples on {runner.label}", kept=bool(rows)):
-            rows.append(_runner_row(args, models[0], runner, samples, outputs))
-        if keep.stopped:
-            del outputs[done:]  # the interrupted runner's: not all samples
-            return rows, outputs, [keep.note(f"not run: {', '.join(r.label for r in runners[index:])}")]
-    return rows, outputs, []
+def checkpoint_rows(args, models, samples: list[Sample], keep: KeepOnInterrupt) -> tuple[list[dict], list[dict]]:
+    """One row per runner (token accuracy against the labels, median runtimes over all samples), and one row per
+    runner and sample with the generated text; Ctrl-C (`keep`) keeps the runners done before it, whole."""
+    runs = keep.each(runners_for(models), "running the samples on", "not run",
+                     lambda runner: _runner_rows(args, models[0], runner, samples), name=lambda runner: runner.label)
+    return [row for row, _ in runs], [output for _, outputs in runs for output in outputs]
 
 
-def _runner_row(args, first, runner, samples: list[Sample], outputs: list[dict]) -> dict:
-    """Run every sample on `runner`: its row, and each sample's output added to `outputs`."""
+def _runner_rows(args, first, runner, samples: list[Sample]) -> tuple[dict, list[dict]]:
+    """Run every sample on `runner`: its row, and each sample's output."""
+    outputs = []
     timing = timing_settings(args)
     decoding = decoding_flags(args)
     tokenizer = first.tokenizer
@@ -170,7 +162,7 @@ def _runner_row(args, first, runner, samples: list[Sample], outputs: list[dict])
         "accuracy": matched / total if total else None,
         "generation_ms": statistics.median(full) * 1e3,
         "decode_ms": statistics.median(step) * 1e3 if step else None,
-    }
+    }, outputs
 
 
 # A labelled sample is scored over its label's tokens, or over the first --output-seq-len of them when given.
@@ -234,8 +226,8 @@ def run(args) -> list[Result]:
     first = models[0]
     picked = decoding_note(first, decoding_flags(args), args.num_beams)  # refuses beams with sampling up front
     keep = KeepOnInterrupt()
-    rows, outputs, stopped = checkpoint_rows(args, models, samples, keep)
-    notes = sample_notes(args, rows) + stopped
+    rows, outputs = checkpoint_rows(args, models, samples, keep)
+    notes = sample_notes(args, rows) + keep.notes()
     source = "the given images" if getattr(args, "image", None) else "checkpoint samples"
     title = f"run {first.spec.family} {first.loaded.name}: {source}, {picked}, {weights_and_cache(args)}"
     return keep.finish([Result("run", title, checkpoint_columns(args), rows, describe(*models), notes),
