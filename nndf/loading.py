@@ -8,6 +8,7 @@ one sentence that says which flag to use instead.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import sys
@@ -19,6 +20,7 @@ from typing import Callable
 import torch
 
 from nndf.errors import HarnessError, UsageError
+from nndf.heap import empty_tensors, release_freed_heap
 from nndf.random_weights import DRAW_REVISION, build_random_model, check_memory, weight_bytes
 from nndf.spec import ModelSpec, Variant
 
@@ -60,6 +62,21 @@ class LoadedModel:
             self._model = model
             print(f"loaded in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
         return self._model
+
+    @contextlib.contextmanager
+    def weights_for_build(self):
+        """A block that may load the PyTorch weights only to build from them (an ONNX export, TensorRT's fp16
+        check): weights it loaded are let go when it ends, and the heap the build freed goes back to the OS, so a run
+        that exports holds no more memory afterwards than a run on the graphs already built. Weights loaded before
+        the block (the frameworks backend's) stay; a later use loads them again."""
+        loaded_before = self._model is not None
+        try:
+            yield
+        finally:
+            if not loaded_before and self._model is not None:
+                empty_tensors(self._model)  # the exporter's leftovers still point at them
+                self._model = None
+            release_freed_heap()
 
     @property
     def model_class(self) -> type:

@@ -20,6 +20,7 @@ nndf.call_config). Sampling takes `generate()`'s keywords plus a seed, and a str
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 from typing import Callable
@@ -27,7 +28,7 @@ from typing import Callable
 import torch
 
 from nndf.architectures import architecture
-from nndf.backends import RUNS_ONNX_FILES, BackendOptions, split_backend
+from nndf.backends import RUNS_ONNX_FILES, RUNS_TORCH_MODEL, BackendOptions, split_backend
 from nndf.errors import HarnessError, UsageError
 from nndf.call_config import (call_generation_config, generation_options, options_under, warn_unfeasible,
                                warn_unused)
@@ -63,7 +64,9 @@ class Model:
         self.forced_bos_token_id: int | None = None  # the target language of a multilingual model (--tgt-lang)
         self.architecture = architecture(spec)
         self.shapes = self.architecture.derive_shapes(settings, spec, loaded.config)
-        self.decoder = self.architecture.open_decoder(loaded, backend, settings, options, self.shapes)
+        building = contextlib.nullcontext() if backend in RUNS_TORCH_MODEL else loaded.weights_for_build()
+        with building:
+            self.decoder = self.architecture.open_decoder(loaded, backend, settings, options, self.shapes)
 
     @property
     def tokenizer(self):

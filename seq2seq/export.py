@@ -117,23 +117,23 @@ def export_seq2seq(loaded: LoadedModel, use_cache: bool, working_dir: str | Path
         if folder.exists():
             say(f"rebuilding {folder}: {reason}")
         hooks, graphs = loaded.spec.hooks, graph_set(loaded)
-        model = fp32_cpu_model(loaded.model)
-        wrappers = graphs.wrappers(model, hooks, use_cache)
-        say(f"exporting {loaded.name} to ONNX: {graphs.encoder_role}, cross-attention cache generator and "
-            f"decoder ({'with' if use_cache else 'without'} KV cache) ...")
-        started = time.perf_counter()
+        with fp32_cpu_model(loaded.model) as model:
+            wrappers = graphs.wrappers(model, hooks, use_cache)
+            say(f"exporting {loaded.name} to ONNX: {graphs.encoder_role}, cross-attention cache generator and "
+                f"decoder ({'with' if use_cache else 'without'} KV cache) ...")
+            started = time.perf_counter()
 
-        def build(tmp: Path) -> None:
-            with torch.no_grad():
-                examples = graphs.examples(model, hooks, use_cache)
-            for graph in GRAPHS:
-                if graph != "decoder" and _copy_from_sibling(loaded, use_cache, working_dir, graph, tmp):
-                    continue
-                args, dynamic = examples[graph]
-                trace_to_onnx(wrappers[graph], args, dynamic, names[graph], tmp / f"{graph}.onnx", model,
-                              f"{loaded.name} ({graph})")
-                say(f"  {graph}.onnx exported ({time.perf_counter() - started:.1f} s)")
+            def build(tmp: Path) -> None:
+                with torch.no_grad():
+                    examples = graphs.examples(model, hooks, use_cache)
+                for graph in GRAPHS:
+                    if graph != "decoder" and _copy_from_sibling(loaded, use_cache, working_dir, graph, tmp):
+                        continue
+                    args, dynamic = examples[graph]
+                    trace_to_onnx(wrappers[graph], args, dynamic, names[graph], tmp / f"{graph}.onnx", model,
+                                  f"{loaded.name} ({graph})")
+                    say(f"  {graph}.onnx exported ({time.perf_counter() - started:.1f} s)")
 
-        build_dir_artifact(folder, build, metadata)
+            build_dir_artifact(folder, build, metadata)
         say(f"exported in {time.perf_counter() - started:.1f} s to {folder}")
         return result

@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 
 from nndf.architectures import architecture
-from nndf.backends import RUNS_ONNX_FILES, BackendOptions, split_backend
+from nndf.backends import RUNS_ONNX_FILES, RUNS_TORCH_MODEL, BackendOptions, split_backend
 from nndf.errors import UsageError
 from nndf.generation import BEAMS_WITH_SAMPLING
 from nndf.images import caption_inputs, image_files
@@ -247,8 +247,13 @@ def open_models(args, needs_text: bool = False, new_tokens_flag: str | None = No
     if needs_text:
         loaded.tokenizer  # noqa: B018 (loads it, or says which --tokenizer-dir is missing)
     forced_bos = target_language_token(loaded, args.tgt_lang) if getattr(args, "tgt_lang", None) else None
-    models = [Model(loaded, name, settings, dataclasses.replace(options, quantize=quantize) if quantize else options)
-              for name, quantize in named]
+    # opened with the backends that run the PyTorch model first: an export then builds from the weights they hold
+    # instead of loading them for itself (and letting them go) before those backends load them again
+    first = sorted(range(len(named)), key=lambda index: named[index][0] not in RUNS_TORCH_MODEL)
+    opened = {index: Model(loaded, named[index][0], settings,
+                           dataclasses.replace(options, quantize=named[index][1]) if named[index][1] else options)
+              for index in first}
+    models = [opened[index] for index in range(len(named))]
     for model in models:
         model.forced_bos_token_id = forced_bos
     if getattr(args, "info", False):

@@ -21,6 +21,10 @@ BACKENDS: dict[str, str] = {
     "trt": "nndf.backends.trt",
 }
 
+# Backends whose sessions run the loaded PyTorch model itself; the others only build from its weights
+# (LoadedModel.weights_for_build lets those weights go once the build is done).
+RUNS_TORCH_MODEL = ("frameworks",)
+
 # Backends that run ONNX graphs as they are, so that --int8/--int4 and --decoder-onnx mean something to them.
 RUNS_ONNX_FILES = ("onnxrt",)
 

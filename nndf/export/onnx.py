@@ -24,6 +24,7 @@ from nndf.errors import HarnessError
 from nndf.export.fused_attention import GROWING, LAYOUTS, SHARED, layout_refusal
 from nndf.export.torchlib_registry import torchlib_registry_built_once
 from nndf.export.wrapper import DecoderWrapper, decoder_io
+from nndf.heap import empty_tensors
 from nndf.loading import LoadedModel
 from nndf.workspace import artifact_lock, artifact_name, build_dir_artifact, read_metadata, stale_reason
 from nndf.progress import say, ticking
@@ -230,14 +231,33 @@ def trace_to_onnx(wrapper, args, dynamic, io: dict, path: Path, model, label: st
 
             fuse_for_onnxruntime(program.model)
         program.save(path, external_data=True)
+        drop_weights(program.model)
 
 
+def drop_weights(model) -> None:
+    """Let an exported onnx_ir model's initializers go once it is saved. onnxscript's default rewrite rules, which
+    the exporter's optimizer applies, are module-level objects whose matchers keep the last graph they matched:
+    that graph wraps the PyTorch parameters (and the new arrays the fusions made), which would otherwise stay in
+    memory for the rest of the process, a second copy of the weights beside the session that runs the saved graph."""
+    for graph in (model.graph, *model.graph.subgraphs()):
+        for value in graph.initializers.values():
+            value.const_value = None
+
+
+@contextlib.contextmanager
 def fp32_cpu_model(model):
-    """The model itself when it is fp32 on the CPU, else an fp32 CPU copy: graphs are exported from one."""
+    """The model itself when it is fp32 on the CPU, else an fp32 CPU copy: graphs are exported from one. A copy's
+    tensors are emptied when the block ends, since the exporter's leftovers keep it referenced
+    (`nndf.heap.empty_tensors`): a CUDA fp16 model's export would otherwise keep an fp32 copy in host memory."""
     first = next(model.parameters())
-    if first.dtype != torch.float32 or first.device.type != "cpu":
-        return copy.deepcopy(model).to(device="cpu", dtype=torch.float32)
-    return model
+    if first.dtype == torch.float32 and first.device.type == "cpu":
+        yield model
+        return
+    copied = copy.deepcopy(model).to(device="cpu", dtype=torch.float32)
+    try:
+        yield copied
+    finally:
+        empty_tensors(copied)
 
 
 def _export_folder(loaded: LoadedModel, settings: dict, working_dir: str | Path) -> Path:
@@ -290,17 +310,18 @@ def export_decoder(loaded: LoadedModel, use_cache: bool, working_dir: str | Path
         if folder.exists():
             say(f"rebuilding {folder}: {reason}")
         hooks = loaded.spec.hooks
-        model = fp32_cpu_model(loaded.model)  # the graph is exported in fp32 from the CPU
-        wrapper = DecoderWrapper(model, hooks.num_layers(model.config), use_cache, layout=layout)
-        args, dynamic = _example_inputs(wrapper, model.config, hooks)
-        cache = f"with {'a shared-buffer' if layout == SHARED else 'a'} KV cache" if use_cache else "without KV cache"
-        say(f"exporting {loaded.name} to ONNX ({cache}) ...")
-        started = time.perf_counter()
+        with fp32_cpu_model(loaded.model) as model:  # the graph is exported in fp32 from the CPU
+            wrapper = DecoderWrapper(model, hooks.num_layers(model.config), use_cache, layout=layout)
+            args, dynamic = _example_inputs(wrapper, model.config, hooks)
+            cache = f"with {'a shared-buffer' if layout == SHARED else 'a'} KV cache" if use_cache else \
+                "without KV cache"
+            say(f"exporting {loaded.name} to ONNX ({cache}) ...")
+            started = time.perf_counter()
 
-        def build(tmp: Path) -> None:
-            trace_to_onnx(wrapper, args, dynamic, io, tmp / GRAPH_FILE, model, loaded.name)
+            def build(tmp: Path) -> None:
+                trace_to_onnx(wrapper, args, dynamic, io, tmp / GRAPH_FILE, model, loaded.name)
 
-        build_dir_artifact(folder, build, dict(settings, **io))
+            build_dir_artifact(folder, build, dict(settings, **io))
         say(f"exported in {time.perf_counter() - started:.1f} s to {folder}")
         return location
 
