@@ -334,6 +334,17 @@ def test_a_second_pytorch_run_over_atol_is_named_noise_not_an_unfaithful_convers
         check(misshapen, [{}], reference, ("logits",), atol=1)  # the backend was not named
 
 
+def test_the_mean_cosine_never_exceeds_1():
+    """A row compared with its equal came out a rounding step past 1 (1.0000000000000002 in the JSON report)."""
+    from nndf.convert.report import compare
+
+    rng = np.random.default_rng(0)
+    rows = [rng.standard_normal((1, 384)).astype(np.float32) for _ in range(20)]
+    cosines = [compare([[row]], [[row.copy()]])[0].mean_cosine for row in rows]
+    assert max(cosines) == 1.0 and min(cosines) > 1 - 1e-12
+    assert compare([[rows[0]]], [[-rows[0]]])[0].mean_cosine == -1.0
+
+
 @needs_shared(TOKENIZER_DIR)
 def test_text_generation_converts_a_decoder_and_refuses_an_encoder(tiny_gpt2_dir, minilm_dir, tmp_path, capsys):
     """An encoder got a causal LM head of random weights and converted without a word; a decoder-only model
