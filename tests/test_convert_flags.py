@@ -146,6 +146,7 @@ def test_a_path_with_a_tilde_is_the_home_folders(minilm_dir, tmp_path, monkeypat
 
 def test_transformer_deploy_flags_are_accepted(minilm_dir, tmp_path):
     from nndf.convert.options import parse, parser
+    from nndf.errors import UsageError
 
     assert "nothing either (default: True)" not in " ".join(parser().format_help().split())  # the default is off
 
@@ -153,3 +154,7 @@ def test_transformer_deploy_flags_are_accepted(minilm_dir, tmp_path):
     assert parse([*base, "--auth-token", "true", "--load-external-data"]).auth_token is True
     assert parse([*base, "--auth-token", "hf_abc", "--no-load-external-data"]).auth_token == "hf_abc"
     assert parse([*base, "--generative-model", "gpt"]).auth_token is None
+    # transformer-deploy's parser spelled it --generative_model (commits 01edf51 to 3933e9b): it was refused here
+    assert parse([*base, "--generative_model", "gpt"]).model == str(minilm_dir)
+    with pytest.raises(UsageError, match="--generative-model t5: convert_model converts decoder-only"):
+        parse([*base, "--generative_model", "t5"])

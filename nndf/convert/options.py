@@ -2,7 +2,8 @@
 (`--backend` also takes `pytorch`, and `--json` writes the report), validated into one `ConvertOptions`.
 `--load-external-data` is accepted and changes nothing (each graph is one file with its weights, under protobuf's
 2 GB cap: `nndf.convert.graphs.check_graph_size`);
-`--generative-model t5` is refused: T5 generates through `run.py`."""
+`--generative-model t5` (also spelled `--generative_model`, as transformer-deploy once did) is refused: T5
+generates through `run.py`."""
 
 from __future__ import annotations
 
@@ -83,7 +84,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=123, help="seed of the random inputs")
     p.add_argument("--atol", type=float, default=3e-1, help="largest difference allowed from PyTorch's outputs")
     p.add_argument("--json", metavar="FILE", help="also write the report (timings, differences, files) as JSON")
-    p.add_argument("--generative-model", default="gpt", choices=("gpt", "t5"),
+    # transformer-deploy spelled it --generative_model from its T5 work (Aug. 2022) until --generative-model
+    # replaced it (Nov. 2022): scripts written in between use the underscore
+    p.add_argument("--generative-model", "--generative_model", default="gpt", choices=("gpt", "t5"),
                    help="the kind of model --task text-generation converts: gpt (decoder-only; T5 runs with "
                         "`run.py ... T5 onnxrt trt`)")
     p.add_argument("--auth-token", help="Hugging Face Hub token for private models (true: the one stored by "
