@@ -64,7 +64,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--task", default="classification", choices=list(TASKS),
                    help="what the model computes; embedding is for sentence-transformers models")
     p.add_argument("-b", "--batch-size", type=int, nargs=3, default=[1, 1, 1], metavar=("MIN", "OPT", "MAX"),
-                   help="batch sizes: TensorRT profile range, and OPT is the benchmark's")
+                   help="batch sizes: TensorRT profile range (MIN 1 with --backend tensorrt: Triton sends one "
+                        "text as a batch of 1), and OPT is the benchmark's")
     p.add_argument("-s", "--seq-len", type=int, nargs=3, default=[16, 16, 16], metavar=("MIN", "OPT", "MAX"),
                    help="sequence lengths: TensorRT profile range, and OPT is the benchmark's")
     p.add_argument("--backend", nargs="+", default=["onnx"], choices=BACKENDS,
@@ -170,6 +171,11 @@ def parse(argv: list[str] | None = None) -> ConvertOptions:
     if args.generative_model == "t5":
         raise UsageError("--generative-model t5: convert_model converts decoder-only (gpt) text generation; T5 "
                          "generates with run.py (python run.py benchmark T5 frameworks onnxrt trt --variant t5-small)")
+    batch_size = _check_range("-b/--batch-size", args.batch_size)
+    if "tensorrt" in args.backend and batch_size[0] > 1:  # Triton's batcher hands the plan any batch from 1 up
+        raise UsageError(f"-b/--batch-size MIN {batch_size[0]} with --backend tensorrt: the served TensorRT plan "
+                         "gets batches of 1 to MAX texts from Triton (a single text is a batch of 1), which a profile "
+                         f"from {batch_size[0]} refuses; give -b 1 {batch_size[1]} {batch_size[2]}")
     if not _NAME.fullmatch(args.name):  # before the conversion: the repository writer refuses it only at the end
         raise UsageError(f"-n/--name '{args.name}' names Triton models: use letters, digits, - and _")
     _check_local("-m/--model", args.model, needs="config.json")
@@ -179,7 +185,7 @@ def parse(argv: list[str] | None = None) -> ConvertOptions:
     check_output_file("--json", args.json, "report.json")
     return ConvertOptions(
         model=args.model, tokenizer=args.tokenizer or args.model, task=args.task,
-        batch_size=_check_range("-b/--batch-size", args.batch_size), seq_len=_check_range("-s/--seq-len", args.seq_len),
+        batch_size=batch_size, seq_len=_check_range("-s/--seq-len", args.seq_len),
         backends=tuple(dict.fromkeys(args.backend)), quantization=args.quantization,
         workspace_size=args.workspace_size, output=args.output, name=args.name, verbose=args.verbose, fast=args.fast,
         device=device, nb_threads=args.nb_threads, nb_instances=args.nb_instances, warmup=args.warmup,
