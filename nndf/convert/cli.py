@@ -23,7 +23,7 @@ import torch
 from nndf.convert import engines as eng
 from nndf.convert import graphs, report
 from nndf.convert.options import ConvertOptions, parse
-from nndf.convert.tasks import TASKS, TaskModule, load_task_model, model_inputs, transformer_of
+from nndf.convert.tasks import TASKS, TaskModule, load_task_model, model_inputs, transformer_of, usable_positions
 from nndf.errors import HarnessError, UsageError, run_command
 from nndf.measure import available_host_memory
 from nndf.progress import say
@@ -50,22 +50,27 @@ def _load(opts: ConvertOptions):
     except (OSError, ValueError):
         early = None  # the model's own load below says what is wrong
     if early is not None:
-        _check_positions(opts, getattr(early, "max_position_embeddings", None))
+        _check_positions(opts, early)
         _check_memory(opts, early)
         _check_tokenizer(opts, tokenizer, early)
     task = TASKS[opts.task]
     model = load_task_model(task, opts.model, opts.device, opts.auth_token)
     names = model_inputs(model, tokenizer)
     config = transformer_of(model).config
-    _check_positions(opts, getattr(config, "max_position_embeddings", None))
+    _check_positions(opts, config, transformer_of(model))
     _check_memory(opts, config)
     _check_tokenizer(opts, tokenizer, config)
     return tokenizer, TaskModule(model, task, names), config
 
 
-def _check_positions(opts: ConvertOptions, positions: int | None) -> None:
+def _check_positions(opts: ConvertOptions, config, model=None) -> None:
+    """-s MAX within the positions the model takes (`usable_positions`: from the config, on any device)."""
+    positions = usable_positions(config, model)
     if positions and opts.seq_len[2] > positions:
-        raise UsageError(f"-s/--seq-len MAX {opts.seq_len[2]} exceeds the {positions} positions of {opts.model}")
+        table = config.max_position_embeddings
+        why = f" (max_position_embeddings {table}, less the {table - positions} rows its position table keeps " \
+              "before the first position)" if positions != table else ""
+        raise UsageError(f"-s/--seq-len MAX {opts.seq_len[2]} exceeds the {positions} positions of {opts.model}{why}")
 
 
 def _check_memory(opts: ConvertOptions, config) -> None:
@@ -264,7 +269,8 @@ def _triton(opts: ConvertOptions, module: TaskModule, paths: dict[str, Path], to
         else tokenizer.model_max_length
     # nor past the model's positions: a tokenizer of another model (-t), or one without model_max_length (a huge
     # number then), would pass longer texts on, and the server would fail them with an index error
-    positions = getattr(transformer_of(module.model).config, "max_position_embeddings", None)
+    inner = transformer_of(module.model)
+    positions = usable_positions(inner.config, inner)
     longest = min(longest, positions or longest)
     # a TensorRT plan takes no more tokens than its profile's maximum (-s MAX): longer texts are cut there, not
     # refused by the server with a shape error; and no fewer than its minimum (-s MIN): shorter ones are padded

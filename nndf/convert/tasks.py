@@ -65,6 +65,43 @@ def transformer_of(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(first, "auto_model", first)
 
 
+def usable_positions(config, model: torch.nn.Module | None = None) -> int | None:
+    """The most tokens the model takes, None where nothing caps them; from the config and the model's structure
+    (`model`, else one built from the config on the meta device: no weights read, no memory taken).
+
+    - A model without absolute positions (`position_biased_input` false: DeBERTa's relative attention alone,
+      which transformers runs at any length, its relative positions bucketed or clamped) has no cap.
+    - Else `max_position_embeddings`, less the rows that its position table keeps before the first position: a
+      table with a padding row (RoBERTa's family: XLM-R, CamemBERT, Longformer...) numbers positions from
+      padding_idx + 1, so RoBERTa's 514 take 512 tokens. The config does not say which tables do; the table does.
+    Why up front: past the table PyTorch raises an IndexError on the CPU, and on CUDA a device-side assert that
+    leaves the process unusable."""
+    positions = getattr(config, "max_position_embeddings", None)
+    if not positions or positions < 1 or getattr(config, "position_biased_input", True) is False:
+        return None
+    model = model if model is not None else _skeleton(config)
+    if model is None:
+        return int(positions)
+    words = model.get_input_embeddings()  # the vocabulary's table has a padding row too, and may be as long
+    for module in model.modules():
+        if isinstance(module, torch.nn.Embedding) and module is not words and module.num_embeddings == positions \
+                and module.padding_idx is not None:
+            return positions - (module.padding_idx + 1)
+    return int(positions)
+
+
+def _skeleton(config) -> torch.nn.Module | None:
+    """The base model of `config` on the meta device (its modules, no weights), or None where transformers cannot
+    build one from the config alone (then the model's own load says what is wrong)."""
+    import transformers
+
+    try:
+        with torch.device("meta"):
+            return transformers.AutoModel.from_config(config)
+    except Exception:  # any architecture transformers does not know from a config: nothing is read off it
+        return None
+
+
 def check_generates(config, model_path: str) -> None:
     """Refuse --task text-generation for an encoder (BERT, MiniLM, RoBERTa...): transformers would give it a causal
     LM head of random weights (after a warning to add is_decoder=True), and every figure would be of that."""
