@@ -87,3 +87,70 @@ def test_relative_position_models_take_texts_past_max_position_embeddings(minilm
     code = convert_model(["-m", str(absolute), "-t", str(minilm_dir), "-o", str(tmp_path / "a"), "-s", "1", "8",
                           "96", *FAST])
     assert code == 2 and "-s/--seq-len MAX 96 exceeds the 64 positions of" in capsys.readouterr().err
+
+
+def _older_sentence_transformers_folder(minilm_dir: Path, folder: Path) -> Path:
+    """all-MiniLM-L6-v2 as sentence-transformers before v2 saved it: modules.json over 0_Transformer/ (the
+    transformers config, weights and tokenizer) and 1_Pooling/, no config.json at the top."""
+    import json
+    import shutil
+
+    (folder / "0_Transformer").mkdir(parents=True)
+    for name in ("config.json", "model.safetensors", "sentence_bert_config.json", "special_tokens_map.json",
+                 "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(minilm_dir / name, folder / "0_Transformer" / name)
+    shutil.copytree(minilm_dir / "1_Pooling", folder / "1_Pooling")
+    (folder / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "0_Transformer", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
+    return folder
+
+
+def test_an_older_sentence_transformers_folder_converts_as_sentence_transformers_loads_it(minilm_dir, tmp_path,
+                                                                                         capsys):
+    """A folder of modules in 0_Transformer/ and 1_Pooling/ (sentence-transformers before v2; its own loader reads
+    it) was refused for its missing config.json. It converts, and the served model embeds a long text as
+    sentence-transformers does: its tokenizer (from 0_Transformer/), cut at its max_seq_length (256)."""
+    import onnxruntime as ort
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoTokenizer
+
+    older = _older_sentence_transformers_folder(minilm_dir, tmp_path / "older")
+    out = tmp_path / "out"
+    assert convert_model(["-m", str(older), "--task", "embedding", "-o", str(out), "-s", "1", "8", "300",
+                          "--atol", "1e-4", *FAST]) == 0, capsys.readouterr().err
+    text = " ".join(f"word{i} river mountain" for i in range(150))  # about 600 tokens
+    served = AutoTokenizer.from_pretrained(str(out / "transformer_onnx_tokenize" / "1" / "tokenizer"))
+    tokens = served([text], padding=True, truncation=True, return_tensors="np")
+    assert tokens["input_ids"].shape == (1, 256)
+    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    ours = session.run(None, {i.name: tokens[i.name].astype(np.int64) for i in session.get_inputs()})[0]
+    reference = SentenceTransformer(str(older), device="cpu").encode([text], convert_to_numpy=True)
+    np.testing.assert_allclose(ours, reference, atol=1e-5)  # no 2_Normalize here: mean pooling as it is
+
+
+def test_an_embedding_model_is_served_with_its_own_tokenizer(minilm_dir, tmp_path, capsys):
+    """--task embedding with -t: the served tokenizer was -t's, while the sentence-transformers model (whose
+    embeddings are converted) tokenizes with its own; a cased -t for this uncased model converted, and every
+    served embedding of capitalised text was another. -t is refused unless it tokenizes as the model's own."""
+    import json
+    import shutil
+
+    cased = tmp_path / "cased"
+    cased.mkdir()
+    for name in ("special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(minilm_dir / name, cased / name)
+    same = shutil.copytree(cased, tmp_path / "same")
+    spec = json.loads((cased / "tokenizer.json").read_text())
+    spec["normalizer"]["lowercase"] = False
+    (cased / "tokenizer.json").write_text(json.dumps(spec))
+    settings = json.loads((cased / "tokenizer_config.json").read_text())
+    (cased / "tokenizer_config.json").write_text(json.dumps(dict(settings, do_lower_case=False)))
+    out = tmp_path / "out"
+    code = convert_model(["-m", str(minilm_dir), "-t", str(cased), "--task", "embedding", "-o", str(out), *FAST])
+    err = capsys.readouterr().err
+    assert code == 2 and f"-t/--tokenizer {cased} tokenizes texts otherwise than the sentence-transformers model " \
+        f"{minilm_dir} does with its own tokenizer" in err and "Traceback" not in err, err
+    assert not out.exists()
+    assert convert_model(["-m", str(minilm_dir), "-t", str(same), "--task", "embedding", "--backend", "pytorch",
+                          "-o", str(out), *FAST]) == 0  # the same tokenizer elsewhere

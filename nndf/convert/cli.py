@@ -23,7 +23,8 @@ import torch
 from nndf.convert import engines as eng
 from nndf.convert import graphs, report
 from nndf.convert.options import ConvertOptions, parse
-from nndf.convert.tasks import TASKS, TaskModule, load_task_model, model_inputs, transformer_of, usable_positions
+from nndf.convert.tasks import (TASKS, TaskModule, load_task_model, model_inputs, sentence_tokenizer, transformer_of,
+                                usable_positions)
 from nndf.errors import HarnessError, UsageError, run_command
 from nndf.measure import available_host_memory
 from nndf.progress import say
@@ -31,10 +32,40 @@ from nndf.workspace import atomic_write_json
 
 
 def _load(opts: ConvertOptions):
-    from transformers import AutoConfig, AutoTokenizer
+    """The tokenizer, the task's model and its config, each check made as soon as what it needs is loaded. A
+    sentence-transformers model (--task embedding) tokenizes with its own tokenizer, as its encode() does (its
+    max_seq_length, its lowercasing): that one is checked and served, and -t may only name the same."""
+    from transformers import AutoConfig
+
+    task = TASKS[opts.task]
+    own = task.auto_class is None
+    tokenizer = None if own and opts.tokenizer == opts.model else _tokenizer(opts)
+    try:  # the config alone first: a wrong -s or tokenizer is said before the weights load
+        early = AutoConfig.from_pretrained(opts.model, token=opts.auth_token)
+    except (OSError, ValueError):
+        early = None  # the model's own load below says what is wrong (or, for an older sentence-transformers
+        # folder, whose config is in 0_Transformer/, loads it)
+    if early is not None:
+        _check_positions(opts, early)
+        _check_memory(opts, early)
+        if tokenizer is not None:
+            _check_tokenizer(opts, tokenizer, early)
+    model = load_task_model(task, opts.model, opts.device, opts.auth_token)
+    if own:
+        tokenizer = sentence_tokenizer(model, opts.model, tokenizer, opts.tokenizer)
+    names = model_inputs(model, tokenizer)
+    config = transformer_of(model).config
+    _check_positions(opts, config, transformer_of(model))
+    _check_memory(opts, config)
+    _check_tokenizer(opts, tokenizer, config)
+    return tokenizer, TaskModule(model, task, names), config
+
+
+def _tokenizer(opts: ConvertOptions):
+    from transformers import AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(opts.tokenizer, token=opts.auth_token)
+        return AutoTokenizer.from_pretrained(opts.tokenizer, token=opts.auth_token)
     except (OSError, ValueError) as exc:
         why = str(exc).splitlines()[0]
         if opts.tokenizer != opts.model:
@@ -45,22 +76,6 @@ def _load(opts: ConvertOptions):
                              ) from None
         raise UsageError(f"-m/--model {opts.model}: cannot load its tokenizer ({why}); -t/--tokenizer names one "
                          "elsewhere") from None
-    try:  # the config alone first: a wrong -s or tokenizer is said before the weights load
-        early = AutoConfig.from_pretrained(opts.model, token=opts.auth_token)
-    except (OSError, ValueError):
-        early = None  # the model's own load below says what is wrong
-    if early is not None:
-        _check_positions(opts, early)
-        _check_memory(opts, early)
-        _check_tokenizer(opts, tokenizer, early)
-    task = TASKS[opts.task]
-    model = load_task_model(task, opts.model, opts.device, opts.auth_token)
-    names = model_inputs(model, tokenizer)
-    config = transformer_of(model).config
-    _check_positions(opts, config, transformer_of(model))
-    _check_memory(opts, config)
-    _check_tokenizer(opts, tokenizer, config)
-    return tokenizer, TaskModule(model, task, names), config
 
 
 def _check_positions(opts: ConvertOptions, config, model=None) -> None:

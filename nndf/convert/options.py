@@ -37,9 +37,9 @@ class _DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def _check_local(flag: str, value: str, needs: str | None = None) -> None:
+def _check_local(flag: str, value: str, needs: tuple[str, ...] = ()) -> None:
     """A value written as a path (absolute, or starting with . or ~) must exist, and a local path must be a folder
-    (holding `needs`): the hub's or the tokenizer's message for it is about something else."""
+    (holding one of `needs`): the hub's or the tokenizer's message for it is about something else."""
     path = Path(value).expanduser()
     if not path.exists():
         if value.startswith(("/", ".", "~")):
@@ -47,9 +47,9 @@ def _check_local(flag: str, value: str, needs: str | None = None) -> None:
         return  # a hub id
     if not path.is_dir():
         raise UsageError(f"{flag} {value} is a file; it takes a folder (what save_pretrained() writes) or a hub id")
-    if needs is not None and not (path / needs).is_file():
-        raise UsageError(f"{flag} {value} holds no {needs}; it takes a folder that save_pretrained() wrote (the "
-                         "config and the weights) or a hub id")
+    if needs and not any((path / name).is_file() for name in needs):
+        raise UsageError(f"{flag} {value} holds no {' nor '.join(needs)}; it takes a folder that save_pretrained() "
+                         "wrote (the config and the weights) or a hub id")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -60,7 +60,9 @@ def parser() -> argparse.ArgumentParser:
                     "PyTorch, benchmark every backend, and write a Triton Inference Server model repository.",
         formatter_class=_DefaultsShown)
     p.add_argument("-m", "--model", required=True, help="hub id or local Hugging Face folder of the model")
-    p.add_argument("-t", "--tokenizer", help="hub id or local folder of the tokenizer (default: the model's)")
+    p.add_argument("-t", "--tokenizer", help="hub id or local folder of the tokenizer (default: the model's; "
+                                             "--task embedding serves the sentence-transformers model's own, and -t "
+                                             "may only name one that tokenizes as it does)")
     p.add_argument("--task", default="classification", choices=list(TASKS),
                    help="what the model computes; embedding is for sentence-transformers models")
     p.add_argument("-b", "--batch-size", type=int, nargs=3, default=[1, 1, 1], metavar=("MIN", "OPT", "MAX"),
@@ -178,7 +180,10 @@ def parse(argv: list[str] | None = None) -> ConvertOptions:
                          f"from {batch_size[0]} refuses; give -b 1 {batch_size[1]} {batch_size[2]}")
     if not _NAME.fullmatch(args.name):  # before the conversion: the repository writer refuses it only at the end
         raise UsageError(f"-n/--name '{args.name}' names Triton models: use letters, digits, - and _")
-    _check_local("-m/--model", args.model, needs="config.json")
+    # a sentence-transformers folder is its modules.json (older ones keep config.json in 0_Transformer/)
+    sentence_model = TASKS[args.task].auto_class is None
+    _check_local("-m/--model", args.model, needs=("config.json", "modules.json") if sentence_model else
+                 ("config.json",))
     if args.tokenizer:
         _check_local("-t/--tokenizer", args.tokenizer)
     check_output_folder("-o/--output", args.output, into=True)
