@@ -30,6 +30,7 @@ from nndf.convert.tasks import (TASKS, TaskModule, load_task_model, model_inputs
 from nndf.errors import HarnessError, UsageError, run_command
 from nndf.measure import available_host_memory
 from nndf.progress import say
+from nndf.triton.repository import model_names
 from nndf.workspace import atomic_write_json
 
 
@@ -254,8 +255,9 @@ def run(opts: ConvertOptions) -> dict:
 
 def _reference(engine: eng.Engine, feeds: dict[str, torch.Tensor]) -> list:
     """PyTorch's outputs for one check shape. Random ids stay within the vocabulary, so an index out of range is a
-    position past the model's embeddings: a -s MAX within max_position_embeddings that the model's position ids
-    still overrun (models that offset them), said as the flag's error, not as torch's traceback."""
+    position past the model's embeddings: a -s MAX within the positions `usable_positions` reads that the model's
+    position ids still overrun (an offset its position table does not show), said as the flag's error, not as
+    torch's traceback. (On CUDA that overrun is a device-side assert: hence the check up front.)"""
     batch, seq = next(iter(feeds.values())).shape
     try:
         return engine.infer(feeds)
@@ -280,8 +282,7 @@ def _served(opts: ConvertOptions) -> list[str]:
 
 
 def _triton_folders(opts: ConvertOptions, out: Path) -> list[Path]:
-    from nndf.triton.repository import model_names
-
+    """The Triton model folders this run writes in `out`."""
     return [out / folder for engine in _served(opts) for folder in model_names(opts.name, engine).values()]
 
 
