@@ -274,12 +274,25 @@ def discard_artifact(artifact: str | os.PathLike, reason: str, say: Callable[[st
     artifact = Path(artifact)
     with artifact_lock(artifact, say):
         say(f"rebuilding {artifact}: {reason}")
-        with contextlib.suppress(FileNotFoundError):
-            metadata_path(artifact).unlink()  # first: metadata never vouches for a half-removed folder
-        if artifact.is_dir():
-            shutil.rmtree(artifact)
-        elif artifact.exists():
-            artifact.unlink()
+        _remove(artifact)
+
+
+def remove_artifact(artifact: str | os.PathLike, waiting: Callable[[str], None] | None = None) -> None:
+    """Remove an artifact (a file or folder, with its metadata) that is no longer wanted, under its lock: a process
+    that writes it meanwhile (`write_artifact`, `locked_atomic_dir`) finishes first, and what a killed write left
+    beside it goes too (`sweep_leftovers`)."""
+    artifact = Path(artifact)
+    with artifact_lock(artifact, waiting):
+        _remove(artifact)
+
+
+def _remove(artifact: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        metadata_path(artifact).unlink()  # first: metadata never vouches for a half-removed folder
+    if artifact.is_dir() and not artifact.is_symlink():
+        shutil.rmtree(artifact)
+    elif artifact.exists() or artifact.is_symlink():
+        artifact.unlink()
 
 
 def folder_sizes(folder: Path) -> dict[str, int]:

@@ -113,11 +113,12 @@ def test_the_served_tokenizer_cuts_long_texts_where_sentence_transformers_does(m
     np.testing.assert_allclose(ours, model.encode([text], convert_to_numpy=True), atol=1e-5)
 
 
-def test_the_served_tokenizer_cuts_texts_at_the_models_positions(minilm_dir, tmp_path, capsys):
+def test_the_served_tokenizer_cuts_texts_at_the_models_positions(minilm_dir, tmp_path, capsys, monkeypatch):
     """A model of 64 positions with another model's tokenizer (-t, 512 tokens): the Triton tokenize model passed
     texts of up to 512 tokens on, and the served model failed every text over 64 tokens (ONNX Runtime: 'input index
-    out of range', HTTP 500). A model whose position ids overrun before max_position_embeddings (an offset, as with
-    pad_token_id 1 here) was torch's IndexError traceback; it is one sentence naming -s, and no -o folder is left."""
+    out of range', HTTP 500). A model whose position ids overrun before max_position_embeddings in a way its position
+    table does not show (RoBERTa's is read off its table, tests/test_convert_models.py: here that reading is turned
+    off) was torch's IndexError traceback; it is one sentence naming -s, and no -o folder is left."""
     import onnxruntime as ort
     import transformers
 
@@ -140,6 +141,7 @@ def test_the_served_tokenizer_cuts_texts_at_the_models_positions(minilm_dir, tmp
 
     config = transformers.AutoConfig.for_model(vocab_size=30522, **TINY["roberta"])  # 130 positions, 128 usable
     transformers.AutoModelForSequenceClassification.from_config(config).save_pretrained(tmp_path / "roberta")
+    monkeypatch.setattr("nndf.convert.cli.usable_positions", lambda config, model=None: config.max_position_embeddings)
     capsys.readouterr()
     code = convert_model(["-m", str(tmp_path / "roberta"), "-t", str(minilm_dir), "-o", str(tmp_path / "r"),
                           "-s", "1", "8", "130", *FAST])
@@ -332,6 +334,17 @@ def test_a_second_pytorch_run_over_atol_is_named_noise_not_an_unfaithful_convers
     misshapen = Engine("TensorRT (FP16)", lambda feeds: [np.zeros((1, 3), dtype=np.float32)])
     with pytest.raises(HarnessError, match=r"^\[TensorRT \(FP16\)\] an output has shape \(1, 3\) where PyTorch's"):
         check(misshapen, [{}], reference, ("logits",), atol=1)  # the backend was not named
+
+
+def test_the_mean_cosine_never_exceeds_1():
+    """A row compared with its equal came out a rounding step past 1 (1.0000000000000002 in the JSON report)."""
+    from nndf.convert.report import compare
+
+    rng = np.random.default_rng(0)
+    rows = [rng.standard_normal((1, 384)).astype(np.float32) for _ in range(20)]
+    cosines = [compare([[row]], [[row.copy()]])[0].mean_cosine for row in rows]
+    assert max(cosines) == 1.0 and min(cosines) > 1 - 1e-12
+    assert compare([[rows[0]]], [[-rows[0]]])[0].mean_cosine == -1.0
 
 
 @needs_shared(TOKENIZER_DIR)

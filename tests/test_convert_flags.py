@@ -81,6 +81,27 @@ def test_odd_values_are_refused_before_anything_is_written(argv, needle, minilm_
     assert len(err.strip().splitlines()) == 1 and not out.exists()
 
 
+def test_a_tensorrt_profile_must_take_a_batch_of_1(minilm_dir, tmp_path, capsys, monkeypatch):
+    """Triton hands the plan batches of 1 to -b MAX (a single text is a batch of 1): a profile from -b MIN 2 was
+    built, checked and served, and the server then refused every lone request. ONNX Runtime takes any batch, so
+    there -b MIN is only a check shape. (CUDA is made to look present: the refusal comes before any use of it.)"""
+    import torch
+
+    from nndf.convert import cli
+    from nndf.convert.options import parse
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cli, "_load", lambda opts: pytest.fail("the model loaded before the refusal"))
+    out = tmp_path / "out"
+    code = convert_model(["-m", str(minilm_dir), "--backend", "onnx", "tensorrt", "-d", "cuda", "-b", "2", "4", "8",
+                          "-o", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "-b/--batch-size MIN 2 with --backend tensorrt: the served TensorRT plan gets batches of 1 " \
+        "to MAX texts" in err and "give -b 1 4 8" in err and "Traceback" not in err, err
+    assert not out.exists()
+    assert parse(["-m", str(minilm_dir), "-d", "cpu", "-b", "2", "4", "8", "-o", str(out)]).batch_size == (2, 4, 8)
+
+
 def test_missing_model_and_unfaithful_backend_are_errors_without_leftovers(minilm_dir, tmp_path, capsys):
     code = convert_model(["-m", str(tmp_path / "nowhere"), "-o", str(tmp_path / "a")])
     assert code == 2 and f"-m/--model {tmp_path / 'nowhere'} does not exist" in capsys.readouterr().err
@@ -146,6 +167,7 @@ def test_a_path_with_a_tilde_is_the_home_folders(minilm_dir, tmp_path, monkeypat
 
 def test_transformer_deploy_flags_are_accepted(minilm_dir, tmp_path):
     from nndf.convert.options import parse, parser
+    from nndf.errors import UsageError
 
     assert "nothing either (default: True)" not in " ".join(parser().format_help().split())  # the default is off
 
@@ -153,3 +175,7 @@ def test_transformer_deploy_flags_are_accepted(minilm_dir, tmp_path):
     assert parse([*base, "--auth-token", "true", "--load-external-data"]).auth_token is True
     assert parse([*base, "--auth-token", "hf_abc", "--no-load-external-data"]).auth_token == "hf_abc"
     assert parse([*base, "--generative-model", "gpt"]).auth_token is None
+    # transformer-deploy's parser spelled it --generative_model (commits 01edf51 to 3933e9b): it was refused here
+    assert parse([*base, "--generative_model", "gpt"]).model == str(minilm_dir)
+    with pytest.raises(UsageError, match="--generative-model t5: convert_model converts decoder-only"):
+        parse([*base, "--generative_model", "t5"])

@@ -8,7 +8,8 @@ The steps, as transformer-deploy's `convert_model` takes them:
    with -q dynamic int8 on the CPU (`model-int8.onnx`) or static QDQ int8 on a GPU (`model-qdq.onnx`);
    `tensorrt`: a plan from the export (fp16, or int8 from the QDQ graph with -q) with one profile over -b / -s;
 4. every backend checked against PyTorch within --atol, then timed on the opt shape (`--nb-measures` calls);
-5. the Triton repository (`nndf.triton.repository`) for the ONNX graph served and the TensorRT plan.
+5. the Triton repository (`nndf.triton.repository`) for the ONNX graph served and the TensorRT plan, once what an
+   earlier run left in the output folder and this one does not write is removed (`nndf.convert.outputs`).
 """
 
 from __future__ import annotations
@@ -23,18 +24,51 @@ import torch
 from nndf.convert import engines as eng
 from nndf.convert import graphs, report
 from nndf.convert.options import ConvertOptions, parse
-from nndf.convert.tasks import TASKS, TaskModule, load_task_model, model_inputs, transformer_of
+from nndf.convert.outputs import GRAPHS, remove_stale
+from nndf.convert.tasks import (TASKS, TaskModule, load_task_model, model_inputs, sentence_tokenizer, transformer_of,
+                                usable_positions)
 from nndf.errors import HarnessError, UsageError, run_command
 from nndf.measure import available_host_memory
 from nndf.progress import say
+from nndf.triton.repository import model_names
 from nndf.workspace import atomic_write_json
 
 
 def _load(opts: ConvertOptions):
-    from transformers import AutoConfig, AutoTokenizer
+    """The tokenizer, the task's model and its config, each check made as soon as what it needs is loaded. A
+    sentence-transformers model (--task embedding) tokenizes with its own tokenizer, as its encode() does (its
+    max_seq_length, its lowercasing): that one is checked and served, and -t may only name the same."""
+    from transformers import AutoConfig
+
+    task = TASKS[opts.task]
+    own = task.auto_class is None
+    tokenizer = None if own and opts.tokenizer == opts.model else _tokenizer(opts)
+    try:  # the config alone first: a wrong -s or tokenizer is said before the weights load
+        early = AutoConfig.from_pretrained(opts.model, token=opts.auth_token)
+    except (OSError, ValueError):
+        early = None  # the model's own load below says what is wrong (or, for an older sentence-transformers
+        # folder, whose config is in 0_Transformer/, loads it)
+    if early is not None:
+        _check_positions(opts, early)
+        _check_memory(opts, early)
+        if tokenizer is not None:
+            _check_tokenizer(opts, tokenizer, early)
+    model = load_task_model(task, opts.model, opts.device, opts.auth_token)
+    if own:
+        tokenizer = sentence_tokenizer(model, opts.model, tokenizer, opts.tokenizer)
+    names = model_inputs(model, tokenizer)
+    config = transformer_of(model).config
+    _check_positions(opts, config, transformer_of(model))
+    _check_memory(opts, config)
+    _check_tokenizer(opts, tokenizer, config)
+    return tokenizer, TaskModule(model, task, names), config
+
+
+def _tokenizer(opts: ConvertOptions):
+    from transformers import AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(opts.tokenizer, token=opts.auth_token)
+        return AutoTokenizer.from_pretrained(opts.tokenizer, token=opts.auth_token)
     except (OSError, ValueError) as exc:
         why = str(exc).splitlines()[0]
         if opts.tokenizer != opts.model:
@@ -45,27 +79,16 @@ def _load(opts: ConvertOptions):
                              ) from None
         raise UsageError(f"-m/--model {opts.model}: cannot load its tokenizer ({why}); -t/--tokenizer names one "
                          "elsewhere") from None
-    try:  # the config alone first: a wrong -s or tokenizer is said before the weights load
-        early = AutoConfig.from_pretrained(opts.model, token=opts.auth_token)
-    except (OSError, ValueError):
-        early = None  # the model's own load below says what is wrong
-    if early is not None:
-        _check_positions(opts, getattr(early, "max_position_embeddings", None))
-        _check_memory(opts, early)
-        _check_tokenizer(opts, tokenizer, early)
-    task = TASKS[opts.task]
-    model = load_task_model(task, opts.model, opts.device, opts.auth_token)
-    names = model_inputs(model, tokenizer)
-    config = transformer_of(model).config
-    _check_positions(opts, getattr(config, "max_position_embeddings", None))
-    _check_memory(opts, config)
-    _check_tokenizer(opts, tokenizer, config)
-    return tokenizer, TaskModule(model, task, names), config
 
 
-def _check_positions(opts: ConvertOptions, positions: int | None) -> None:
+def _check_positions(opts: ConvertOptions, config, model=None) -> None:
+    """-s MAX within the positions the model takes (`usable_positions`: from the config, on any device)."""
+    positions = usable_positions(config, model)
     if positions and opts.seq_len[2] > positions:
-        raise UsageError(f"-s/--seq-len MAX {opts.seq_len[2]} exceeds the {positions} positions of {opts.model}")
+        table = config.max_position_embeddings
+        why = f" (max_position_embeddings {table}, less the {table - positions} rows its position table keeps " \
+              "before the first position)" if positions != table else ""
+        raise UsageError(f"-s/--seq-len MAX {opts.seq_len[2]} exceeds the {positions} positions of {opts.model}{why}")
 
 
 def _check_memory(opts: ConvertOptions, config) -> None:
@@ -107,21 +130,21 @@ def _check_tokenizer(opts: ConvertOptions, tokenizer, config) -> None:
 
 def _graphs(opts: ConvertOptions, module: TaskModule, config, tokenizer, example, out: Path) -> dict[str, Path]:
     """Every ONNX graph the options ask for, by role: original, optimized, int8 (CPU) or qdq (GPU)."""
-    paths = {"original": out / "model-original.onnx"}
+    paths = {"original": out / GRAPHS["original"]}
     say(f"exporting {opts.model} to ONNX ...")
     module.graph_inputs = graphs.export_graph(module, example, paths["original"], opts.verbose)
     module.to(opts.device)
     if "onnx" in opts.backends:
-        paths["optimized"] = out / "model.onnx"
+        paths["optimized"] = out / GRAPHS["optimized"]
         fused = graphs.optimize_graph(paths["original"], paths["optimized"], config, use_gpu=opts.device == "cuda",
                                       fp16=opts.device == "cuda", verbose=opts.verbose)
         module.fusions = fused
         say("ONNX Runtime optimizer fusions: " + (", ".join(f"{k} {v}" for k, v in fused.items()) or "none"))
     if opts.quantization and opts.device == "cpu" and "onnx" in opts.backends:
-        paths["int8"] = out / "model-int8.onnx"
+        paths["int8"] = out / GRAPHS["int8"]
         graphs.quantize_dynamic_int8(paths["optimized"], paths["int8"], opts.verbose)
     if opts.quantization and opts.device == "cuda":
-        paths["qdq"] = out / "model-qdq.onnx"
+        paths["qdq"] = out / GRAPHS["qdq"]
         calibration = eng.text_feeds(tokenizer, module.graph_inputs, eng.CALIBRATION_TEXTS, opts.batch_size[1],
                                      opts.seq_len[2])
         say(f"calibrating int8 (QDQ) on {len(eng.CALIBRATION_TEXTS)} sentences ...")
@@ -129,13 +152,15 @@ def _graphs(opts: ConvertOptions, module: TaskModule, config, tokenizer, example
     return paths
 
 
-def _tensorrt(opts: ConvertOptions, module: TaskModule, source: Path, out: Path) -> eng.Engine:
-    """A TensorRT engine from `source` (fp16, or int8 from the QDQ graph) with one profile over -b / -s, built by
-    the decoders' engine cache (reused while its metadata matches, memory checked first) into `out`."""
+def _tensorrt(opts: ConvertOptions, module: TaskModule, paths: dict[str, Path], out: Path) -> eng.Engine:
+    """A TensorRT engine from the export (fp16), or int8 from the QDQ graph, with one profile over -b / -s, built
+    by the decoders' engine cache (reused while its metadata matches, memory checked first) into `out`; `paths`
+    gets the plan and the timing cache the build used."""
     from nndf.backends.trt import _free_gpu_memory, _gpu
     from nndf.export import engine_cache
     from nndf.export.engine_request import EngineRequest
 
+    source = paths.get("qdq", paths["original"])
     gpu = _gpu()
     (b0, b1, b2), (s0, s1, s2) = opts.batch_size, opts.seq_len
     profile = {name: ((b0, s0), (b1, s1), (b2, s2)) for name in module.graph_inputs}
@@ -147,6 +172,7 @@ def _tensorrt(opts: ConvertOptions, module: TaskModule, source: Path, out: Path)
     params = sum(p.numel() for p in module.parameters())
     plan, _ = engine_cache.obtain_engine(request, gpu.info, out, params, free_gpu=_free_gpu_memory(gpu.device),
                                          free_host=available_host_memory(), report=say)
+    paths["plan"], paths["timing_cache"] = plan, engine_cache.timing_cache_path(out, gpu.info)
     name = "TensorRT (INT-8)" if int8 else "TensorRT (FP16)"
     return eng.tensorrt_engine(name, plan, module.graph_inputs, module.task.outputs, profile, gpu)
 
@@ -175,8 +201,7 @@ def _engines(opts: ConvertOptions, module: TaskModule, paths: dict[str, Path], o
             if role in paths:
                 found.append(eng.ort_engine(label, paths[role], opts.device, opts.nb_threads))
     if "tensorrt" in opts.backends:
-        found.append(_tensorrt(opts, module, paths.get("qdq", paths["original"]), out))
-        paths["plan"] = found[-1].artifact
+        found.append(_tensorrt(opts, module, paths, out))
     return found
 
 
@@ -193,9 +218,10 @@ def run(opts: ConvertOptions) -> dict:
     reference_engine = eng.pytorch_engine(module)
     reference = [_reference(reference_engine, feeds) for feeds in checks]
     out = Path(opts.output)
-    out.mkdir(parents=True, exist_ok=True)  # after the load and the reference: a refusal leaves no folder behind
-    paths = _graphs(opts, module, config, tokenizer, checks[0], out) if {"onnx", "tensorrt"} & set(opts.backends) \
-        else {}
+    converts = bool(_served(opts))  # --backend pytorch alone writes nothing in -o, and leaves it as it is
+    if converts:  # after the load and the reference: a refusal leaves no folder behind
+        out.mkdir(parents=True, exist_ok=True)
+    paths = _graphs(opts, module, config, tokenizer, checks[0], out) if converts else {}
     results: dict = {"model": opts.model, "task": opts.task, "device": opts.device, "batch_size": opts.batch_size,
                      "seq_len": opts.seq_len, "atol": opts.atol, "backends": {}}
     fidelity, lines = {}, []
@@ -214,6 +240,8 @@ def run(opts: ConvertOptions) -> dict:
                                             "mean_cosine": fidelity[engine.name].mean_cosine,
                                             "file": str(engine.artifact) if engine.artifact else None}
     results["fusions"] = getattr(module, "fusions", {})
+    if converts:  # every backend checked: what an earlier run left in -o goes before the Triton models are written
+        remove_stale(out, opts.name, [*paths.values(), *_triton_folders(opts, out)])
     results["triton"] = _triton(opts, module, paths, tokenizer, out, [o.shape for o in reference[0]])
     device = torch.cuda.get_device_name() if opts.device == "cuda" else "the CPU"
     print(f"Inference done on {device}")
@@ -227,8 +255,9 @@ def run(opts: ConvertOptions) -> dict:
 
 def _reference(engine: eng.Engine, feeds: dict[str, torch.Tensor]) -> list:
     """PyTorch's outputs for one check shape. Random ids stay within the vocabulary, so an index out of range is a
-    position past the model's embeddings: a -s MAX within max_position_embeddings that the model's position ids
-    still overrun (models that offset them), said as the flag's error, not as torch's traceback."""
+    position past the model's embeddings: a -s MAX within the positions `usable_positions` reads that the model's
+    position ids still overrun (an offset its position table does not show), said as the flag's error, not as
+    torch's traceback. (On CUDA that overrun is a device-side assert: hence the check up front.)"""
     batch, seq = next(iter(feeds.values())).shape
     try:
         return engine.infer(feeds)
@@ -240,13 +269,21 @@ def _reference(engine: eng.Engine, feeds: dict[str, torch.Tensor]) -> list:
 def _check_triton(opts: ConvertOptions) -> None:
     """What writing the Triton repository at the end needs (tritonclient, room for its model folders), checked
     before the load, the conversion and the benchmark rather than after them."""
-    from nndf.triton.repository import check_model_folders, config_schema, model_names
+    from nndf.triton.repository import check_model_folders, config_schema
 
-    served = [engine for engine in ("onnx", "tensorrt") if engine in opts.backends]
-    if served:
+    if _served(opts):
         config_schema()
-        check_model_folders(opts.output, [folder for engine in served
-                                          for folder in model_names(opts.name, engine).values()])
+        check_model_folders(opts.output, [path.name for path in _triton_folders(opts, Path(opts.output))])
+
+
+def _served(opts: ConvertOptions) -> list[str]:
+    """The backends whose model is converted and served in Triton (PyTorch is the reference, only timed)."""
+    return [engine for engine in ("onnx", "tensorrt") if engine in opts.backends]
+
+
+def _triton_folders(opts: ConvertOptions, out: Path) -> list[Path]:
+    """The Triton model folders this run writes in `out`."""
+    return [out / folder for engine in _served(opts) for folder in model_names(opts.name, engine).values()]
 
 
 def _triton(opts: ConvertOptions, module: TaskModule, paths: dict[str, Path], tokenizer, out: Path,
@@ -264,7 +301,8 @@ def _triton(opts: ConvertOptions, module: TaskModule, paths: dict[str, Path], to
         else tokenizer.model_max_length
     # nor past the model's positions: a tokenizer of another model (-t), or one without model_max_length (a huge
     # number then), would pass longer texts on, and the server would fail them with an index error
-    positions = getattr(transformer_of(module.model).config, "max_position_embeddings", None)
+    inner = transformer_of(module.model)
+    positions = usable_positions(inner.config, inner)
     longest = min(longest, positions or longest)
     # a TensorRT plan takes no more tokens than its profile's maximum (-s MAX): longer texts are cut there, not
     # refused by the server with a shape error; and no fewer than its minimum (-s MIN): shorter ones are padded

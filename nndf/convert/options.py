@@ -2,7 +2,8 @@
 (`--backend` also takes `pytorch`, and `--json` writes the report), validated into one `ConvertOptions`.
 `--load-external-data` is accepted and changes nothing (each graph is one file with its weights, under protobuf's
 2 GB cap: `nndf.convert.graphs.check_graph_size`);
-`--generative-model t5` is refused: T5 generates through `run.py`."""
+`--generative-model t5` (also spelled `--generative_model`, as transformer-deploy once did) is refused: T5
+generates through `run.py`."""
 
 from __future__ import annotations
 
@@ -36,9 +37,9 @@ class _DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def _check_local(flag: str, value: str, needs: str | None = None) -> None:
+def _check_local(flag: str, value: str, needs: tuple[str, ...] = ()) -> None:
     """A value written as a path (absolute, or starting with . or ~) must exist, and a local path must be a folder
-    (holding `needs`): the hub's or the tokenizer's message for it is about something else."""
+    (holding one of `needs`): the hub's or the tokenizer's message for it is about something else."""
     path = Path(value).expanduser()
     if not path.exists():
         if value.startswith(("/", ".", "~")):
@@ -46,9 +47,9 @@ def _check_local(flag: str, value: str, needs: str | None = None) -> None:
         return  # a hub id
     if not path.is_dir():
         raise UsageError(f"{flag} {value} is a file; it takes a folder (what save_pretrained() writes) or a hub id")
-    if needs is not None and not (path / needs).is_file():
-        raise UsageError(f"{flag} {value} holds no {needs}; it takes a folder that save_pretrained() wrote (the "
-                         "config and the weights) or a hub id")
+    if needs and not any((path / name).is_file() for name in needs):
+        raise UsageError(f"{flag} {value} holds no {' nor '.join(needs)}; it takes a folder that save_pretrained() "
+                         "wrote (the config and the weights) or a hub id")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -59,11 +60,14 @@ def parser() -> argparse.ArgumentParser:
                     "PyTorch, benchmark every backend, and write a Triton Inference Server model repository.",
         formatter_class=_DefaultsShown)
     p.add_argument("-m", "--model", required=True, help="hub id or local Hugging Face folder of the model")
-    p.add_argument("-t", "--tokenizer", help="hub id or local folder of the tokenizer (default: the model's)")
+    p.add_argument("-t", "--tokenizer", help="hub id or local folder of the tokenizer (default: the model's; "
+                                             "--task embedding serves the sentence-transformers model's own, and -t "
+                                             "may only name one that tokenizes as it does)")
     p.add_argument("--task", default="classification", choices=list(TASKS),
                    help="what the model computes; embedding is for sentence-transformers models")
     p.add_argument("-b", "--batch-size", type=int, nargs=3, default=[1, 1, 1], metavar=("MIN", "OPT", "MAX"),
-                   help="batch sizes: TensorRT profile range, and OPT is the benchmark's")
+                   help="batch sizes: TensorRT profile range (MIN 1 with --backend tensorrt: Triton sends one "
+                        "text as a batch of 1), and OPT is the benchmark's")
     p.add_argument("-s", "--seq-len", type=int, nargs=3, default=[16, 16, 16], metavar=("MIN", "OPT", "MAX"),
                    help="sequence lengths: TensorRT profile range, and OPT is the benchmark's")
     p.add_argument("--backend", nargs="+", default=["onnx"], choices=BACKENDS,
@@ -83,7 +87,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=123, help="seed of the random inputs")
     p.add_argument("--atol", type=float, default=3e-1, help="largest difference allowed from PyTorch's outputs")
     p.add_argument("--json", metavar="FILE", help="also write the report (timings, differences, files) as JSON")
-    p.add_argument("--generative-model", default="gpt", choices=("gpt", "t5"),
+    # transformer-deploy spelled it --generative_model from its T5 work (Aug. 2022) until --generative-model
+    # replaced it (Nov. 2022): scripts written in between use the underscore
+    p.add_argument("--generative-model", "--generative_model", default="gpt", choices=("gpt", "t5"),
                    help="the kind of model --task text-generation converts: gpt (decoder-only; T5 runs with "
                         "`run.py ... T5 onnxrt trt`)")
     p.add_argument("--auth-token", help="Hugging Face Hub token for private models (true: the one stored by "
@@ -167,16 +173,24 @@ def parse(argv: list[str] | None = None) -> ConvertOptions:
     if args.generative_model == "t5":
         raise UsageError("--generative-model t5: convert_model converts decoder-only (gpt) text generation; T5 "
                          "generates with run.py (python run.py benchmark T5 frameworks onnxrt trt --variant t5-small)")
+    batch_size = _check_range("-b/--batch-size", args.batch_size)
+    if "tensorrt" in args.backend and batch_size[0] > 1:  # Triton's batcher hands the plan any batch from 1 up
+        raise UsageError(f"-b/--batch-size MIN {batch_size[0]} with --backend tensorrt: the served TensorRT plan "
+                         "gets batches of 1 to MAX texts from Triton (a single text is a batch of 1), which a profile "
+                         f"from {batch_size[0]} refuses; give -b 1 {batch_size[1]} {batch_size[2]}")
     if not _NAME.fullmatch(args.name):  # before the conversion: the repository writer refuses it only at the end
         raise UsageError(f"-n/--name '{args.name}' names Triton models: use letters, digits, - and _")
-    _check_local("-m/--model", args.model, needs="config.json")
+    # a sentence-transformers folder is its modules.json (older ones keep config.json in 0_Transformer/)
+    sentence_model = TASKS[args.task].auto_class is None
+    _check_local("-m/--model", args.model, needs=("config.json", "modules.json") if sentence_model else
+                 ("config.json",))
     if args.tokenizer:
         _check_local("-t/--tokenizer", args.tokenizer)
     check_output_folder("-o/--output", args.output, into=True)
     check_output_file("--json", args.json, "report.json")
     return ConvertOptions(
         model=args.model, tokenizer=args.tokenizer or args.model, task=args.task,
-        batch_size=_check_range("-b/--batch-size", args.batch_size), seq_len=_check_range("-s/--seq-len", args.seq_len),
+        batch_size=batch_size, seq_len=_check_range("-s/--seq-len", args.seq_len),
         backends=tuple(dict.fromkeys(args.backend)), quantization=args.quantization,
         workspace_size=args.workspace_size, output=args.output, name=args.name, verbose=args.verbose, fast=args.fast,
         device=device, nb_threads=args.nb_threads, nb_instances=args.nb_instances, warmup=args.warmup,

@@ -1,7 +1,8 @@
 """What `convert_model --task` exports: the PyTorch module behind each task, with flat tensor inputs and outputs.
 
 As transformer-deploy does: `embedding` is a sentence-transformers model (its own modules: transformer, pooling,
-normalisation, loaded by sentence-transformers itself) whose output is the sentence embedding; the other tasks are
+normalisation, loaded by sentence-transformers itself, older folders of `0_Transformer/`, `1_Pooling/` included)
+whose output is the sentence embedding, and whose own tokenizer is the one served; the other tasks are
 transformers' Auto classes, whose output is the logits (`start_logits` and `end_logits` for question answering).
 The inputs are the tokenizer's `model_input_names`, without `token_type_ids` for a model that has none
 (`type_vocab_size` 0) or whose forward does not take them (DistilBERT).
@@ -10,6 +11,7 @@ The inputs are the tokenizer's `model_input_names`, without `token_type_ids` for
 from __future__ import annotations
 
 import inspect
+import json
 from dataclasses import dataclass
 
 import torch
@@ -63,6 +65,43 @@ def transformer_of(model: torch.nn.Module) -> torch.nn.Module:
     first = getattr(model, "_first_module", None)
     first = first() if callable(first) else model  # sentence-transformers: its Transformer module
     return getattr(first, "auto_model", first)
+
+
+def usable_positions(config, model: torch.nn.Module | None = None) -> int | None:
+    """The most tokens the model takes, None where nothing caps them; from the config and the model's structure
+    (`model`, else one built from the config on the meta device: no weights read, no memory taken).
+
+    - A model without absolute positions (`position_biased_input` false: DeBERTa's relative attention alone,
+      which transformers runs at any length, its relative positions bucketed or clamped) has no cap.
+    - Else `max_position_embeddings`, less the rows that its position table keeps before the first position: a
+      table with a padding row (RoBERTa's family: XLM-R, CamemBERT, Longformer...) numbers positions from
+      padding_idx + 1, so RoBERTa's 514 take 512 tokens. The config does not say which tables do; the table does.
+    Why up front: past the table PyTorch raises an IndexError on the CPU, and on CUDA a device-side assert that
+    leaves the process unusable."""
+    positions = getattr(config, "max_position_embeddings", None)
+    if not positions or positions < 1 or getattr(config, "position_biased_input", True) is False:
+        return None
+    model = model if model is not None else _skeleton(config)
+    if model is None:
+        return int(positions)
+    words = model.get_input_embeddings()  # the vocabulary's table has a padding row too, and may be as long
+    for module in model.modules():
+        if isinstance(module, torch.nn.Embedding) and module is not words and module.num_embeddings == positions \
+                and module.padding_idx is not None:
+            return positions - (module.padding_idx + 1)
+    return int(positions)
+
+
+def _skeleton(config) -> torch.nn.Module | None:
+    """The base model of `config` on the meta device (its modules, no weights), or None where transformers cannot
+    build one from the config alone (then the model's own load says what is wrong)."""
+    import transformers
+
+    try:
+        with torch.device("meta"):
+            return transformers.AutoModel.from_config(config)
+    except Exception:  # any architecture transformers does not know from a config: nothing is read off it
+        return None
 
 
 def check_generates(config, model_path: str) -> None:
@@ -122,6 +161,34 @@ def _load_trained(auto_class, model_path: str, token, task: Task) -> torch.nn.Mo
                          "the checkpoint, so they would be random): give a model fine-tuned for that task, or the "
                          "task it was trained for (a sentence-transformers model is --task embedding)")
     return model
+
+
+def sentence_tokenizer(model, model_path: str, given=None, given_path: str = ""):
+    """The tokenizer a sentence-transformers model tokenizes with, as its encode() does (its max_seq_length, its
+    lowercasing): the one tokenizer that is checked and served, so that the served model embeds a text as the model
+    does. `given` (-t) must tokenize as that one does; one that does not would be served in its place while the
+    model's own defined the embeddings (transformer-deploy served it)."""
+    own = getattr(model, "tokenizer", None)
+    if own is None:
+        raise UsageError(f"-m/--model {model_path}: the sentence-transformers model has no tokenizer (its first "
+                         "module takes no text); --task embedding converts text models")
+    if given is not None and _pipeline(given) != _pipeline(own):
+        raise UsageError(f"-t/--tokenizer {given_path} tokenizes texts otherwise than the sentence-transformers "
+                         f"model {model_path} does with its own tokenizer, which defines its embeddings: drop -t "
+                         "(--task embedding serves the model's own)")
+    return own
+
+
+def _pipeline(tokenizer) -> object:
+    """What decides how a tokenizer splits a text into ids (its `tokenizers` pipeline: vocabulary, normalizer,
+    pre-tokenizer, post-processor, special tokens), leaving out the truncation and padding that each call sets."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:  # a tokenizer without a `tokenizers` backend: its class, vocabulary and special tokens
+        return type(tokenizer).__name__, tokenizer.get_vocab(), tokenizer.all_special_tokens
+    spec = json.loads(backend.to_str())
+    spec.pop("truncation", None)
+    spec.pop("padding", None)
+    return spec
 
 
 def model_inputs(model: torch.nn.Module, tokenizer) -> tuple[str, ...]:

@@ -144,13 +144,13 @@ def write_generative_repository(output_dir: str | Path, name: str, model, max_ba
 def _remove_stale_twin(twin: Path, settings_file: str, said: bool) -> None:
     """The streaming twin an earlier `--streaming` write left: written again without it, `<name>_stream` would go
     on serving the old graph and settings beside the new model, so it goes (`said`: where no new twin replaces it).
-    Only a folder of ours (its config.pbtxt and version 1's settings file) is removed."""
+    Only a folder of ours (its config.pbtxt and version 1's settings file) is removed, under its lock, as it is
+    written (a write of it by another process finishes first)."""
     if (twin / "config.pbtxt").is_file() and (twin / "1" / settings_file).is_file():
-        import shutil
-
         from nndf.progress import say
+        from nndf.workspace import remove_artifact
 
-        shutil.rmtree(twin)
+        remove_artifact(twin, say)
         if said:
             say(f"removed {twin}: the streaming model of an earlier --streaming write, which would serve the old "
                 "graph and settings")
