@@ -96,3 +96,14 @@ def test_output_seq_len_is_the_new_tokens_beside_a_label_shorter_or_longer(asked
     assert code == 0, err
     assert asked_for == [asked, asked]  # our loop, then HF generate(), on the one sample
     assert f"+ up to {asked} tokens" in err
+
+
+@pytest.mark.parametrize(("action", "iterations", "warmup"), [("run", 3, 1), ("compare", 3, 1), ("benchmark", 10, 3)])
+def test_help_gives_each_action_its_own_timing_defaults(action, iterations, warmup):
+    """run and compare time each sample 3 times after 1 warm-up call; their --help said benchmark's 10 and 3."""
+    from nndf.cli import build_parser
+
+    subparser = build_parser().action_parsers[action]
+    text = " ".join(subparser.format_help().split())
+    assert f"timed samples (default {iterations})" in text and f"untimed calls first (default {warmup})" in text
+    assert (subparser.get_default("iterations"), subparser.get_default("warmup")) == (iterations, warmup)
