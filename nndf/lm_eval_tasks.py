@@ -176,6 +176,9 @@ def _dataset_files(values: list[str] | None, names: list[str]) -> dict[str, Path
             task = names[0]
         if task not in names:
             raise UsageError(f"--dataset-file names task '{task}', which is not among --tasks ({', '.join(names)})")
+        if task in files:  # the last would win unsaid: the user meant one of them
+            raise UsageError(f"--dataset-file gives task '{task}' a second file ({files[task]}, then {path}); a task "
+                             "reads one file: give one --dataset-file per task")
         file = Path(path)
         if not file.is_file():
             raise UsageError(f"--dataset-file {value}: {path} is not a file")
@@ -199,7 +202,11 @@ def _override(manager, name: str, data_file: Path, folder: Path) -> str:
     """The path of a task YAML that includes task `name`'s own and reads `data_file` as the split it evaluates."""
     import yaml
 
-    entry = manager.task_index[name]
+    entry = manager.task_index.get(name)
+    if entry is None:  # `_check_known` let it through as a task YAML file
+        raise UsageError(f"--dataset-file applies to an lm-eval task name, and '{name}' is a task YAML file: set the "
+                         "data there (dataset_path: json, dataset_kwargs: {data_files: {test: FILE}}), or give its "
+                         "folder with --include-path and --tasks the task's name")
     if entry.yaml_path is None or "task" not in (entry.cfg or {}) or "group" in entry.cfg:
         raise UsageError(f"--dataset-file applies to a single task, and '{name}' is a group or tag of tasks; name "
                          "one of its tasks, or give a task folder with --include-path")

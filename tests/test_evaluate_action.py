@@ -16,6 +16,9 @@ from nndf.errors import UsageError
 
 pytest.importorskip("lm_eval", reason="lm-eval (the eval and test extras) is absent")
 from lm_eval.tasks import TaskManager  # noqa: E402
+from nndf.lm_eval_tasks import defaults_root  # noqa: E402
+
+LAMBADA_YAML = defaults_root() / "lambada" / "lambada_openai.yaml"  # lm-eval's own task file
 if not SHARED_DATA.exists():
     pytest.skip(f"{SHARED_DATA} is absent (../shared/data is not beside this checkout)", allow_module_level=True)
 
@@ -165,6 +168,12 @@ def test_without_lm_eval_evaluate_names_the_extra(tiny_gpt2_dir, monkeypatch, ca
                                                                            "among --tasks"),
     (["--tasks", "lambada_openai", "--dataset-file", str(SHARED_DATA / "README.md")], "is not one of the readable"),
     (["--tasks", "lambada_openai", "--limit", "0"], "--limit must be positive"),
+    # a second file for one task: the last one used to win unsaid (--limit 1: without the check it runs, briefly)
+    (["--tasks", "lambada_openai", "--dataset-file", f"lambada_openai={LAMBADA_FILE}", f"lambada_openai={LAMBADA_FILE}",
+      "--limit", "1"], "--dataset-file gives task 'lambada_openai' a second file"),
+    # --tasks takes a task YAML file; --dataset-file for it was a KeyError traceback
+    (["--tasks", str(LAMBADA_YAML), "--dataset-file", str(LAMBADA_FILE), "--limit", "1"],
+     f"--dataset-file applies to an lm-eval task name, and '{LAMBADA_YAML}' is a task YAML file"),
     (["--tasks", ","], "--tasks names no task"),
 ])
 def test_bad_task_flags_are_one_sentence_before_any_model_loads(flags, message, tiny_gpt2_dir, onnx_work_dir, capsys):
