@@ -313,11 +313,14 @@ def _unreachable(exc: BaseException) -> bool:
 
 
 def _check_loads(manager, specs: list[str], names: list[str], files: dict[str, Path]) -> None:
-    """Build each task once (lm-eval loads its data then), so that a missing data set fails before a model loads;
-    a task that cannot read the --dataset-file given for it says so, rather than advising to give one."""
+    """Build each task once (lm-eval loads its data then), so that a missing data set or a sampled generation task
+    fails before a model loads; a task that cannot read the --dataset-file given for it says so, rather than
+    advising to give one."""
+    from nndf.lm_eval import greedy_settings
+
     for spec, name in zip(specs, names):
         try:
-            manager.load([spec])
+            loaded = manager.load([spec])
         except Exception as exc:  # lm-eval and `datasets` raise many kinds; each is told in one sentence
             hub = _hub_path(manager, spec)
             if hub is not None and _unreachable(exc):
@@ -330,6 +333,9 @@ def _check_loads(manager, specs: list[str], names: list[str], files: dict[str, P
                                  "check that its rows have the fields the task's prompts read") from exc
             raise HarnessError(f"lm-eval task {name} could not be loaded ({reason[:300]}); check its YAML and data "
                                f"files, or {DATASET_FILE_HINT}") from exc
+        for task_name, task in loaded["tasks"].items():  # a group's too: sampling is refused before a model loads
+            if task.OUTPUT_TYPE == "generate_until":
+                greedy_settings(task.config.generation_kwargs or {}, task=f"lm-eval task {task_name}")
 
 
 def prepare_tasks(task_names: str, dataset_files: list[str] | None, include_paths: list[str] | None,

@@ -130,6 +130,28 @@ def test_include_path_runs_task_folders_with_rolling_and_generation_tasks(passag
         assert cell in out, cell
 
 
+@pytest.mark.parametrize(("generation", "message"), [
+    ({"do_sample": True, "temperature": 0.7}, "lm-eval task sampled_local asks for sampled generation"),
+    ({"top_p": 0.9}, "lm-eval task sampled_local's generation_kwargs ['top_p'] are not supported"),
+])
+def test_a_generation_task_that_samples_is_refused_before_any_model_loads(generation, message, passages, tmp_path,
+                                                                          tiny_gpt2_dir, onnx_work_dir, capsys):
+    """The loop generates greedily: a task whose generation_kwargs sample is refused in one sentence naming it,
+    from its config, before the weights load and the graphs export (it used to come after, at its first request)."""
+    from nndf.cli import main
+
+    task = {"task": "sampled_local", "dataset_path": "json", "test_split": "test", "output_type": "generate_until",
+            "dataset_kwargs": {"data_files": {"test": str(passages)}}, "doc_to_text": "{{text}}",
+            "doc_to_target": "{{text}}", "generation_kwargs": {"until": ["\n"], **generation},
+            "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True}]}
+    (tmp_path / "sampled_local.yaml").write_text(json.dumps(task))  # JSON is YAML
+    code = main(["evaluate", "GPT2", "frameworks", "--torch-dir", str(tiny_gpt2_dir), "--tasks", "sampled_local",
+                 "--include-path", str(tmp_path), "--limit", "1", "--working-dir", str(onnx_work_dir)])
+    err = capsys.readouterr().err
+    assert code == 1 and f"error: {message}" in err
+    assert "loading" not in err  # before any model
+
+
 def test_a_task_that_needs_the_hub_offline_is_one_sentence(tiny_gpt2_dir, onnx_work_dir, monkeypatch, capsys):
     from nndf.cli import main
 
