@@ -189,10 +189,11 @@ def _sampling_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _timing_arguments(p: argparse.ArgumentParser) -> None:
+    # %(default)s: an action may set its own (run and compare time each sample 3 times after 1 warm-up call)
     t = p.add_argument_group("timing")
-    t.add_argument("--iterations", type=int, default=10, help="timed samples (default 10)")
-    t.add_argument("--number", type=int, default=1, help="calls averaged into one sample (default 1)")
-    t.add_argument("--warmup", type=int, default=3, help="untimed calls first (default 3)")
+    t.add_argument("--iterations", type=int, default=10, help="timed samples (default %(default)s)")
+    t.add_argument("--number", type=int, default=1, help="calls averaged into one sample (default %(default)s)")
+    t.add_argument("--warmup", type=int, default=3, help="untimed calls first (default %(default)s)")
     t.add_argument("--duration", type=float, default=0.0,
                    help="keep timing runs, past --iterations, until this many seconds have passed (default 0)")
     t.add_argument("--percentile", type=float, default=50.0, help="percentile reported as latency (default 50)")

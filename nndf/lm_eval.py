@@ -59,6 +59,22 @@ def check_text_family(spec) -> None:
                          "does not apply to it; use run or compare, which caption its checkpoint photos")
 
 
+def greedy_settings(gen_kwargs: dict, max_gen_toks: int = DEFAULT_MAX_GEN_TOKS, task: str = "a task") -> dict:
+    """A request's or a task's generation_kwargs as lm-eval normalises them (`until`, `max_gen_toks`), or one
+    sentence for anything that would make the generation other than greedy. `evaluate` asks it of every generation
+    task before a model loads (`nndf.lm_eval_tasks`), so that a sampled task is not refused after the load and
+    the exports; `NndfLM` asks it of each request."""
+    kwargs = dict(normalize_gen_kwargs(gen_kwargs, max_gen_toks))
+    if kwargs.pop("do_sample", False) or float(kwargs.pop("temperature", 0.0) or 0.0) != 0.0:
+        raise HarnessError(f"{task} asks for sampled generation (do_sample / temperature > 0); this model "
+                           "generates greedily, as lm-eval's generate_until defines it")
+    unknown = sorted(set(kwargs) - {"until", "max_gen_toks"})
+    if unknown:
+        raise HarnessError(f"{task}'s generation_kwargs {unknown} are not supported: this model takes until, "
+                           "max_gen_toks (or max_new_tokens), do_sample=False and temperature=0")
+    return kwargs
+
+
 class NndfLM(TemplateLM):
     """An lm-eval model over a `nndf.model.Model` (one family's variant on one backend)."""
 
@@ -163,16 +179,8 @@ class NndfLM(TemplateLM):
     def _generation_settings(self, gen_kwargs: dict, eos_text: str) -> tuple[list[str], int]:
         """(stop sequences with EOS's text, max new tokens) of a request, as lm-eval normalises them; anything that
         would make the generation other than greedy is refused."""
-        kwargs = dict(normalize_gen_kwargs(gen_kwargs, self.max_gen_toks))
-        until = handle_stop_sequences(kwargs.pop("until", None), eos=eos_text)
-        max_gen_toks = int(kwargs.pop("max_gen_toks"))
-        if kwargs.pop("do_sample", False) or float(kwargs.pop("temperature", 0.0) or 0.0) != 0.0:
-            raise HarnessError("a task asks for sampled generation (do_sample / temperature > 0); this model "
-                               "generates greedily, as lm-eval's generate_until defines it")
-        if kwargs:
-            raise HarnessError(f"a task's generation_kwargs {sorted(kwargs)} are not supported: this model takes "
-                               "until, max_gen_toks (or max_new_tokens), do_sample=False and temperature=0")
-        return until, max_gen_toks
+        kwargs = greedy_settings(gen_kwargs, self.max_gen_toks)
+        return handle_stop_sequences(kwargs.get("until"), eos=eos_text), int(kwargs["max_gen_toks"])
 
     def _context_ids(self, context: str, max_gen_toks: int) -> list[int]:
         """A generation context's ids as lm-eval's `HFLM.tok_batch_encode` makes them, cut from the left."""

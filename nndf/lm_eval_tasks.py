@@ -176,6 +176,9 @@ def _dataset_files(values: list[str] | None, names: list[str]) -> dict[str, Path
             task = names[0]
         if task not in names:
             raise UsageError(f"--dataset-file names task '{task}', which is not among --tasks ({', '.join(names)})")
+        if task in files:  # the last would win unsaid: the user meant one of them
+            raise UsageError(f"--dataset-file gives task '{task}' a second file ({files[task]}, then {path}); a task "
+                             "reads one file: give one --dataset-file per task")
         file = Path(path)
         if not file.is_file():
             raise UsageError(f"--dataset-file {value}: {path} is not a file")
@@ -199,7 +202,11 @@ def _override(manager, name: str, data_file: Path, folder: Path) -> str:
     """The path of a task YAML that includes task `name`'s own and reads `data_file` as the split it evaluates."""
     import yaml
 
-    entry = manager.task_index[name]
+    entry = manager.task_index.get(name)
+    if entry is None:  # `_check_known` let it through as a task YAML file
+        raise UsageError(f"--dataset-file applies to an lm-eval task name, and '{name}' is a task YAML file: set the "
+                         "data there (dataset_path: json, dataset_kwargs: {data_files: {test: FILE}}), or give its "
+                         "folder with --include-path and --tasks the task's name")
     if entry.yaml_path is None or "task" not in (entry.cfg or {}) or "group" in entry.cfg:
         raise UsageError(f"--dataset-file applies to a single task, and '{name}' is a group or tag of tasks; name "
                          "one of its tasks, or give a task folder with --include-path")
@@ -306,11 +313,14 @@ def _unreachable(exc: BaseException) -> bool:
 
 
 def _check_loads(manager, specs: list[str], names: list[str], files: dict[str, Path]) -> None:
-    """Build each task once (lm-eval loads its data then), so that a missing data set fails before a model loads;
-    a task that cannot read the --dataset-file given for it says so, rather than advising to give one."""
+    """Build each task once (lm-eval loads its data then), so that a missing data set or a sampled generation task
+    fails before a model loads; a task that cannot read the --dataset-file given for it says so, rather than
+    advising to give one."""
+    from nndf.lm_eval import greedy_settings
+
     for spec, name in zip(specs, names):
         try:
-            manager.load([spec])
+            loaded = manager.load([spec])
         except Exception as exc:  # lm-eval and `datasets` raise many kinds; each is told in one sentence
             hub = _hub_path(manager, spec)
             if hub is not None and _unreachable(exc):
@@ -323,6 +333,9 @@ def _check_loads(manager, specs: list[str], names: list[str], files: dict[str, P
                                  "check that its rows have the fields the task's prompts read") from exc
             raise HarnessError(f"lm-eval task {name} could not be loaded ({reason[:300]}); check its YAML and data "
                                f"files, or {DATASET_FILE_HINT}") from exc
+        for task_name, task in loaded["tasks"].items():  # a group's too: sampling is refused before a model loads
+            if task.OUTPUT_TYPE == "generate_until":
+                greedy_settings(task.config.generation_kwargs or {}, task=f"lm-eval task {task_name}")
 
 
 def prepare_tasks(task_names: str, dataset_files: list[str] | None, include_paths: list[str] | None,

@@ -16,6 +16,9 @@ from nndf.errors import UsageError
 
 pytest.importorskip("lm_eval", reason="lm-eval (the eval and test extras) is absent")
 from lm_eval.tasks import TaskManager  # noqa: E402
+from nndf.lm_eval_tasks import defaults_root  # noqa: E402
+
+LAMBADA_YAML = defaults_root() / "lambada" / "lambada_openai.yaml"  # lm-eval's own task file
 if not SHARED_DATA.exists():
     pytest.skip(f"{SHARED_DATA} is absent (../shared/data is not beside this checkout)", allow_module_level=True)
 
@@ -127,6 +130,28 @@ def test_include_path_runs_task_folders_with_rolling_and_generation_tasks(passag
         assert cell in out, cell
 
 
+@pytest.mark.parametrize(("generation", "message"), [
+    ({"do_sample": True, "temperature": 0.7}, "lm-eval task sampled_local asks for sampled generation"),
+    ({"top_p": 0.9}, "lm-eval task sampled_local's generation_kwargs ['top_p'] are not supported"),
+])
+def test_a_generation_task_that_samples_is_refused_before_any_model_loads(generation, message, passages, tmp_path,
+                                                                          tiny_gpt2_dir, onnx_work_dir, capsys):
+    """The loop generates greedily: a task whose generation_kwargs sample is refused in one sentence naming it,
+    from its config, before the weights load and the graphs export (it used to come after, at its first request)."""
+    from nndf.cli import main
+
+    task = {"task": "sampled_local", "dataset_path": "json", "test_split": "test", "output_type": "generate_until",
+            "dataset_kwargs": {"data_files": {"test": str(passages)}}, "doc_to_text": "{{text}}",
+            "doc_to_target": "{{text}}", "generation_kwargs": {"until": ["\n"], **generation},
+            "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True}]}
+    (tmp_path / "sampled_local.yaml").write_text(json.dumps(task))  # JSON is YAML
+    code = main(["evaluate", "GPT2", "frameworks", "--torch-dir", str(tiny_gpt2_dir), "--tasks", "sampled_local",
+                 "--include-path", str(tmp_path), "--limit", "1", "--working-dir", str(onnx_work_dir)])
+    err = capsys.readouterr().err
+    assert code == 1 and f"error: {message}" in err
+    assert "loading" not in err  # before any model
+
+
 def test_a_task_that_needs_the_hub_offline_is_one_sentence(tiny_gpt2_dir, onnx_work_dir, monkeypatch, capsys):
     from nndf.cli import main
 
@@ -165,6 +190,12 @@ def test_without_lm_eval_evaluate_names_the_extra(tiny_gpt2_dir, monkeypatch, ca
                                                                            "among --tasks"),
     (["--tasks", "lambada_openai", "--dataset-file", str(SHARED_DATA / "README.md")], "is not one of the readable"),
     (["--tasks", "lambada_openai", "--limit", "0"], "--limit must be positive"),
+    # a second file for one task: the last one used to win unsaid (--limit 1: without the check it runs, briefly)
+    (["--tasks", "lambada_openai", "--dataset-file", f"lambada_openai={LAMBADA_FILE}", f"lambada_openai={LAMBADA_FILE}",
+      "--limit", "1"], "--dataset-file gives task 'lambada_openai' a second file"),
+    # --tasks takes a task YAML file; --dataset-file for it was a KeyError traceback
+    (["--tasks", str(LAMBADA_YAML), "--dataset-file", str(LAMBADA_FILE), "--limit", "1"],
+     f"--dataset-file applies to an lm-eval task name, and '{LAMBADA_YAML}' is a task YAML file"),
     (["--tasks", ","], "--tasks names no task"),
 ])
 def test_bad_task_flags_are_one_sentence_before_any_model_loads(flags, message, tiny_gpt2_dir, onnx_work_dir, capsys):

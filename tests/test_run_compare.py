@@ -72,3 +72,38 @@ def test_the_tokenizer_that_checks_the_samples_is_the_one_the_run_uses(tiny_gpt2
                            "--iterations", 1, "--warmup", 0)
     assert code == 0, err
     assert len(loads) == 1
+
+
+@needs_shared(TOKENIZER_DIR)
+@pytest.mark.parametrize("asked", [8, 60])
+def test_output_seq_len_is_the_new_tokens_beside_a_label_shorter_or_longer(asked, tiny_gpt2_dir, capsys,
+                                                                           monkeypatch):
+    """--output-seq-len sets how many tokens each sample generates, as --help and the table's note say: fewer than
+    the GPT-2 sample's 51-token label, and more (it used to stop at the label's length); the label is still scored
+    over its own tokens."""
+    import nndf.actions.run
+
+    asked_for = []
+    original = nndf.actions.run.time_generation
+
+    def timed(runner, inputs, new_tokens, *args, **kwargs):
+        asked_for.append(new_tokens)
+        return original(runner, inputs, new_tokens, *args, **kwargs)
+
+    monkeypatch.setattr(nndf.actions.run, "time_generation", timed)
+    code, out, err = run_cli(capsys, "run", "GPT2", "frameworks", "--torch-dir", tiny_gpt2_dir, "--output-seq-len",
+                             asked, "--iterations", 1, "--warmup", 0)
+    assert code == 0, err
+    assert asked_for == [asked, asked]  # our loop, then HF generate(), on the one sample
+    assert f"+ up to {asked} tokens" in err
+
+
+@pytest.mark.parametrize(("action", "iterations", "warmup"), [("run", 3, 1), ("compare", 3, 1), ("benchmark", 10, 3)])
+def test_help_gives_each_action_its_own_timing_defaults(action, iterations, warmup):
+    """run and compare time each sample 3 times after 1 warm-up call; their --help said benchmark's 10 and 3."""
+    from nndf.cli import build_parser
+
+    subparser = build_parser().action_parsers[action]
+    text = " ".join(subparser.format_help().split())
+    assert f"timed samples (default {iterations})" in text and f"untimed calls first (default {warmup})" in text
+    assert (subparser.get_default("iterations"), subparser.get_default("warmup")) == (iterations, warmup)

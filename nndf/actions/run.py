@@ -74,11 +74,13 @@ def _shown(sample: Sample) -> str:
 
 def _label_and_new_tokens(args, arch, tokenizer, sample: Sample, ids) -> tuple[list[int] | None, int]:
     """A sample's label tokens (cut to --output-seq-len: scored over the tokens asked for) and how many new tokens
-    it is generated for."""
+    it is generated for: --output-seq-len when given, past a shorter label too (the table's note and --help say the
+    flag sets the new tokens; a label is scored over its own tokens, the rest shows what the model goes on with),
+    else the label's length, else DEFAULT_NEW_TOKENS."""
     label = arch.label_ids(tokenizer, ids, sample.label) if sample.label else None
-    if label and args.output_seq_len is not None:
-        label = label[:args.output_seq_len]
-    return label, len(label) if label else args.output_seq_len or DEFAULT_NEW_TOKENS
+    if args.output_seq_len is not None:
+        return (label[:args.output_seq_len] if label else label), args.output_seq_len
+    return label, len(label) if label else DEFAULT_NEW_TOKENS
 
 
 def _sample_error(args, spec, sample: Sample, exc: UsageError) -> UsageError:
@@ -166,8 +168,8 @@ def _runner_rows(args, first, runner, samples: list[Sample]) -> tuple[dict, list
 
 
 # A labelled sample is scored over its label's tokens, or over the first --output-seq-len of them when given.
-LENGTH_NOTE = (f"new tokens: --output-seq-len when given (a label is then scored over its first that many tokens); "
-               f"else a label's length, or {DEFAULT_NEW_TOKENS} for a sample without one.")
+LENGTH_NOTE = (f"new tokens: --output-seq-len when given (a longer label is then scored over its first that many "
+               f"tokens); else a label's length, or {DEFAULT_NEW_TOKENS} for a sample without one.")
 
 
 def sample_notes(args, rows: list[dict]) -> list[str]:
