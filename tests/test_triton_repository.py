@@ -264,6 +264,38 @@ def test_tokenize_model_called_as_triton_calls_it_equals_the_tokenizer(tmp_path,
     assert responses[1].error is not None and "tokenization failed" in str(responses[1].error)
 
 
+def test_a_tokenizer_is_served_as_it_was_saved_its_pipeline_changes_included(tmp_path, onnx_file, tokenizer_dir,
+                                                                              monkeypatch):
+    """sentence-transformers lowercases a model's texts (`do_lower_case`) by putting a Lowercase step in front of
+    its tokenizer's normalizer; a cased BERT tokenizer so changed and saved was served cased (AutoTokenizer rebuilds
+    BERT's from its vocabulary and config), and the served embedding was of other tokens."""
+    import json
+
+    from tokenizers.normalizers import Lowercase, Sequence
+    from transformers import AutoTokenizer
+
+    cased = tmp_path / "cased"
+    shutil.copytree(tokenizer_dir, cased)
+    for name, key in (("tokenizer_config.json", None), ("tokenizer.json", "normalizer")):
+        config = json.loads((cased / name).read_text())
+        (config[key] if key else config)["lowercase" if key else "do_lower_case"] = False
+        (cased / name).write_text(json.dumps(config))
+    saved = AutoTokenizer.from_pretrained(str(cased))
+    text = "Hello WORLD, Paris"
+    assert saved(text)["input_ids"].count(saved.unk_token_id) == 3  # cased, over an uncased vocabulary
+    saved.backend_tokenizer.normalizer = Sequence([Lowercase(), saved.backend_tokenizer.normalizer])  # as st does
+    saved.save_pretrained(tmp_path / "lowered")
+    write(tmp_path / "repo", onnx_file, tmp_path / "lowered")
+    model, pb = tokenize_model(tmp_path / "repo" / "transformer_onnx_tokenize", monkeypatch)
+
+    [response] = model.execute([[pb.Tensor("TEXT", np.array([[text.encode()]], dtype=object))]])
+    got = {t.name: t.as_numpy() for t in response.output_tensors}
+    expected = saved([text], padding=True, truncation=True, return_tensors="np")
+    assert saved.unk_token_id not in expected["input_ids"]
+    for name in INPUTS:
+        np.testing.assert_array_equal(got[name], expected[name])
+
+
 def test_a_text_pair_is_two_inputs_tokenized_together(tmp_path, onnx_file, tokenizer_dir, monkeypatch):
     """Question answering takes a question and a context (transformer-deploy's QUESTION and CONTEXT): with one TEXT
     input there was no way to send the pair, nor to get its segment ids and separator."""

@@ -160,11 +160,17 @@ def ensemble_config(names: Mapping[str, str], input_names: Sequence[str], output
 
 def _copy_tokenizer(tokenizer_dir: Path, target: Path) -> None:
     """Save the tokenizer through transformers rather than copying the folder: only tokenizer files travel (no
-    weights), and a folder the server cannot load fails here, not at server start."""
-    from transformers import AutoTokenizer
+    weights), and a folder the server cannot load fails here, not at server start. It is read as the tokenize model
+    reads it (`tokenize_model.load_as_saved`): from its tokenizer.json pipeline where there is one, since a reload
+    by class (BERT's) rebuilds the pipeline from the vocabulary and drops what was changed in it before it was saved
+    (sentence-transformers' lowercasing)."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+        if (tokenizer_dir / "tokenizer.json").is_file():
+            tokenizer = PreTrainedTokenizerFast.from_pretrained(str(tokenizer_dir),
+                                                                model_input_names=tokenizer.model_input_names)
     except (OSError, ValueError) as exc:
         raise UsageError(f"cannot load a tokenizer from {tokenizer_dir}: {exc}") from exc
     tokenizer.save_pretrained(str(target))

@@ -11,10 +11,23 @@ from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 TOKENIZER_FOLDER = "tokenizer"
 MIN_LENGTH = "min_length"
+
+
+def load_as_saved(folder: Path):
+    """The tokenizer saved in `folder`, tokenizing as it did when saved. AutoTokenizer rebuilds some classes
+    (BERT's) from their vocabulary and config, which drops what was changed in the tokenizer's pipeline before it
+    was saved: sentence-transformers lowercases the texts of a model whose `do_lower_case` asks it by putting a
+    Lowercase step in front of a cased tokenizer's normalizer, and a reload by class would serve that model cased.
+    tokenizer.json holds the pipeline itself, so where it is present the tokenizer is built from it, with the
+    input names the class gives."""
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    if not (folder / "tokenizer.json").is_file():
+        return tokenizer
+    return PreTrainedTokenizerFast.from_pretrained(str(folder), model_input_names=tokenizer.model_input_names)
 
 
 class TritonPythonModel:
@@ -28,7 +41,7 @@ class TritonPythonModel:
         self.min_length = int(config.get("parameters", {}).get(MIN_LENGTH, {}).get("string_value", 1))
         self.outputs = {out["name"]: pb_utils.triton_string_to_numpy(out["data_type"]) for out in config["output"]}
         folder = Path(args["model_repository"]) / args["model_version"] / TOKENIZER_FOLDER
-        self.tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        self.tokenizer = load_as_saved(folder)
         missing = [name for name in self.outputs if name not in self.tokenizer.model_input_names]
         if missing:
             raise ValueError(f"the tokenizer in {folder} produces {self.tokenizer.model_input_names}, not {missing}")
