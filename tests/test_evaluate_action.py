@@ -207,9 +207,10 @@ def test_bad_task_flags_are_one_sentence_before_any_model_loads(flags, message, 
     assert code == 2 and message in err and "loading" not in err
 
 
-@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "abc"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "abc", "2.5"])
 def test_a_limit_that_is_not_a_finite_number_is_one_sentence_naming_what_it_takes(value, tiny_gpt2_dir, capsys):
-    """NaN and infinity passed float() and stopped lm-eval after the models loaded; 'abc' named `_limit`."""
+    """NaN and infinity passed float() and stopped lm-eval after the models loaded; 'abc' named `_limit`; 2.5 is
+    neither a count nor a share (lm-eval took 2 documents while the results said --limit 2.5)."""
     from nndf.cli import main
 
     code = main(["evaluate", "GPT2", "frameworks", "--torch-dir", str(tiny_gpt2_dir), "--tasks", "lambada_openai",
