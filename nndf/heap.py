@@ -16,9 +16,11 @@ import gc
 import sys
 
 
-def release_freed_heap() -> None:
-    """Collect unreachable Python objects, then give the C heap's free memory back to the OS where glibc allows."""
-    gc.collect()
+def release_freed_heap(collect: bool = True) -> None:
+    """Give the C heap's free memory back to the OS where glibc allows; with `collect`, after a full garbage
+    collection (what an export leaves is mostly reference cycles, which only a collection frees)."""
+    if collect:
+        gc.collect()
     if not sys.platform.startswith("linux"):
         return
     try:
