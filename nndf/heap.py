@@ -12,8 +12,22 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import gc
 import sys
+
+
+@functools.cache
+def _malloc_trim():
+    """glibc's `malloc_trim`, looked up once per process (finding the C library runs ldconfig), or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
 
 
 def release_freed_heap(collect: bool = True) -> None:
@@ -21,14 +35,9 @@ def release_freed_heap(collect: bool = True) -> None:
     collection (what an export leaves is mostly reference cycles, which only a collection frees)."""
     if collect:
         gc.collect()
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
-        return
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    trim(0)
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def empty_tensors(module) -> None:
