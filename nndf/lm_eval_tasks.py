@@ -14,19 +14,13 @@ Offline, a task reads local files in one of two ways, both lm-eval's own:
 
 from __future__ import annotations
 
-import contextlib
 import difflib
-import functools
-import hashlib
 import os
-import pickle
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from nndf.errors import HarnessError, UsageError
-from nndf.progress import say, ticking
-from nndf.workspace import artifact_lock, artifact_name, file_stale_reason, write_artifact
+from nndf.lm_eval_index import task_manager
 
 # Local data files by suffix -> the `datasets` builder that reads them.
 FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -37,113 +31,6 @@ HUB_FAILURES = {"OfflineModeIsEnabled", "LocalEntryNotFoundError", "DatasetNotFo
 DATASET_FILE_HINT = ("give the data as a local file with --dataset-file TASK=FILE (json/jsonl, csv or parquet; e.g. "
                      "lambada_openai=lambada_test.jsonl) or a task folder with --include-path DIR whose YAML reads "
                      "local files (dataset_path: json, dataset_kwargs: {data_files: ...})")
-
-
-# The folders lm-eval's index skips (lm_eval.tasks._index._IGNORE_DIRS).
-_SKIPPED_DIRS = {"__pycache__", ".ipynb_checkpoints"}
-
-
-def _task_files_digest(roots: list[Path]) -> str:
-    """A digest of every task YAML's path, size and modification time under `roots`: what the index is built from,
-    so a cached index whose digest differs is stale (0.4 s for lm-eval's 14000 files here, against 12 s to index)."""
-    digest = hashlib.sha256()
-    for root in roots:
-        digest.update(f"{root}\n".encode())
-        for folder, subfolders, files in os.walk(root):
-            subfolders[:] = sorted(d for d in subfolders if d not in _SKIPPED_DIRS)
-            for name in sorted(f for f in files if f.endswith(".yaml")):
-                stat = os.stat(os.path.join(folder, name))
-                digest.update(f"{os.path.relpath(os.path.join(folder, name), root)}\0{stat.st_size}\0"
-                              f"{stat.st_mtime_ns}\n".encode())
-    return digest.hexdigest()
-
-
-def _read_index(path: Path, metadata: dict):
-    """The TaskManager pickled at `path`, when its metadata matches and it loads; else None (then it is rebuilt)."""
-    from lm_eval.tasks import TaskManager
-
-    if file_stale_reason(path, metadata) is not None:
-        return None
-    try:
-        with open(path, "rb") as file:
-            manager = pickle.load(file)
-    except Exception:  # an index pickled by another lm-eval or Python: rebuilt, as any stale artifact
-        return None
-    return manager if isinstance(manager, TaskManager) else None
-
-
-def defaults_root() -> Path:
-    """The folder of lm-eval's own task files."""
-    import lm_eval.tasks
-
-    return Path(lm_eval.tasks.__file__).parent
-
-
-def _with_included(defaults, include_paths: tuple[str, ...]):
-    """`defaults` (lm-eval's own tasks) with the tasks of `include_paths`, each folder's overriding the ones before,
-    as lm-eval's TaskManager merges its folders: only those folders are indexed here (a user's few files), so an
-    edited task file costs milliseconds, not the 12 s of lm-eval's 15000. The fields set are those TaskManager's
-    own __init__ sets from its index (lm-eval is pinned: `pyproject.toml`)."""
-    import copy
-
-    from lm_eval.tasks import TaskManager
-    from lm_eval.tasks._index import Kind
-
-    included = TaskManager(include_path=list(include_paths), include_defaults=False, metadata=defaults.metadata)
-    merged = copy.copy(defaults)
-    merged.include_path = list(include_paths)
-    merged._index = {**defaults.task_index, **included.task_index}
-    kinds: dict = {}
-    for name, entry in merged._index.items():
-        kinds.setdefault(entry.kind, []).append(name)
-    merged._all_tasks = sorted(merged._index)
-    merged._all_subtasks = sorted(kinds.get(Kind.TASK, []) + kinds.get(Kind.PY_TASK, []))
-    merged._all_groups = sorted(kinds.get(Kind.GROUP, []))
-    merged._all_tags = sorted(kinds.get(Kind.TAG, []))
-    return merged
-
-
-@functools.lru_cache(maxsize=4)
-def task_manager(include_paths: tuple[str, ...] = (), cache_dir: str | None = None):
-    """lm-eval's TaskManager over its own tasks and `include_paths`.
-
-    Indexing lm-eval's 15000 task files takes 12 s on the 2-core development machine, so a process builds that
-    index once, says so, and with `cache_dir` (the working dir, as the exports) keeps it there pickled for the next
-    run: reused while lm-eval's version and every one of its task files' size and time are those it was built from
-    (about 1.4 s to check and load). The folders of `include_paths` are indexed afresh each time (`_with_included`),
-    so that editing one's own tasks never re-indexes lm-eval's. The pickle is read only from the working dir the
-    user names, as the rest of their artifacts."""
-    if include_paths:
-        return _with_included(task_manager((), cache_dir), include_paths)
-    import lm_eval
-    from lm_eval.tasks import TaskManager
-
-    path = metadata = None
-    if cache_dir is not None:
-        named = {"lm_eval": lm_eval.__version__}
-        path = Path(cache_dir) / artifact_name("lm-eval-task-index", named, ".pickle")  # rewritten when stale
-        metadata = dict(named, task_files=_task_files_digest([defaults_root()]))
-    with contextlib.ExitStack() as stack:
-        try:
-            if path is not None:
-                stack.enter_context(artifact_lock(path, say))
-        except OSError as exc:  # a working dir that cannot be written: this run goes on without keeping the index
-            say(f"cannot keep lm-eval's task index in {cache_dir} ({exc.strerror or exc})")
-            path = None
-        manager = _read_index(path, metadata) if path is not None else None
-        if manager is not None:
-            return manager
-        say("indexing lm-eval's task files ...")
-        started = time.perf_counter()
-        with ticking("indexing lm-eval's task files"):
-            manager = TaskManager()
-        say(f"indexed {len(manager.all_tasks)} tasks, groups and tags in {time.perf_counter() - started:.1f} s")
-        if path is not None:
-            try:
-                write_artifact(path, lambda tmp: tmp.write_bytes(pickle.dumps(manager)), metadata)
-            except OSError as exc:
-                say(f"cannot keep lm-eval's task index in {cache_dir} ({exc.strerror or exc})")
-    return manager
 
 
 @dataclass
@@ -303,13 +190,48 @@ def _hub_path(manager, spec: str) -> str | None:
     return path
 
 
+def _member_tasks(manager, spec: str, seen: set[str] | None = None) -> list[str]:
+    """The single tasks a group or tag runs, nested groups and tags opened, in its own order (a task: itself)."""
+    seen = set() if seen is None else seen
+    entry = manager.task_index.get(spec)
+    if entry is None or spec in seen:
+        return []
+    seen.add(spec)
+    if entry.cfg is not None and "group" not in entry.cfg:
+        return [spec]
+    members = sorted(entry.tags) if entry.cfg is None else entry.cfg.get("task", [])
+    members = [members] if isinstance(members, str) else members
+    return [task for member in members if isinstance(member, str) for task in _member_tasks(manager, member, seen)]
+
+
+def _offline_group(manager, spec: str, name: str, exc: BaseException, why: str) -> HarnessError | None:
+    """The one sentence for a group or tag whose tasks read hub data that cannot be reached: the task that failed
+    (the one its error names, else the first reading the hub), and how to give its tasks local files (a group takes
+    no --dataset-file itself)."""
+    members = _member_tasks(manager, spec)
+    hubs = {task: path for task in members if (path := _hub_path(manager, task)) is not None}
+    if not hubs:
+        return None
+    text = " ".join(str(error) for error in _chain(exc))
+    task = next((task for task, path in hubs.items() if path in text), next(iter(hubs)))
+    kind = "group" if manager.task_index[spec].cfg is not None else "tag"
+    shown = ", ".join(members[:4]) + (f" and {len(members) - 4} more" if len(members) > 4 else "")
+    return HarnessError(f"lm-eval {kind} {name} runs task {task}, whose data set {hubs[task]} is on the Hugging "
+                        f"Face hub, which cannot be reached ({why}); name its tasks ({shown}) in --tasks and "
+                        "give each a local file with --dataset-file TASK=FILE (json/jsonl, csv or parquet), or give "
+                        "a task folder with --include-path DIR whose YAML reads local files")
+
+
+def _chain(exc: BaseException | None):
+    """An exception and its causes and contexts, outermost first."""
+    while exc is not None:
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
 def _unreachable(exc: BaseException) -> bool:
     """Whether a failure is the hub not answering (offline, no network) rather than a broken task or file."""
-    while exc is not None:
-        if isinstance(exc, ConnectionError) or type(exc).__name__ in HUB_FAILURES:
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
+    return any(isinstance(error, ConnectionError) or type(error).__name__ in HUB_FAILURES for error in _chain(exc))
 
 
 def _check_loads(manager, specs: list[str], names: list[str], files: dict[str, Path]) -> None:
@@ -323,8 +245,11 @@ def _check_loads(manager, specs: list[str], names: list[str], files: dict[str, P
             loaded = manager.load([spec])
         except Exception as exc:  # lm-eval and `datasets` raise many kinds; each is told in one sentence
             hub = _hub_path(manager, spec)
+            why = "HF_HUB_OFFLINE is set" if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") else "offline?"
+            group = _offline_group(manager, spec, name, exc, why) if hub is None and _unreachable(exc) else None
+            if group is not None:
+                raise group from exc
             if hub is not None and _unreachable(exc):
-                why = "HF_HUB_OFFLINE is set" if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") else "offline?"
                 raise HarnessError(f"lm-eval task {name} reads its data set {hub} from the Hugging Face hub, which "
                                    f"cannot be reached ({why}); {DATASET_FILE_HINT}") from exc
             reason = " ".join(str(exc).split()) or type(exc).__name__

@@ -16,7 +16,7 @@ from nndf.errors import UsageError
 
 pytest.importorskip("lm_eval", reason="lm-eval (the eval and test extras) is absent")
 from lm_eval.tasks import TaskManager  # noqa: E402
-from nndf.lm_eval_tasks import defaults_root  # noqa: E402
+from nndf.lm_eval_index import defaults_root  # noqa: E402
 
 LAMBADA_YAML = defaults_root() / "lambada" / "lambada_openai.yaml"  # lm-eval's own task file
 if not SHARED_DATA.exists():
@@ -169,6 +169,28 @@ def test_a_task_that_needs_the_hub_offline_is_one_sentence(tiny_gpt2_dir, onnx_w
     assert "loading" not in err  # before any model
 
 
+@pytest.mark.parametrize(("tasks", "message"), [
+    ("lambada", "error: lm-eval tag lambada runs task lambada_openai, whose data set EleutherAI/lambada_openai is on "
+                "the Hugging Face hub, which cannot be reached (HF_HUB_OFFLINE is set); name its tasks "
+                "(lambada_openai, lambada_standard) in --tasks and give each a local file with --dataset-file"),
+    ("mmlu", "error: lm-eval group mmlu runs task mmlu_abstract_algebra, whose data set cais/mmlu is on the Hugging "
+             "Face hub, which cannot be reached (HF_HUB_OFFLINE is set); name its tasks (mmlu_abstract_algebra, "
+             "mmlu_anatomy, mmlu_astronomy, mmlu_college_biology and 53 more) in --tasks"),
+])
+def test_a_group_whose_tasks_need_the_hub_offline_names_the_task_and_the_way_around(tasks, message, tiny_gpt2_dir,
+                                                                                   onnx_work_dir, monkeypatch, capsys):
+    """A group or tag takes no --dataset-file itself: the sentence names the task whose data set is on the hub and
+    says to name the group's tasks, each with its file (it was the generic "could not be loaded" sentence)."""
+    from nndf.cli import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code = main(["evaluate", "GPT2", "frameworks", "--torch-dir", str(tiny_gpt2_dir), "--tasks", tasks,
+                 "--working-dir", str(onnx_work_dir)])
+    err = capsys.readouterr().err
+    assert code == 1 and message in err, err
+    assert "loading" not in err  # before any model
+
+
 def test_without_lm_eval_evaluate_names_the_extra(tiny_gpt2_dir, monkeypatch, capsys):
     from nndf.cli import main
 
@@ -284,6 +306,23 @@ def test_template_fields_are_what_a_task_prompt_reads_unless_it_rewrites_its_doc
     assert template_fields({"doc_to_choice": "{{range(n)|list}}"}) == {"n"}  # range is Jinja's, not a field
 
 
+def test_rows_come_in_lm_eval_tables_order_each_group_before_its_subtasks():
+    """lm-eval's results dict holds the groups after their tasks; its table (and so ours, per backend and against
+    the first backend) puts each group first, nested groups depth first. The order is lm-eval's own make_table's."""
+    from lm_eval.utils import make_table
+
+    from nndf.actions.evaluate import metric_rows
+
+    metric = {"acc,none": 0.5, "acc_stderr,none": "N/A"}
+    names = ["solo", "z_task", "b_task", "a_task", "inner", "outer"]  # tasks first, groups last, as lm-eval returns
+    out = {"results": {name: dict(metric, alias=name) for name in names},
+           "group_subtasks": {"outer": ["z_task", "inner"], "inner": ["b_task", "a_task"], "solo": []},
+           "versions": {}, "n-shot": {}, "higher_is_better": {name: {"acc": True} for name in names}}
+    printed = [line.split("|")[1].strip(" -") for line in make_table(out).splitlines()[2:]]
+    assert printed == ["outer", "inner", "a_task", "b_task", "z_task", "solo"]
+    assert [row["task"] for row in metric_rows(out)] == printed
+
+
 def test_image_captioning_family_is_refused_before_loading(capsys):
     from nndf.cli import main
 
@@ -311,15 +350,15 @@ def test_the_task_index_is_kept_in_the_working_dir_and_rebuilt_when_a_task_file_
     the result is the index lm-eval builds over both."""
     import lm_eval.tasks
 
-    import nndf.lm_eval_tasks
-    from nndf.lm_eval_tasks import task_manager
+    import nndf.lm_eval_index
+    from nndf.lm_eval_index import task_manager
 
     defaults, mine, work = tmp_path / "defaults", tmp_path / "mine", tmp_path / "work"
     for folder in (defaults, mine):
         folder.mkdir()
     monkeypatch.setattr(_SmallDefaults, "defaults", defaults)
     monkeypatch.setattr(lm_eval.tasks, "TaskManager", _SmallDefaults)
-    monkeypatch.setattr(nndf.lm_eval_tasks, "defaults_root", lambda: defaults)
+    monkeypatch.setattr(nndf.lm_eval_index, "defaults_root", lambda: defaults)
     task = lambda folder, name, **extra: (folder / f"{name}.yaml").write_text(
         json.dumps(dict({"task": name, "dataset_path": "json"}, **extra)))
     task(defaults, "first")

@@ -198,8 +198,8 @@ def _jsonable(out: dict) -> dict:
 def metric_rows(out: dict) -> list[dict]:
     """Every (task, filter, metric) of lm-eval's results as a row: value, stderr (None where lm-eval has none)."""
     rows = []
-    for task, metrics in out["results"].items():
-        better = out.get("higher_is_better", {}).get(task, {})
+    for task in table_order(out):
+        metrics, better = out["results"][task], out.get("higher_is_better", {}).get(task, {})
         for key, value in sorted(metrics.items()):
             metric, comma, filter_name = key.partition(",")
             if not comma or metric.endswith("_stderr"):
@@ -209,6 +209,26 @@ def metric_rows(out: dict) -> list[dict]:
                          "metric": metric + HIGHER_IS_BETTER.get(better.get(metric), ""), "value": value,
                          "stderr": stderr if _is_number(stderr) else None})
     return rows
+
+
+def table_order(out: dict) -> list[str]:
+    """The tasks and groups of lm-eval's results in the order its own table prints them: each group before its
+    subtasks, depth first, names sorted at each level, then whatever no group holds (lm-eval's results dict has
+    the groups last)."""
+    results, subtasks = out["results"], out.get("group_subtasks", {})
+    ordered: list[str] = []
+
+    def visit(name: str) -> None:
+        if name in results and name not in ordered:
+            ordered.append(name)
+        for child in sorted(subtasks.get(name, [])):
+            visit(child)
+
+    children = {child for names in subtasks.values() for child in names}
+    for name in sorted(subtasks):
+        if name not in children:
+            visit(name)
+    return ordered + sorted(name for name in results if name not in ordered)
 
 
 def _is_number(value) -> bool:
