@@ -7,14 +7,22 @@ and written atomically.
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from nndf.errors import HarnessError
 from nndf.workspace import atomic_path
 
-# (row key, panel title, row key of its spread or None)
-Panel = tuple[str, str, "str | None"]
+
+class Panel(NamedTuple):
+    """One figure of the rows: its row key, title, the row key of its spread (None: no error bars), and what the
+    panel says when no row has the figure (why it could not be measured: the action knows)."""
+
+    key: str
+    label: str
+    spread: str | None = None
+    missing: str = "not measured in this run"
 
 
 def check_plotting(path: str | None) -> None:
@@ -29,7 +37,7 @@ def check_plotting(path: str | None) -> None:
 
 
 def plot_bars(path: str, title: str, rows: Sequence[dict], panels: Sequence[Panel]) -> Path:
-    """A PNG at `path` with one panel per (key, label, spread key), a bar per row that has the figure."""
+    """A PNG at `path` with one panel per `Panel`, a bar per row that has the figure."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -48,11 +56,12 @@ def draw_bars(fig, title: str, rows: Sequence[dict], panels: Sequence[Panel]) ->
 
     axes = fig.subplots(1, len(panels), squeeze=False)
     colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
-    for ax, (key, label, spread) in zip(axes[0], panels):
+    for ax, (key, label, spread, missing) in zip(axes[0], (Panel(*panel) for panel in panels)):
         shown = [r for r in rows if r.get(key) is not None]
         ax.set_title(label, fontsize=10)
-        if not shown:  # e.g. decode steps of a run that generates one token: say so, not an empty axis
-            ax.text(0.5, 0.5, "not measured in this run", ha="center", va="center", transform=ax.transAxes)
+        if not shown:  # e.g. decode steps of a run that generates one token: say why, not an empty axis
+            ax.text(0.5, 0.5, "\n".join(textwrap.wrap(missing, 34)), ha="center", va="center", fontsize=9,
+                    transform=ax.transAxes)
             ax.set_xticks([])
             ax.set_yticks([])
             continue

@@ -156,6 +156,27 @@ def test_a_panel_no_backend_has_a_figure_for_says_so():
     assert [t.get_text() for t in empty.texts] == ["not measured in this run"]
 
 
+def test_a_benchmark_of_one_new_token_says_why_it_has_no_decode_step(tiny_gpt2_dir, tmp_path, monkeypatch):
+    """--output-seq-len 1: the decode column is '-' and the plot's panel empty; both now say why."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    import nndf.actions.benchmark
+    from nndf.plots import draw_bars
+
+    drawn = []
+    monkeypatch.setattr(nndf.actions.benchmark, "plot_bars", lambda *args: drawn.append(args))
+    [table] = nndf.run("benchmark", "GPT2", "frameworks", torch_dir=tiny_gpt2_dir, input_seq_len=6, output_seq_len=1,
+                       iterations=1, warmup=0, plot=str(tmp_path / "b.png"))
+    assert {row["decode_ms"] for row in table.rows} == {None}
+    assert "decode step: '-': one new token (--output-seq-len 1) has no decode step to time." in table.notes
+    [(_, title, rows, panels)] = drawn
+    fig = Figure()
+    draw_bars(fig, title, rows, panels)
+    assert [t.get_text().replace("\n", " ") for t in fig.axes[0].texts] == [
+        "one new token (--output-seq-len 1) has no decode step to time"]
+
+
 def test_bar_labels_have_no_exponent_and_a_wide_spread_stops_at_zero():
     """A 1119 ms decode step was labelled "1.12e+03", and a spread wider than its bar drew the axis below 0 ms."""
     pytest.importorskip("matplotlib")

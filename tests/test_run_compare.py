@@ -107,3 +107,41 @@ def test_help_gives_each_action_its_own_timing_defaults(action, iterations, warm
     text = " ".join(subparser.format_help().split())
     assert f"timed samples (default {iterations})" in text and f"untimed calls first (default {warmup})" in text
     assert (subparser.get_default("iterations"), subparser.get_default("warmup")) == (iterations, warmup)
+
+
+def test_when_every_generation_ends_at_once_the_plot_says_why_there_is_no_decode_step(tiny_gpt2_dir, tmp_path,
+                                                                                      capsys, monkeypatch):
+    """Every token an end of sequence: each sample's generation ends at its first token, so no decode step is
+    timed; the table's note and the plot's decode panel both say why (the panel said "not measured in this run")."""
+    import json
+    import shutil
+
+    import nndf.actions.compare
+    from nndf.cli import main
+
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from nndf.plots import draw_bars, plot_bars
+
+    folder = tmp_path / "ends-at-once"
+    shutil.copytree(tiny_gpt2_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    generation = {"eos_token_id": list(range(config["vocab_size"])), "pad_token_id": 0}
+    (folder / "generation_config.json").write_text(json.dumps(generation))
+    drawn = []
+    monkeypatch.setattr(nndf.actions.compare, "plot_bars",
+                        lambda path, title, rows, panels: drawn.append((rows, panels)) or plot_bars(path, title, rows,
+                                                                                                   panels))
+    code = main(["compare", "GPT2", "frameworks", "--torch-dir", str(folder), "--iterations", "1", "--warmup", "0",
+                 "--plot", str(tmp_path / "compare.png")])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "decode step: '-' where every generation ended at its first token (EOS at once): no step to time." in out
+    [(rows, panels)] = drawn
+    fig = Figure()
+    draw_bars(fig, "t", rows, panels)
+    decode = fig.axes[1]
+    assert " ".join(t.get_text() for t in decode.texts).replace("\n", " ") == (
+        "every generation ended at its first token (EOS at once): no step to time")
+    assert (tmp_path / "compare.png").read_bytes()[:4] == b"\x89PNG"

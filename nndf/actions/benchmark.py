@@ -23,7 +23,7 @@ from nndf.errors import UsageError
 from nndf.images import caption_inputs
 from nndf.interrupt import KeepOnInterrupt
 from nndf.measure import format_bytes
-from nndf.plots import check_plotting, plot_bars
+from nndf.plots import Panel, check_plotting, plot_bars
 from nndf.registry import resolve
 from nndf.results import Column, Result
 
@@ -116,13 +116,16 @@ def run(args) -> list[Result]:
         notes.append("encoder: the encoder's run (a vision encoder's for images), and for our loop the "
                      "cross-attention cache generator's too (Hugging Face computes the cross-attention keys and "
                      "values inside its first decoder step); first token includes it.")
+    if new_tokens == 1:
+        notes.append(f"decode step: '-': {ONE_TOKEN}.")
     notes += noisy_note(rows) + keep.notes()
     inputs = first.architecture.benchmark_inputs(prompt_len)
     title = (f"benchmark {first.spec.family} {first.loaded.name}: batch {batch}, {inputs} + "
              f"{_count(new_tokens, 'new token')}, {picked}, {weights_and_cache(args)}")
     if args.plot:
-        plot_bars(args.plot, title, rows, [("decode_ms", "decode step (ms, +- stdev over runs)", "decode_spread_ms"),
-                                           ("tokens_per_s", "throughput (tok/s)", None)])
+        plot_bars(args.plot, title, rows, [Panel("decode_ms", "decode step (ms, +- stdev over runs)",
+                                                 "decode_spread_ms", missing=ONE_TOKEN),
+                                           Panel("tokens_per_s", "throughput (tok/s)")])
         notes.append(f"plot written to {args.plot}")
     return keep.finish([Result("benchmark", title, columns, rows, context, notes)])
 
@@ -147,6 +150,9 @@ def _measure(runner, args, timing, inputs: dict, first, decoding, picked: str) -
         "peak_memory": format_bytes(t.peak_bytes),
         "peak_bytes": t.peak_bytes,
     }
+
+
+ONE_TOKEN = "one new token (--output-seq-len 1) has no decode step to time"
 
 
 def runs_note(rows: list[dict], timing) -> str:

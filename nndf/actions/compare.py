@@ -5,11 +5,11 @@ from __future__ import annotations
 from nndf.actions.common import (add_image_argument, compared_backends, decoding_flags, decoding_note, describe,
                                  open_models, weights_and_cache)
 from nndf.actions.run import (
-    RUN_UNUSED_FLAGS, checkpoint_columns, checkpoint_rows, checkpoint_samples, outputs_result, sample_length_check,
-    sample_notes,
+    NO_DECODE_STEP, RUN_UNUSED_FLAGS, checkpoint_columns, checkpoint_rows, checkpoint_samples, outputs_result,
+    sample_length_check, sample_notes,
 )
 from nndf.interrupt import KeepOnInterrupt
-from nndf.plots import check_plotting, plot_bars
+from nndf.plots import Panel, check_plotting, plot_bars
 from nndf.results import Column, Result
 
 TIMED = True
@@ -44,8 +44,8 @@ def run(args) -> list[Result]:
     notes = ["speed: full-generation time of the first row divided by each row's (higher is faster).",
              *sample_notes(args, rows), *keep.notes()]
     if args.plot:
-        plot_bars(args.plot, title, rows, [("generation_ms", "full generation (ms)", None),
-                                           ("decode_ms", "decode step (ms)", None)])
+        plot_bars(args.plot, title, rows, [Panel("generation_ms", "full generation (ms)"),
+                                           Panel("decode_ms", "decode step (ms)", missing=NO_DECODE_STEP)])
         notes.append(f"plot written to {args.plot}")
     return keep.finish([Result("compare", title, columns, rows, describe(*models), notes),
                         outputs_result(first, outputs)])

@@ -172,6 +172,9 @@ LENGTH_NOTE = (f"new tokens: --output-seq-len when given (a longer label is then
                f"tokens); else a label's length, or {DEFAULT_NEW_TOKENS} for a sample without one.")
 
 
+NO_DECODE_STEP = "every generation ended at its first token (EOS at once): no step to time"
+
+
 def sample_notes(args, rows: list[dict]) -> list[str]:
     """What `run`'s and `compare`'s columns mean: label accuracy (and why a row has none), the new tokens, and a
     decode step that could not be timed."""
@@ -181,8 +184,7 @@ def sample_notes(args, rows: list[dict]) -> list[str]:
              "variant's real weights' outputs, so random weights, or other weights (--torch-dir), score near 0; "
              + missing, LENGTH_NOTE]
     if any(row["decode_ms"] is None for row in rows):
-        notes.append("decode step: '-' where every generation ended at its first token (EOS at once): no step to "
-                     "time.")
+        notes.append(f"decode step: '-' where {NO_DECODE_STEP}.")
     return notes
 
 
