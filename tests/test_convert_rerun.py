@@ -85,3 +85,41 @@ def test_what_counts_as_convert_s_own(tmp_path):
     assert _listing(out) == set(theirs) | {"model-original.onnx", "transformer-int8-0123456789ab.engine",
                                            "transformer-int8-0123456789ab.engine.meta.json",
                                            "transformer_tensorrt_inference", "other_tensorrt_model"}
+
+
+def test_a_run_into_an_output_folder_another_run_is_writing_waits_for_it(minilm_dir, tmp_path, capsys, monkeypatch):
+    """The graph files have fixed names whatever -n says: two runs into one -o at once interleaved their writes (one
+    run's Triton model could serve the other's graph). A run now waits, says so, and writes its set whole once the
+    other has finished."""
+    import threading
+
+    import nndf.convert.cli
+    from nndf.convert.cli import output_lock
+
+    model = _tiny_classifier(tmp_path / "bert")
+    out = tmp_path / "out"
+    holding, told, released = threading.Event(), threading.Event(), []
+
+    def other_run():
+        with output_lock(out):
+            holding.set()
+            told.wait(timeout=120)
+            (out / "model.onnx").write_text("the other run's graph")  # its last write before it lets go
+            released.append(True)
+
+    said = nndf.convert.cli.say
+    monkeypatch.setattr(nndf.convert.cli, "say", lambda line: (line.startswith("waiting for another convert_model")
+                                                                and told.set(), said(line)))
+    other = threading.Thread(target=other_run)
+    other.start()
+    assert holding.wait(timeout=30)
+    try:
+        assert convert_model(["-m", str(model), "-t", str(minilm_dir), "-o", str(out), "-d", "cpu", "-s", "2", "8",
+                              "24", "--atol", "1e-4", *FAST]) == 0
+    finally:
+        told.set()
+        other.join()
+    assert f"waiting for another convert_model run writing in {out} ..." in capsys.readouterr().err
+    assert released and (out / "model.onnx").read_bytes()[:20] != b"the other run's grap"  # this run's, whole
+    assert (out / "transformer_onnx_model" / "1" / "model.onnx").read_bytes() == (out / "model.onnx").read_bytes()
+    assert not list(out.glob(".*.lock"))

@@ -14,6 +14,7 @@ The steps, as transformer-deploy's `convert_model` takes them:
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import tempfile
 import time
@@ -31,7 +32,7 @@ from nndf.errors import HarnessError, UsageError, run_command
 from nndf.measure import available_host_memory
 from nndf.progress import say
 from nndf.triton.repository import model_names
-from nndf.workspace import atomic_write_json
+from nndf.workspace import artifact_lock, atomic_write_json
 
 
 def _load(opts: ConvertOptions):
@@ -219,30 +220,32 @@ def run(opts: ConvertOptions) -> dict:
     reference = [_reference(reference_engine, feeds) for feeds in checks]
     out = Path(opts.output)
     converts = bool(_served(opts))  # --backend pytorch alone writes nothing in -o, and leaves it as it is
-    if converts:  # after the load and the reference: a refusal leaves no folder behind
-        out.mkdir(parents=True, exist_ok=True)
-    paths = _graphs(opts, module, config, tokenizer, checks[0], out) if converts else {}
-    results: dict = {"model": opts.model, "task": opts.task, "device": opts.device, "batch_size": opts.batch_size,
-                     "seq_len": opts.seq_len, "atol": opts.atol, "backends": {}}
-    fidelity, lines = {}, []
-    for engine in _engines(opts, module, paths, out):
-        try:
-            fidelity[engine.name] = report.check(engine, checks, reference, module.task.outputs, opts.atol)
-        except HarnessError as exc:  # not faithful: the report still says what was measured before it
-            results["backends"][engine.name] = {"error": str(exc), "file": str(engine.artifact or "") or None}
-            _write_report(opts, results)
-            raise
-        say(f"timing {engine.name} ({opts.nb_measures} calls at batch {shapes[1][0]}, {shapes[1][1]} tokens) ...")
-        timing = report.timings(engine, opt_feeds, opts.warmup, opts.nb_measures, opts.device)
-        lines.append(report.latency_line(engine.name, timing))
-        results["backends"][engine.name] = {"timing_ms": report.timing_ms(timing),
-                                            "max_abs_diff": fidelity[engine.name].max_abs_diff,
-                                            "mean_cosine": fidelity[engine.name].mean_cosine,
-                                            "file": str(engine.artifact) if engine.artifact else None}
-    results["fusions"] = getattr(module, "fusions", {})
-    if converts:  # every backend checked: what an earlier run left in -o goes before the Triton models are written
-        remove_stale(out, opts.name, [*paths.values(), *_triton_folders(opts, out)])
-    results["triton"] = _triton(opts, module, paths, tokenizer, out, [o.shape for o in reference[0]])
+    # -o made (by its lock) after the load and the reference: a refusal leaves no folder behind
+    with output_lock(out) if converts else contextlib.nullcontext():
+        if converts:  # (where flock does not exist, the lock makes no folder)
+            out.mkdir(parents=True, exist_ok=True)
+        paths = _graphs(opts, module, config, tokenizer, checks[0], out) if converts else {}
+        results: dict = {"model": opts.model, "task": opts.task, "device": opts.device, "batch_size": opts.batch_size,
+                         "seq_len": opts.seq_len, "atol": opts.atol, "backends": {}}
+        fidelity, lines = {}, []
+        for engine in _engines(opts, module, paths, out):
+            try:
+                fidelity[engine.name] = report.check(engine, checks, reference, module.task.outputs, opts.atol)
+            except HarnessError as exc:  # not faithful: the report still says what was measured before it
+                results["backends"][engine.name] = {"error": str(exc), "file": str(engine.artifact or "") or None}
+                _write_report(opts, results)
+                raise
+            say(f"timing {engine.name} ({opts.nb_measures} calls at batch {shapes[1][0]}, {shapes[1][1]} tokens) ...")
+            timing = report.timings(engine, opt_feeds, opts.warmup, opts.nb_measures, opts.device)
+            lines.append(report.latency_line(engine.name, timing))
+            results["backends"][engine.name] = {"timing_ms": report.timing_ms(timing),
+                                                "max_abs_diff": fidelity[engine.name].max_abs_diff,
+                                                "mean_cosine": fidelity[engine.name].mean_cosine,
+                                                "file": str(engine.artifact) if engine.artifact else None}
+        results["fusions"] = getattr(module, "fusions", {})
+        if converts:  # every backend checked: what an earlier run left in -o goes before the Triton models are written
+            remove_stale(out, opts.name, [*paths.values(), *_triton_folders(opts, out)])
+        results["triton"] = _triton(opts, module, paths, tokenizer, out, [o.shape for o in reference[0]])
     device = torch.cuda.get_device_name() if opts.device == "cuda" else "the CPU"
     print(f"Inference done on {device}")
     print("latencies:")
@@ -251,6 +254,15 @@ def run(opts: ConvertOptions) -> dict:
     for model in results["triton"]:
         print(f"Triton model: {model}")
     return results
+
+
+def output_lock(out: Path):
+    """The lock a run holds on -o while it writes there (graphs, engines, the removal of an earlier run's files, the
+    Triton models): the graph files have fixed names, whatever -n says, so a second run into the same -o waits for
+    the first, then writes its own set whole, where the two used to interleave (one's Triton model serving the
+    other's graph)."""
+    return artifact_lock(out / "convert_model-output",
+                         lambda _: say(f"waiting for another convert_model run writing in {out} ..."))
 
 
 def _reference(engine: eng.Engine, feeds: dict[str, torch.Tensor]) -> list:
