@@ -6,8 +6,8 @@ scores at every step, before and after the minimum is reached: 0.6 ms of a 21 ms
 (`bench/onnxrt_io.py`), where every benchmark pays it (its generations are forced to an exact length). The
 subclasses here compute the same scores (the EOS ids set to -inf while the minimum is not reached, the scores
 unchanged after) by indexing the EOS ids alone. Sampling's top-k warper (`generate()`'s default, k 50) is
-computed here in place with numpy's selection (`FastTopK`). `tests/test_sampling.py` checks each against its
-transformers parent.
+computed here in place with numpy's selection (`FastTopK`), and top-p after it over the scores top-k left
+(`FastTopP`). `tests/test_sampling.py` checks each against its transformers parent.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import math
 
 import numpy as np
 import torch
-from transformers import MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor, TopKLogitsWarper
+from transformers import (MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor, TopKLogitsWarper,
+                          TopPLogitsWarper)
 
 
 class PlainProcessors(list):
@@ -79,3 +80,65 @@ class FastTopK(TopKLogitsWarper):
         kth = np.partition(values, -k, axis=-1)[..., -k:-k + 1 or None]
         values[values < kth] = self.filter_value
         return scores
+
+
+class FastTopP(TopPLogitsWarper):
+    """`TopPLogitsWarper` over the finite scores alone, where few are finite (after top-k, `generate()`'s default
+    when sampling): the same scores set to `filter_value`, in place.
+
+    transformers' sorts the whole vocabulary (50257 scores, 50207 of them -inf after top-k 50) for every row at every
+    step: 1.5 ms of a 21 ms GPT-2 step at batch 1, 6 at batch 4 (one thread). Here each row's finite scores are
+    sorted alone and laid at the end of a row of -inf whose width is the vocabulary's modulo `ALIGN` (plus `ALIGN`s
+    until they fit), so that every finite score sits in the same SIMD lane as in the vocabulary-wide sorted row;
+    the softmax and the cumulative sum then round exactly as transformers' do (the -inf add exact zeros). Without
+    that alignment the sums differed in the last bit in 1 row in 10.
+
+    The first `VERIFIED_ROWS` rows of each vocabulary width in a process are computed both ways and the parent's
+    result returned; one difference makes that width the parent's for good. It is the parent's own too where its
+    order would decide (two equal finite scores in a row), where a score is NaN or +inf, where a row has no finite
+    score or more than an eighth of the vocabulary, and on another device or dtype."""
+
+    ALIGN = 1024
+    VERIFIED_ROWS = 16
+    _verified: dict[int, int | bool] = {}  # vocabulary width -> rows found equal so far, or False
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if scores.device.type != "cpu" or scores.requires_grad or scores.dtype != torch.float32 or scores.dim() != 2:
+            return super().__call__(input_ids, scores)
+        verified = self._verified.get(scores.shape[-1], 0)
+        if verified is False:
+            return super().__call__(input_ids, scores)
+        if verified < self.VERIFIED_ROWS:
+            expected, ours = super().__call__(input_ids, scores), scores.clone()
+            if self._in_place(ours):
+                self._verified[scores.shape[-1]] = torch.equal(ours, expected) and verified + len(ours)
+            return expected
+        return scores if self._in_place(scores) else super().__call__(input_ids, scores)
+
+    def _in_place(self, scores: torch.Tensor) -> bool:
+        """The parent's result written into `scores`; False (nothing written) where it cannot be had this way."""
+        values = scores.numpy()
+        finite = values > -np.inf
+        counts = finite.sum(axis=-1)
+        if (np.isnan(values).any() or np.isposinf(values).any() or counts.min() == 0
+                or counts.max() * 8 > values.shape[-1]):
+            return False
+        width = values.shape[-1] % self.ALIGN
+        width += -(-max(int(counts.max()) - width, 0) // self.ALIGN) * self.ALIGN
+        tail = np.full((len(values), width), -np.inf, dtype=np.float32)
+        kept = []
+        for row, (row_values, row_finite) in enumerate(zip(values, finite)):
+            columns = np.flatnonzero(row_finite)
+            ordered = columns[np.argsort(row_values[columns], kind="stable")]
+            ascending = row_values[ordered]
+            if (ascending[1:] == ascending[:-1]).any():  # a tie: which of the two goes first is the parent's sort's
+                return False
+            tail[row, width - len(ordered):] = ascending
+            kept.append(ordered)
+        cumulative = torch.from_numpy(tail).softmax(dim=-1).cumsum(dim=-1)
+        remove = cumulative <= (1 - self.top_p)
+        remove[..., -self.min_tokens_to_keep:] = False
+        remove = remove.numpy()
+        for row, ordered in enumerate(kept):
+            values[row, ordered[remove[row, width - len(ordered):]]] = self.filter_value
+        return True

@@ -140,10 +140,10 @@ class Sampling:
     def _generate_warpers(self, device: torch.device | None = None) -> list:
         from transformers import (
             EpsilonLogitsWarper, EtaLogitsWarper, MinPLogitsWarper, TemperatureLogitsWarper, TopHLogitsWarper,
-            TopPLogitsWarper, TypicalLogitsWarper,
+            TypicalLogitsWarper,
         )
 
-        from nndf.processors import FastTopK
+        from nndf.processors import FastTopK, FastTopP
 
         if not self.samples:
             return []
@@ -155,7 +155,7 @@ class Sampling:
         if self.top_k != 0:
             warpers.append(FastTopK(top_k=int(self.top_k)))
         if self.top_p < 1.0:
-            warpers.append(TopPLogitsWarper(top_p=self.top_p))
+            warpers.append(FastTopP(top_p=self.top_p))
         if self.min_p is not None:
             warpers.append(MinPLogitsWarper(min_p=self.min_p))
         if self.typical_p < 1.0:

@@ -81,7 +81,7 @@ def test_top_k_moves_into_the_draw_only_when_it_is_the_last_warper():
     assert names(Sampling(do_sample=True, stream="fast")) == []
     assert names(Sampling(do_sample=True)) == ["FastTopK"]
     assert names(Sampling(do_sample=True, stream="fast", temperature=0.7)) == ["TemperatureLogitsWarper"]
-    assert names(Sampling(do_sample=True, stream="fast", top_p=0.9)) == ["FastTopK", "TopPLogitsWarper"]
+    assert names(Sampling(do_sample=True, stream="fast", top_p=0.9)) == ["FastTopK", "FastTopP"]
     assert Sampling(do_sample=True, stream="fast", top_p=0.9).chooser().top_k == 0
     assert Sampling(do_sample=True, stream="fast", seed=4).describe() == \
         "sampling (temperature 1, top-k 50, seed 4, fast stream)"

@@ -287,6 +287,75 @@ def test_fast_top_k_equals_transformers(k):
         assert torch.equal(got.nan_to_num(0.0), expected.nan_to_num(0.0))
 
 
+def _top_p_cases(vocabulary: int) -> list[tuple[torch.Tensor, float]]:
+    """Scores as the loop hands top-p them (after top-k; strided rows of (rows, positions, vocab) logits), then the
+    cases the fast path leaves to the parent: a tie among the kept, NaN beside a row all -inf, no top-k before."""
+    from nndf.processors import FastTopK
+
+    generator = torch.Generator().manual_seed(0)
+    cases = []
+    for i, (k, spread, top_p) in enumerate([(50, 3.0, 0.9), (300, 1.0, 0.5), (50, 10.0, 0.99), (20, 0.5, 0.1),
+                                            (1, 3.0, 0.9), (50, 3.0, 1e-9), (2000, 2.0, 0.8), (50, 0.01, 0.95)]):
+        # distinct scores (equal ones are the parent's to order): a permutation of the vocabulary's positions
+        positions = torch.stack([torch.randperm(vocabulary, generator=generator) for _ in range(6)]).view(3, 2, -1)
+        logits = (positions / vocabulary - 0.5) * spread * 6
+        cases.append((FastTopK(top_k=k)(None, logits[:, -1, :]), top_p))
+    tie, odd = cases[0][0].clone(), cases[0][0].clone()
+    kept = tie[0].isfinite().nonzero().flatten()
+    tie[0, kept[:2]] = tie[0, kept[2]].item()  # a three-way tie
+    odd[1, kept[0]], odd[2] = float("nan"), float("-inf")
+    return cases + [(tie, 0.9), (odd, 0.9), (torch.randn(2, vocabulary, generator=generator), 0.9)]
+
+
+@pytest.mark.parametrize("vocabulary", [50257, 1000])
+def test_fast_top_p_equals_transformers(vocabulary, monkeypatch):
+    """FastTopP sets what TopPLogitsWarper sets, bit for bit (the kept tokens decide the draw), once its first rows
+    have been checked against the parent, and it takes its own path in most of these cases."""
+    from transformers import TopPLogitsWarper
+
+    from nndf.processors import FastTopP
+
+    monkeypatch.setattr(FastTopP, "_verified", {})
+    parent_calls = []
+    parent = TopPLogitsWarper.__call__
+    monkeypatch.setattr(TopPLogitsWarper, "__call__", lambda self, ids, s: parent_calls.append(1) or parent(self, ids, s))
+    FastTopP(top_p=0.9)(None, _top_p_cases(vocabulary)[0][0].clone())
+    assert FastTopP._verified[vocabulary] == 3  # its 3 rows computed both ways: equal
+    monkeypatch.setattr(FastTopP, "VERIFIED_ROWS", 3)
+    parent_calls.clear()
+    for scores, top_p in _top_p_cases(vocabulary):
+        expected = parent(TopPLogitsWarper(top_p=top_p), None, scores.clone())
+        got = FastTopP(top_p=top_p)(None, scores.clone())
+        assert torch.equal(got.isnan(), expected.isnan())
+        assert torch.equal(got.nan_to_num(0.0), expected.nan_to_num(0.0)), top_p
+    # the tie, the NaN and all -inf rows, no top-k before; and top-k keeping more than an eighth of the vocabulary
+    assert len(parent_calls) == (3 if vocabulary > 2000 * 8 else 5)
+
+
+def test_fast_top_p_is_the_parents_for_good_once_a_row_differs(monkeypatch):
+    """A row of the first ones computed both ways that differs from the parent's (here made to: one kept score
+    changed) leaves every result the parent's, and that vocabulary width to the parent from then on."""
+    from transformers import TopPLogitsWarper
+
+    from nndf.processors import FastTopK, FastTopP
+
+    monkeypatch.setattr(FastTopP, "_verified", {})
+    ours, calls = FastTopP._in_place, []
+
+    def differing(self, scores):
+        done = ours(self, scores)
+        scores[0, scores[0].isfinite().nonzero()[-1]] += 1.0
+        calls.append(1)
+        return done
+
+    monkeypatch.setattr(FastTopP, "_in_place", differing)
+    logits = torch.randn(8, 50257, generator=torch.Generator().manual_seed(1)) * 3
+    for rows in FastTopK(top_k=50)(None, logits).split(4):
+        expected = TopPLogitsWarper(top_p=0.9)(None, rows.clone())
+        assert torch.equal(FastTopP(top_p=0.9)(None, rows.clone()), expected)
+    assert FastTopP._verified[50257] is False and len(calls) == 1
+
+
 @pytest.mark.parametrize("eos", [[7], [3, 99, 7], [-1, 5, 5000]])  # several, one outside the vocabulary
 def test_fast_length_processors_equal_transformers(eos):
     """nndf.processors' minimum-length EOS bans give their transformers parents' scores, bit for bit, before and
