@@ -9,6 +9,7 @@ grouped-query attention in `--info`, and any hub id of a family's architecture a
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -96,6 +97,24 @@ def test_longrope_graph_takes_each_factor_set_on_its_side_of_the_switch(family_d
     torch.testing.assert_close(m.logits(ids[:, :original]), short, rtol=0, atol=1e-4)
     torch.testing.assert_close(m.logits(ids), long, rtol=0, atol=1e-4)
 
+
+def test_dynamic_rope_exports_and_matches_generate(family_dirs, onnx_work_dir, tmp_path):
+    """'dynamic' (NTK) RoPE recomputes its frequencies in Python once a sequence outgrows the model's positions: the
+    export failed on that branch. No sequence of ours outgrows them, so the graph keeps the model's frequencies, and
+    tokens and logits are `generate()`'s up to the last position."""
+    folder = tmp_path / "llama-dynamic-rope"
+    shutil.copytree(family_dirs["Llama"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["rope_parameters"] = {"rope_type": "dynamic", "factor": 4.0, "rope_theta": 10000.0}
+    (folder / "config.json").write_text(json.dumps(config))
+    m = nndf.load("Llama", backend="onnxrt", torch_dir=str(folder), working_dir=str(onnx_work_dir), device="cpu")
+    ids, mask = _ids(100), torch.ones(2, 100, dtype=torch.long)
+    mask[1, :7] = 0
+    new = m.max_positions - 100
+    assert torch.equal(m.generate(ids, mask, max_new_tokens=new, num_beams=2),
+                       m.hf_generate(ids, mask, max_new_tokens=new, num_beams=2))
+    torch.testing.assert_close(m.logits(_ids(m.max_positions)), m.reference_logits(_ids(m.max_positions)), rtol=0,
+                               atol=1e-4)
 
 def test_phi3_restarts_its_cache_where_generate_does_on_the_trt_runner(fake_gpu, family_dirs, onnx_work_dir):
     """Phi-3's `generate()` drops its cache when the sequence first outgrows `original_max_position_embeddings` and
