@@ -187,7 +187,15 @@ def load_config(spec: ModelSpec, variant: Variant, *, torch_dir: str | None = No
 def check_architecture(spec: ModelSpec, config, source: str):
     """`config` when it has one of the family's architectures (model types), else a UsageError naming the family
     that runs it. `source` says where the config came from: an unlisted hub id (`--variant org/x`) or a local folder
-    (`--torch-dir DIR`, which would otherwise run, and be named, as the family's default variant)."""
+    (`--torch-dir DIR`, which would otherwise run, and be named, as the family's default variant). Weights quantized
+    for a library of their own (GPTQ, AWQ, bitsandbytes: `quantization_config`) are refused too, before the load
+    fails on that library's import; our exports are traced from full-precision weights."""
+    quantized = getattr(config, "quantization_config", None)
+    method = quantized.get("quant_method") if isinstance(quantized, dict) else getattr(quantized, "quant_method", None)
+    if method is not None:
+        raise UsageError(f"{source} holds weights quantized with {method} (its config's quantization_config), which "
+                         "this harness cannot load or export; give the full-precision checkpoint (the onnxrt-int8 and "
+                         "onnxrt-int4 backends quantize it for ONNX Runtime)")
     if not spec.model_types or config.model_type in spec.model_types:
         return config
     from nndf.registry import family_of_model_type

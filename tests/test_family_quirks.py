@@ -195,6 +195,21 @@ def test_a_local_folder_of_another_architecture_names_its_family(family_dirs, ca
     assert "loading" not in err
 
 
+def test_a_checkpoint_quantized_for_another_library_is_one_sentence_before_the_load(family_dirs, tmp_path, capsys):
+    """A GPTQ (or AWQ, bitsandbytes) folder failed inside the load with transformers' ImportError traceback."""
+    folder = tmp_path / "llama-gptq"
+    shutil.copytree(family_dirs["Llama"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": 128}
+    (folder / "config.json").write_text(json.dumps(config))
+    code, _, err = run_cli(capsys, "run", "Llama", "frameworks", "onnxrt", "--torch-dir", folder,
+                           "--working-dir", tmp_path / "work")
+    assert code == 2 and err.strip() == (
+        f"error: --torch-dir {folder} holds weights quantized with gptq (its config's quantization_config), which "
+        "this harness cannot load or export; give the full-precision checkpoint (the onnxrt-int8 and onnxrt-int4 "
+        "backends quantize it for ONNX Runtime)")
+    assert not (tmp_path / "work").exists()
+
 def test_an_encoder_folder_points_to_convert(minilm_dir, capsys):
     code, _, err = run_cli(capsys, "export", "GPT2", "onnxrt", "--torch-dir", minilm_dir)
     assert code == 2 and f"--torch-dir {minilm_dir} is a model of type bert, not one of the GPT2 family's" in err
