@@ -170,9 +170,10 @@ def load_config(spec: ModelSpec, variant: Variant, *, torch_dir: str | None = No
             raise UsageError(f"--torch-dir {torch_dir} is not a Hugging Face model folder (no config.json in it)")
         try:
             config = AutoConfig.from_pretrained(torch_dir)
-        except (OSError, ValueError) as exc:  # not JSON, or no model_type transformers knows
+        except (OSError, ValueError, KeyError) as exc:  # not JSON, no model_type transformers knows, a key it needs
+            reason = str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc)  # a KeyError's unquoted
             raise UsageError(f"--torch-dir {torch_dir}: its config.json cannot be read "
-                             f"({str(exc).splitlines()[0]})") from None
+                             f"({reason.splitlines()[0]})") from None
         return check_architecture(spec, config, f"--torch-dir {torch_dir}")
     if not random_weights:
         try:

@@ -210,6 +210,19 @@ def test_a_checkpoint_quantized_for_another_library_is_one_sentence_before_the_l
         "backends quantize it for ONNX Runtime)")
     assert not (tmp_path / "work").exists()
 
+def test_a_config_transformers_cannot_read_is_one_sentence(family_dirs, tmp_path, capsys):
+    """Phi-3's early long-context configs name longrope "su" with `original_max_position_embeddings` outside
+    rope_scaling, which transformers 5 cannot read: its KeyError was a traceback."""
+    folder = tmp_path / "phi3-su"
+    shutil.copytree(family_dirs["Phi3"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    rope = config.pop("rope_parameters")
+    config["rope_scaling"] = {"type": "su", "short_factor": rope["short_factor"], "long_factor": rope["long_factor"]}
+    (folder / "config.json").write_text(json.dumps(config))
+    code, _, err = run_cli(capsys, "run", "Phi3", "frameworks", "--torch-dir", folder)
+    assert code == 2 and err.startswith(f"error: --torch-dir {folder}: its config.json cannot be read (Missing")
+    assert "original_max_position_embeddings" in err and len(err.strip().splitlines()) == 1
+
 def test_an_encoder_folder_points_to_convert(minilm_dir, capsys):
     code, _, err = run_cli(capsys, "export", "GPT2", "onnxrt", "--torch-dir", minilm_dir)
     assert code == 2 and f"--torch-dir {minilm_dir} is a model of type bert, not one of the GPT2 family's" in err
