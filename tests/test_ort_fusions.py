@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 import onnxruntime as ort
+import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
@@ -99,3 +100,19 @@ def test_merged_sibling_weights_that_are_then_split_keep_their_types():
     session = ort.InferenceSession(ir.serde.serialize_model(model).SerializeToString(),
                                    providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(session.run(None, {"x": x})[0], expected[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_failing_fusion_is_one_sentence_naming_the_way_around(family_dirs, tmp_path, monkeypatch):
+    """A rewrite or the optimizer after them failing (as on real-size merged weights did) was onnxscript's
+    traceback; the growing layout exports without the fusions."""
+    from nndf.errors import HarnessError
+
+    def fail(model):
+        raise RuntimeError("a rule went wrong\nwith details")
+
+    monkeypatch.setattr(ort_fusions, "fuse_for_onnxruntime", fail)
+    with pytest.raises(HarnessError, match=r"^ONNX Runtime's fusions on the export of tiny-gpt2 failed \(RuntimeError: "
+                                           r"a rule went wrong\); --kv-layout growing exports without them$"):
+        nndf.load("GPT2", backend="onnxrt", torch_dir=str(family_dirs["GPT2"]), working_dir=str(tmp_path),
+                  device="cpu", kv_layout="shared")
+    assert not list(tmp_path.rglob("*.onnx"))  # no half-written graph left to be reused

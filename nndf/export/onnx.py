@@ -249,9 +249,14 @@ def trace_to_onnx(wrapper, args, dynamic, io: dict, path: Path, model, label: st
             raise HarnessError(f"ONNX export of {label} failed: {type(exc).__name__}: "
                                f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
         if getattr(wrapper, "shared", False):  # ONNX Runtime's alone: its fused normalizations
-            from nndf.export.ort_fusions import fuse_for_onnxruntime
+            from nndf.export import ort_fusions
 
-            fuse_for_onnxruntime(program.model)
+            try:
+                ort_fusions.fuse_for_onnxruntime(program.model)
+            except Exception as exc:  # a rewrite or the optimizer after them: onnxscript raises many types
+                raise HarnessError(f"ONNX Runtime's fusions on the export of {label} failed ({type(exc).__name__}: "
+                                   f"{str(exc).splitlines()[0] if str(exc) else ''}); --kv-layout growing exports "
+                                   "without them") from exc
         program.save(path, external_data=True)
         drop_weights(program.model)
 
