@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from nndf.errors import UsageError
+
 TURN_SEPARATOR = "\n\n"
 
 
@@ -41,13 +43,32 @@ class Conversation:
             for asked, answered in turns:
                 messages += [{"role": "user", "content": asked}, {"role": "assistant", "content": answered.strip()}]
             messages.append({"role": "user", "content": user})
-            encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                         return_dict=True)
-            return list(encoded["input_ids"])
+            return self._templated_ids(messages)
         paragraphs = [self.system] if self.system else []
         for asked, answered in turns:
             paragraphs += [asked + answered] if self.continues else [asked, answered.strip()]
         return list(self.tokenizer(TURN_SEPARATOR.join([*paragraphs, user]))["input_ids"])
+
+    def check_system(self) -> None:
+        """A UsageError naming --system when the chat template refuses a system message (Gemma's instruction-tuned
+        templates raise 'System role not supported'): told before the chat's exports, not as a traceback later."""
+        if self.system and self.templated:
+            try:
+                self._templated_ids([{"role": "system", "content": self.system}, {"role": "user", "content": "hi"}])
+            except UsageError as exc:
+                raise UsageError(f"--system: {exc}; leave --system out (or say it in your first line)") from None
+
+    def _templated_ids(self, messages: list[dict]) -> list[int]:
+        """The template's token ids for `messages`; a template that refuses them (its `raise_exception`) is a
+        UsageError with the template's own words."""
+        from jinja2 import TemplateError
+
+        try:
+            encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                         return_dict=True)
+        except TemplateError as exc:
+            raise UsageError(f"this model's chat template refuses the conversation ({exc})") from None
+        return list(encoded["input_ids"])
 
     def remember(self, user: str, reply: str) -> None:
         """Keep a finished (or stopped) turn; the reply's text as generated (a base model's continuation keeps its

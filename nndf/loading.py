@@ -170,9 +170,10 @@ def load_config(spec: ModelSpec, variant: Variant, *, torch_dir: str | None = No
             raise UsageError(f"--torch-dir {torch_dir} is not a Hugging Face model folder (no config.json in it)")
         try:
             config = AutoConfig.from_pretrained(torch_dir)
-        except (OSError, ValueError) as exc:  # not JSON, or no model_type transformers knows
+        except (OSError, ValueError, KeyError) as exc:  # not JSON, no model_type transformers knows, a key it needs
+            reason = str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc)  # a KeyError's unquoted
             raise UsageError(f"--torch-dir {torch_dir}: its config.json cannot be read "
-                             f"({str(exc).splitlines()[0]})") from None
+                             f"({reason.splitlines()[0]})") from None
         return check_architecture(spec, config, f"--torch-dir {torch_dir}")
     if not random_weights:
         try:
@@ -187,7 +188,15 @@ def load_config(spec: ModelSpec, variant: Variant, *, torch_dir: str | None = No
 def check_architecture(spec: ModelSpec, config, source: str):
     """`config` when it has one of the family's architectures (model types), else a UsageError naming the family
     that runs it. `source` says where the config came from: an unlisted hub id (`--variant org/x`) or a local folder
-    (`--torch-dir DIR`, which would otherwise run, and be named, as the family's default variant)."""
+    (`--torch-dir DIR`, which would otherwise run, and be named, as the family's default variant). Weights quantized
+    for a library of their own (GPTQ, AWQ, bitsandbytes: `quantization_config`) are refused too, before the load
+    fails on that library's import; our exports are traced from full-precision weights."""
+    quantized = getattr(config, "quantization_config", None)
+    method = quantized.get("quant_method") if isinstance(quantized, dict) else getattr(quantized, "quant_method", None)
+    if method is not None:
+        raise UsageError(f"{source} holds weights quantized with {method} (its config's quantization_config), which "
+                         "this harness cannot load or export; give the full-precision checkpoint (the onnxrt-int8 and "
+                         "onnxrt-int4 backends quantize it for ONNX Runtime)")
     if not spec.model_types or config.model_type in spec.model_types:
         return config
     from nndf.registry import family_of_model_type

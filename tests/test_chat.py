@@ -83,6 +83,28 @@ def test_chat_template_with_system_message(tiny_gpt2_dir, tmp_path, prompts):
     assert tokenizer.decode(prompts[1]).startswith("<|system|>Be brief.\n<|user|>hi\n<|assistant|>")
 
 
+NO_SYSTEM = ("{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+             "{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+             "{{ raise_exception('Conversation roles must alternate') }}{% endif %}<{{ m['role'] }}>{{ m['content'] }}"
+             "{% endfor %}{% if add_generation_prompt %}<model>{% endif %}")
+
+
+def test_a_template_that_refuses_a_system_message_is_one_sentence_before_any_export(tiny_gpt2_dir, tmp_path):
+    """Gemma's instruction-tuned templates raise 'System role not supported': --system was a jinja traceback after
+    the exports. Without --system the same template chats."""
+    folder = tmp_path / "gemma-like"
+    shutil.copytree(tiny_gpt2_dir, folder)
+    tokenizer = nndf.load("GPT2", torch_dir=str(folder), device="cpu").tokenizer
+    tokenizer.chat_template = NO_SYSTEM
+    tokenizer.save_pretrained(folder)
+    work = tmp_path / "work"
+    with pytest.raises(UsageError, match=r"^--system: this model's chat template refuses the conversation \(System "
+                                         r"role not supported\); leave --system out"):
+        nndf.run("chat", "GPT2", "onnxrt", torch_dir=str(folder), working_dir=str(work), system="Be brief.",
+                 input="hi\n")
+    assert not work.exists()
+    assert len(_chat(folder, ["hi", "and again"])) == 2
+
 def test_oldest_turns_are_dropped_when_the_history_no_longer_fits(tiny_gpt2_dir, prompts, capsys):
     """128 positions, 40 new tokens: the second turn's prompt would be too long with the first, so the first goes;
     the user is told once."""

@@ -9,6 +9,7 @@ grouped-query attention in `--info`, and any hub id of a family's architecture a
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -97,6 +98,24 @@ def test_longrope_graph_takes_each_factor_set_on_its_side_of_the_switch(family_d
     torch.testing.assert_close(m.logits(ids), long, rtol=0, atol=1e-4)
 
 
+def test_dynamic_rope_exports_and_matches_generate(family_dirs, onnx_work_dir, tmp_path):
+    """'dynamic' (NTK) RoPE recomputes its frequencies in Python once a sequence outgrows the model's positions: the
+    export failed on that branch. No sequence of ours outgrows them, so the graph keeps the model's frequencies, and
+    tokens and logits are `generate()`'s up to the last position."""
+    folder = tmp_path / "llama-dynamic-rope"
+    shutil.copytree(family_dirs["Llama"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["rope_parameters"] = {"rope_type": "dynamic", "factor": 4.0, "rope_theta": 10000.0}
+    (folder / "config.json").write_text(json.dumps(config))
+    m = nndf.load("Llama", backend="onnxrt", torch_dir=str(folder), working_dir=str(onnx_work_dir), device="cpu")
+    ids, mask = _ids(100), torch.ones(2, 100, dtype=torch.long)
+    mask[1, :7] = 0
+    new = m.max_positions - 100
+    assert torch.equal(m.generate(ids, mask, max_new_tokens=new, num_beams=2),
+                       m.hf_generate(ids, mask, max_new_tokens=new, num_beams=2))
+    torch.testing.assert_close(m.logits(_ids(m.max_positions)), m.reference_logits(_ids(m.max_positions)), rtol=0,
+                               atol=1e-4)
+
 def test_phi3_restarts_its_cache_where_generate_does_on_the_trt_runner(fake_gpu, family_dirs, onnx_work_dir):
     """Phi-3's `generate()` drops its cache when the sequence first outgrows `original_max_position_embeddings` and
     recomputes it with the long factors. The engine's context profile must take that step (the whole sequence so
@@ -175,6 +194,34 @@ def test_a_local_folder_of_another_architecture_names_its_family(family_dirs, ca
                           "(qwen2); run it as Qwen3") in err
     assert "loading" not in err
 
+
+def test_a_checkpoint_quantized_for_another_library_is_one_sentence_before_the_load(family_dirs, tmp_path, capsys):
+    """A GPTQ (or AWQ, bitsandbytes) folder failed inside the load with transformers' ImportError traceback."""
+    folder = tmp_path / "llama-gptq"
+    shutil.copytree(family_dirs["Llama"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": 128}
+    (folder / "config.json").write_text(json.dumps(config))
+    code, _, err = run_cli(capsys, "run", "Llama", "frameworks", "onnxrt", "--torch-dir", folder,
+                           "--working-dir", tmp_path / "work")
+    assert code == 2 and err.strip() == (
+        f"error: --torch-dir {folder} holds weights quantized with gptq (its config's quantization_config), which "
+        "this harness cannot load or export; give the full-precision checkpoint (the onnxrt-int8 and onnxrt-int4 "
+        "backends quantize it for ONNX Runtime)")
+    assert not (tmp_path / "work").exists()
+
+def test_a_config_transformers_cannot_read_is_one_sentence(family_dirs, tmp_path, capsys):
+    """Phi-3's early long-context configs name longrope "su" with `original_max_position_embeddings` outside
+    rope_scaling, which transformers 5 cannot read: its KeyError was a traceback."""
+    folder = tmp_path / "phi3-su"
+    shutil.copytree(family_dirs["Phi3"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    rope = config.pop("rope_parameters")
+    config["rope_scaling"] = {"type": "su", "short_factor": rope["short_factor"], "long_factor": rope["long_factor"]}
+    (folder / "config.json").write_text(json.dumps(config))
+    code, _, err = run_cli(capsys, "run", "Phi3", "frameworks", "--torch-dir", folder)
+    assert code == 2 and err.startswith(f"error: --torch-dir {folder}: its config.json cannot be read (Missing")
+    assert "original_max_position_embeddings" in err and len(err.strip().splitlines()) == 1
 
 def test_an_encoder_folder_points_to_convert(minilm_dir, capsys):
     code, _, err = run_cli(capsys, "export", "GPT2", "onnxrt", "--torch-dir", minilm_dir)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 import onnxruntime as ort
+import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
@@ -74,3 +75,44 @@ def test_a_tiny_gpt2_with_its_tied_head_in_chunks_equals_generate(family_dirs, t
     assert [node.op_type for node in graph.node if table.name in node.input] == ["Gather"]
     prompt = torch.tensor([[5, 6, 7, 8, 9]])
     assert torch.equal(m.generate(prompt, max_new_tokens=8), m.hf_generate(prompt, max_new_tokens=8))
+
+
+def test_merged_sibling_weights_that_are_then_split_keep_their_types():
+    """gate and up (or q, k and v) merged into one MatMul whose weight is then over the chunk limit: the merged
+    MatMul's output had no type, its chunks' Concat got an empty one, and the optimizer that ends the fusions
+    failed ("serialize_type_into ... Tensor(None)") on Qwen2.5-0.5B, Llama-3.2-1B and gemma-3-1b's real sizes."""
+    rng = np.random.default_rng(1)
+    gate, up = (rng.standard_normal((16, 500), dtype=np.float32) for _ in range(2))
+    nodes = [helper.make_node("MatMul", ["x", "gate"], ["g"]), helper.make_node("MatMul", ["x", "up"], ["u"]),
+             helper.make_node("Mul", ["g", "u"], ["y"])]
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 500])],
+                              [numpy_helper.from_array(gate, "gate"), numpy_helper.from_array(up, "up")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = rng.standard_normal((3, 16), dtype=np.float32)
+    expected = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    model = ir.serde.deserialize_model(proto)
+    assert ort_fusions.merge_sibling_matmuls(model) == 1
+    assert ort_fusions.split_large_weights(model, chunk_bytes=40_000) == 1  # the merged weight: 64000 bytes
+    from onnxscript.optimizer import optimize
+
+    optimize(model)
+    session = ort.InferenceSession(ir.serde.serialize_model(model).SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(session.run(None, {"x": x})[0], expected[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_failing_fusion_is_one_sentence_naming_the_way_around(family_dirs, tmp_path, monkeypatch):
+    """A rewrite or the optimizer after them failing (as on real-size merged weights did) was onnxscript's
+    traceback; the growing layout exports without the fusions."""
+    from nndf.errors import HarnessError
+
+    def fail(model):
+        raise RuntimeError("a rule went wrong\nwith details")
+
+    monkeypatch.setattr(ort_fusions, "fuse_for_onnxruntime", fail)
+    with pytest.raises(HarnessError, match=r"^ONNX Runtime's fusions on the export of tiny-gpt2 failed \(RuntimeError: "
+                                           r"a rule went wrong\); --kv-layout growing exports without them$"):
+        nndf.load("GPT2", backend="onnxrt", torch_dir=str(family_dirs["GPT2"]), working_dir=str(tmp_path),
+                  device="cpu", kv_layout="shared")
+    assert not list(tmp_path.rglob("*.onnx"))  # no half-written graph left to be reused

@@ -271,7 +271,9 @@ def run(args, stream=None) -> list[Result]:
     if args.system and (takes_images or not args.history):
         raise UsageError("--system is part of a conversation; this chat has none (--no-history, or an image-to-text "
                          "family)")
-    models = open_models(args, needs_text=True)
+    check = None if not args.system else \
+        lambda loaded, shapes: Conversation(loaded.tokenizer, args.system).check_system()  # before any export
+    models = open_models(args, needs_text=True, check_inputs=check)
     chat = _Chat(args, models)
     first = models[0]
     stream = sys.stdin if stream is None else stream

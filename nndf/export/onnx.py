@@ -179,6 +179,27 @@ def attributes_kept(model):
                     state[name] = value
 
 
+def dynamic_rope_fixed(model) -> None:
+    """Trace 'dynamic' (NTK-aware) RoPE with the frequencies it has. transformers recomputes them in Python when a
+    sequence outgrows `max_position_embeddings` (a branch on the largest position id, which torch.export cannot
+    trace: the export failed); no sequence of ours does (ShapeSpec refuses longer ones), so up to there the
+    module's own frequencies are what every forward of it uses, and the graph is exact. Call it inside
+    `attributes_kept`, which puts each `rope_type` back."""
+    for module in model.modules():
+        kinds = getattr(module, "rope_type", None)
+        if not hasattr(module, "original_max_seq_len") or not isinstance(kinds, (str, dict)):
+            continue
+        per_layer = dict(kinds) if isinstance(kinds, dict) else {None: kinds}
+        for layer, kind in per_layer.items():  # a layer type's own frequencies (Gemma 3's) are its own cache's
+            cached = getattr(module, f"{layer}_max_seq_len_cached" if layer else "max_seq_len_cached",
+                             module.max_seq_len_cached)
+            if "dynamic" in kind and cached == module.original_max_seq_len:  # not grown: the original frequencies
+                per_layer[layer] = "default"
+        fixed = per_layer if isinstance(kinds, dict) else per_layer[None]
+        if fixed != kinds:
+            module.rope_type = fixed
+
+
 def model_io(loaded: LoadedModel, use_cache: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The input and output names a decoder graph of this model must have (its weights are not loaded for it)."""
     return decoder_io(loaded.model_class, loaded.spec.hooks.num_layers(loaded.config), use_cache)
@@ -212,6 +233,7 @@ def trace_to_onnx(wrapper, args, dynamic, io: dict, path: Path, model, label: st
             with contextlib.redirect_stdout(sys.stderr), eager_attention(model, attention), attributes_kept(model), \
                     warnings.catch_warnings(), quiet_logger("torch.onnx._internal.exporter._registration"), \
                     torchlib_registry_built_once():
+                dynamic_rope_fixed(model)
                 # shared named dimensions make the exporter say, once per input, that it keeps the first name
                 warnings.filterwarnings("ignore", message=r".*axis name: .* will not be used")
                 # a forward that caches a tensor on its module (longrope's `long_inv_freq`): `attributes_kept` undoes it
@@ -227,9 +249,14 @@ def trace_to_onnx(wrapper, args, dynamic, io: dict, path: Path, model, label: st
             raise HarnessError(f"ONNX export of {label} failed: {type(exc).__name__}: "
                                f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
         if getattr(wrapper, "shared", False):  # ONNX Runtime's alone: its fused normalizations
-            from nndf.export.ort_fusions import fuse_for_onnxruntime
+            from nndf.export import ort_fusions
 
-            fuse_for_onnxruntime(program.model)
+            try:
+                ort_fusions.fuse_for_onnxruntime(program.model)
+            except Exception as exc:  # a rewrite or the optimizer after them: onnxscript raises many types
+                raise HarnessError(f"ONNX Runtime's fusions on the export of {label} failed ({type(exc).__name__}: "
+                                   f"{str(exc).splitlines()[0] if str(exc) else ''}); --kv-layout growing exports "
+                                   "without them") from exc
         program.save(path, external_data=True)
         drop_weights(program.model)
 

@@ -171,16 +171,29 @@ def merge_sibling_matmuls(model) -> int:
         graph.register_initializer(joined)
         graph.register_initializer(widths)
         matmul = ir.Node("", "MatMul", [source, joined], name=name)
+        # typed as its parts are, so that a later rule (split_large_weights) and the optimizer know it
+        width = sum(w.shape[1] for w in weights)
+        _type_as(matmul.outputs[0], nodes[0].outputs[0].dtype,
+                 None if source.shape is None else ir.Shape([*source.shape[:-1], width]))
         split = ir.Node("", "Split", [matmul.outputs[0], widths], [ir.AttrInt64("axis", -1)],
                         num_outputs=len(nodes), name=f"{name}_split")
         graph.insert_before(nodes[0], [matmul, split])
         for node, part in zip(nodes, split.outputs):
-            part.name, part.shape, part.dtype = f"{node.outputs[0].name}_part", node.outputs[0].shape, \
-                node.outputs[0].dtype
+            part.name = f"{node.outputs[0].name}_part"
+            _type_as(part, node.outputs[0].dtype, node.outputs[0].shape)
             ir.convenience.replace_all_uses_with(node.outputs[0], part)
         graph.remove(nodes, safe=True)
         merged += 1
     return merged
+
+
+def _type_as(value, dtype, shape) -> None:
+    """Give a new node's output the dtype and shape known of the value it replaces; an unknown one stays unset (a
+    dtype set to None is an empty tensor type, on which the optimizer's constant folding fails)."""
+    if dtype is not None:
+        value.dtype = dtype
+    if shape is not None:
+        value.shape = shape
 
 
 WEIGHT_CHUNK_BYTES = 32 << 20  # the most one weight of a MatMul may hold in the shared graph (split_large_weights)
@@ -232,7 +245,7 @@ def split_large_weights(model, chunk_bytes: int | None = None) -> int:
             products.append(parts[-1].outputs[0])
         joined = ir.Node("", "Concat", products, [ir.AttrInt64("axis", -1)], name=f"{base}_chunks")
         old = node.outputs[0]
-        joined.outputs[0].shape, joined.outputs[0].dtype = old.shape, old.dtype
+        _type_as(joined.outputs[0], old.dtype, old.shape)
         ir.convenience.replace_nodes_and_values(graph, node, [node], [*parts, joined], [old], joined.outputs)
         split += 1
     return split
