@@ -171,9 +171,7 @@ def load_config(spec: ModelSpec, variant: Variant, *, torch_dir: str | None = No
         try:
             config = AutoConfig.from_pretrained(torch_dir)
         except (OSError, ValueError, KeyError) as exc:  # not JSON, no model_type transformers knows, a key it needs
-            reason = str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc)  # a KeyError's unquoted
-            raise UsageError(f"--torch-dir {torch_dir}: its config.json cannot be read "
-                             f"({reason.splitlines()[0]})") from None
+            raise _unreadable_config(f"--torch-dir {torch_dir}", exc) from None
         return check_architecture(spec, config, f"--torch-dir {torch_dir}")
     if not random_weights:
         try:
@@ -182,7 +180,16 @@ def load_config(spec: ModelSpec, variant: Variant, *, torch_dir: str | None = No
         except OSError as exc:
             if not variant.has_known_config:
                 _hub_failure(variant, exc)
+        except (ValueError, KeyError) as exc:  # the hub's config.json, read, but not one transformers can take
+            raise _unreadable_config(f"--variant {variant.hub_id}", exc) from None
     return known_config(variant)
+
+
+def _unreadable_config(source: str, exc: Exception) -> UsageError:
+    """One sentence for a config.json transformers cannot take: not JSON, a model_type it does not know, or a key
+    it needs missing (Phi-3's early 'su' longrope: a KeyError, whose message is the key quoted)."""
+    reason = str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc)
+    return UsageError(f"{source}: its config.json cannot be read ({reason.splitlines()[0]})")
 
 
 def check_architecture(spec: ModelSpec, config, source: str):

@@ -210,9 +210,9 @@ def test_a_checkpoint_quantized_for_another_library_is_one_sentence_before_the_l
         "backends quantize it for ONNX Runtime)")
     assert not (tmp_path / "work").exists()
 
-def test_a_config_transformers_cannot_read_is_one_sentence(family_dirs, tmp_path, capsys):
+def test_a_config_transformers_cannot_read_is_one_sentence(family_dirs, tmp_path, capsys, monkeypatch):
     """Phi-3's early long-context configs name longrope "su" with `original_max_position_embeddings` outside
-    rope_scaling, which transformers 5 cannot read: its KeyError was a traceback."""
+    rope_scaling, which transformers 5 cannot read: its KeyError was a traceback, from a folder or the hub."""
     folder = tmp_path / "phi3-su"
     shutil.copytree(family_dirs["Phi3"], folder)
     config = json.loads((folder / "config.json").read_text())
@@ -222,6 +222,16 @@ def test_a_config_transformers_cannot_read_is_one_sentence(family_dirs, tmp_path
     code, _, err = run_cli(capsys, "run", "Phi3", "frameworks", "--torch-dir", folder)
     assert code == 2 and err.startswith(f"error: --torch-dir {folder}: its config.json cannot be read (Missing")
     assert "original_max_position_embeddings" in err and len(err.strip().splitlines()) == 1
+    # the same config as an unlisted hub id's (here its cached copy stands in for the hub): the same sentence
+    from transformers import AutoConfig
+
+    read = AutoConfig.from_pretrained.__func__
+    monkeypatch.setattr(AutoConfig, "from_pretrained", classmethod(
+        lambda cls, name, *a, **k: read(cls, folder if name == "someorg/phi3-su" else name, *a, **k)))
+    code, _, err = run_cli(capsys, "run", "Phi3", "frameworks", "--variant", "someorg/phi3-su")
+    assert code == 2 and err.startswith("error: --variant someorg/phi3-su: its config.json cannot be read (Missing")
+    assert len(err.strip().splitlines()) == 1
+
 
 def test_an_encoder_folder_points_to_convert(minilm_dir, capsys):
     code, _, err = run_cli(capsys, "export", "GPT2", "onnxrt", "--torch-dir", minilm_dir)
