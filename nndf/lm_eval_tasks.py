@@ -204,10 +204,15 @@ def _member_tasks(manager, spec: str, seen: set[str] | None = None) -> list[str]
     return [task for member in members if isinstance(member, str) for task in _member_tasks(manager, member, seen)]
 
 
-def _offline_group(manager, spec: str, name: str, exc: BaseException, why: str) -> HarnessError | None:
-    """The one sentence for a group or tag whose tasks read hub data that cannot be reached: the task that failed
-    (the one its error names, else the first reading the hub), and how to give its tasks local files (a group takes
-    no --dataset-file itself)."""
+def _offline_error(manager, spec: str, name: str, exc: BaseException) -> HarnessError | None:
+    """The one sentence for a task, group or tag whose data set is on the hub that did not answer, with how to give
+    local files; for a group or tag, the task of it that failed (the one its error names, else the first reading the
+    hub), and to name its tasks (a group takes no --dataset-file itself). None: no hub data set is involved."""
+    why = "HF_HUB_OFFLINE is set" if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") else "offline?"
+    hub = _hub_path(manager, spec)
+    if hub is not None:
+        return HarnessError(f"lm-eval task {name} reads its data set {hub} from the Hugging Face hub, which cannot be "
+                            f"reached ({why}); {DATASET_FILE_HINT}")
     members = _member_tasks(manager, spec)
     hubs = {task: path for task in members if (path := _hub_path(manager, task)) is not None}
     if not hubs:
@@ -244,14 +249,9 @@ def _check_loads(manager, specs: list[str], names: list[str], files: dict[str, P
         try:
             loaded = manager.load([spec])
         except Exception as exc:  # lm-eval and `datasets` raise many kinds; each is told in one sentence
-            hub = _hub_path(manager, spec)
-            why = "HF_HUB_OFFLINE is set" if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") else "offline?"
-            group = _offline_group(manager, spec, name, exc, why) if hub is None and _unreachable(exc) else None
-            if group is not None:
-                raise group from exc
-            if hub is not None and _unreachable(exc):
-                raise HarnessError(f"lm-eval task {name} reads its data set {hub} from the Hugging Face hub, which "
-                                   f"cannot be reached ({why}); {DATASET_FILE_HINT}") from exc
+            offline = _offline_error(manager, spec, name, exc) if _unreachable(exc) else None
+            if offline is not None:
+                raise offline from exc
             reason = " ".join(str(exc).split()) or type(exc).__name__
             if name in files:
                 raise UsageError(f"lm-eval task {name} could not read --dataset-file {files[name]} ({reason[:300]}); "

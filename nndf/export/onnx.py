@@ -22,6 +22,7 @@ import torch
 
 from nndf.errors import HarnessError
 from nndf.export.fused_attention import GROWING, LAYOUTS, SHARED, layout_refusal
+from nndf.export.graph_reads import first_line
 from nndf.export.torchlib_registry import torchlib_registry_built_once
 from nndf.export.wrapper import DecoderWrapper, decoder_io
 from nndf.heap import empty_tensors
@@ -254,9 +255,9 @@ def trace_to_onnx(wrapper, args, dynamic, io: dict, path: Path, model, label: st
             try:
                 ort_fusions.fuse_for_onnxruntime(program.model)
             except Exception as exc:  # a rewrite or the optimizer after them: onnxscript raises many types
-                raise HarnessError(f"ONNX Runtime's fusions on the export of {label} failed ({type(exc).__name__}: "
-                                   f"{str(exc).splitlines()[0] if str(exc) else ''}); --kv-layout growing exports "
-                                   "without them") from exc
+                raise HarnessError(f"ONNX Runtime's fusions on the export of {label} failed "
+                                   f"({first_line(exc, with_type=True)}); --kv-layout growing exports without "
+                                   "them") from exc
         program.save(path, external_data=True)
         drop_weights(program.model)
 
