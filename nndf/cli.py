@@ -22,12 +22,12 @@ ACTIONS: dict[str, tuple[str, str]] = {
     "evaluate": ("evaluate", "lm-evaluation-harness tasks on each backend: lm-eval's table, and each metric against "
                  "the first backend"),
     "chat": ("chat", "type prompts and see each backend's reply as it is generated, with its time; the chat remembers "
-             "the conversation (/reset forgets it); 'exit', /exit or Ctrl-D ends"),
+             "the conversation (/reset forgets it); exit, quit, /exit or Ctrl-D ends"),
     "run": ("run", "the family's sample inputs from checkpoint.toml: accuracy against labels and runtimes"),
     "compare": ("compare", "one table of checkpoint accuracy and runtimes across the backends given"),
     "export": ("export", "build (or reuse) the ONNX graphs and engines the given backends run, and show where"),
     "triton": ("triton", "a Triton Inference Server model that generates with our loop on the onnxrt graph"),
-    "list": ("listing", "families, variants and the backends each supports"),
+    "list": ("listing", "families, their variants, hub ids and sizes (every family runs on every backend)"),
 }
 
 
@@ -306,6 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
                 option.help = argparse.SUPPRESS
             elif option.dest == "output_seq_len" and option.default is not None:  # an action's own default
                 option.help = f"{option.help} (default {option.default})"
+            elif option.dest == "output_seq_len" and hasattr(action, "OUTPUT_LEN_DEFAULT"):  # set in its `run`
+                option.help = f"{option.help} (default: {action.OUTPUT_LEN_DEFAULT})"
             elif option.dest == "input_seq_len" and hasattr(action, "INPUT_LEN_DEFAULT"):  # set in its `run`
                 option.help = f"{option.help} (default {action.INPUT_LEN_DEFAULT})"
         p.set_defaults(run_action=action.run,

@@ -370,6 +370,15 @@ def test_flags_an_action_refuses_are_not_in_its_help(capsys):
         assert flag not in listed and kept in listed and f"[{flag}" not in out, (action, flag)
 
 
+def test_help_gives_the_new_tokens_a_sample_run_generates(capsys):
+    """run and compare have no --output-seq-len default in the parser (each sample's label sets it): --help says so."""
+    for action in ("run", "compare"):
+        with pytest.raises(SystemExit):
+            main([action, "--help"])
+        out = " ".join(capsys.readouterr().out.split())
+        assert "(default: each sample's label length, or 32 for a sample without a label)" in out, action
+
+
 @needs_shared(TOKENIZER_DIR)
 def test_outputs_say_how_many_tokens_have_no_text(capsys, tmp_path):
     """A vocabulary padded past its tokenizer (Qwen2.5's, Phi-3's): ids from the tokenizer's size on decode to no

@@ -198,3 +198,13 @@ def test_info_prints_the_plan_where_the_gpu_is_missing(capsys, tmp_path, monkeyp
 
     code, out, err = run_cli(capsys, "benchmark", "GPT2", "onnxrt", "trt", *common, "--int8", "--info")
     assert code == 1 and "trtexec --onnx=" in out and "--int8 applies" not in err
+
+
+def test_export_into_a_folder_says_a_missing_tokenizer_before_exporting(capsys, tmp_path):
+    """`export -o DIR` saves the tokenizer beside the graphs: offline random weights without --tokenizer-dir are
+    told so before the export runs (it was said after a full export), and nothing is left in -o."""
+    code, _, err = run_cli(capsys, "export", "GPT2", "onnxrt", "--random-weights", "-o", tmp_path / "out",
+                           "--working-dir", tmp_path / "work")
+    assert code == 1 and "no tokenizer could be loaded" in err and "--tokenizer-dir DIR" in err
+    assert "exporting" not in err and not (tmp_path / "out").exists()
+    assert not list((tmp_path / "work").glob("*decoder*"))

@@ -5,8 +5,8 @@ from __future__ import annotations
 from nndf.actions.common import (add_image_argument, compared_backends, decoding_flags, decoding_note, describe,
                                  open_models, weights_and_cache)
 from nndf.actions.run import (
-    NO_DECODE_STEP, RUN_UNUSED_FLAGS, checkpoint_columns, checkpoint_rows, checkpoint_samples, outputs_result,
-    sample_length_check, sample_notes,
+    NO_DECODE_STEP, OUTPUT_LEN_DEFAULT as RUN_OUTPUT_LEN, RUN_UNUSED_FLAGS, checkpoint_columns, checkpoint_rows,
+    checkpoint_samples, outputs_result, sample_length_check, sample_notes,
 )
 from nndf.interrupt import KeepOnInterrupt
 from nndf.plots import Panel, check_plotting, plot_bars
@@ -16,6 +16,7 @@ TIMED = True
 SAMPLES = True
 COMPARES = True  # backends as positionals and/or --compare (nndf.cli)
 UNUSED_FLAGS = RUN_UNUSED_FLAGS  # the samples are run's, so are the flags they have no use for
+OUTPUT_LEN_DEFAULT = RUN_OUTPUT_LEN  # and the new tokens of each
 
 
 def add_arguments(parser) -> None:

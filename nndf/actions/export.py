@@ -59,7 +59,7 @@ def run(args) -> list[Result]:
         check_output_folder("-o/--output", args.output, into=True)
         check_replaceable("-o/--output", args.output)
     started = time.time_ns()
-    models = _open(args)
+    models = _open(args, needs_text=args.output is not None)  # -o saves the tokenizer: a missing one said first
     rows = []
     for model in models:
         files = model.artifacts or [None]
@@ -85,13 +85,13 @@ def run(args) -> list[Result]:
     return [Result("export", f"export {first.spec.family} {first.loaded.name}", columns, rows, describe(*models), notes)]
 
 
-def _open(args) -> list:
+def _open(args, needs_text: bool) -> list:
     """`open_models`, which builds or reuses every artifact. Where the trt backend cannot run, its refusal ends in
     what export can do here instead of a run's alternatives: the ONNX files a TensorRT build reads."""
     from nndf.backends.trt.availability import TrtUnavailable
 
     try:
-        return open_models(args)
+        return open_models(args, needs_text=needs_text)
     except TrtUnavailable as exc:
         spec, _ = resolve(args.model, args.variant)
         raise exc.instead(f"export the ONNX files that a TensorRT build reads, on any machine, with the onnxrt "

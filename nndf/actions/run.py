@@ -35,6 +35,8 @@ RUN_UNUSED_FLAGS = {  # nndf.cli.check_unused_flags
     "input_seq_len": "its prompts are the family's sample prompts (models/<family>/checkpoint.toml)",
 }
 UNUSED_FLAGS = RUN_UNUSED_FLAGS
+# --output-seq-len's default in --help (nndf.cli): a sample's own, so the parser holds none
+OUTPUT_LEN_DEFAULT = f"each sample's label length, or {DEFAULT_NEW_TOKENS} for a sample without a label"
 
 
 def add_arguments(parser) -> None:
