@@ -209,8 +209,14 @@ def check_architecture(spec: ModelSpec, config, source: str):
     from nndf.registry import family_of_model_type
 
     owner = family_of_model_type(config.model_type)
+    text = getattr(config, "text_config", None)
     if owner:
         hint = f"; run it as {owner}"
+    elif getattr(config, "vision_config", None) is not None and text is not None:  # Gemma 3 4B+, Mistral 3, LLaVA
+        language = family_of_model_type(getattr(text, "model_type", None))
+        hint = (f"; it reads images and text (a vision encoder beside a {text.model_type} language model), which no "
+                "family here runs (the image-to-text family is BLIP)"
+                + (f"; a text-only {text.model_type} checkpoint runs as {language}" if language else ""))
     elif not getattr(config, "is_encoder_decoder", False) and not getattr(config, "is_decoder", False) and \
             any(a.endswith(("ForMaskedLM", "Model", "ForSequenceClassification", "ForTokenClassification",
                              "ForQuestionAnswering")) for a in getattr(config, "architectures", None) or ()):

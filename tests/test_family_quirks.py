@@ -195,6 +195,21 @@ def test_a_local_folder_of_another_architecture_names_its_family(family_dirs, ca
     assert "loading" not in err
 
 
+def test_an_image_and_text_checkpoint_names_what_runs_its_language_model(tmp_path, capsys):
+    """Gemma 3 from 4B up (Gemma3ForConditionalGeneration, model type gemma3) is a vision tower around a gemma3_text
+    model: the refusal said only that gemma3 is not the family's type, not why no family takes it."""
+    from transformers import Gemma3Config
+
+    text = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                intermediate_size=32, vocab_size=300)
+    vision = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
+    Gemma3Config(text_config=text, vision_config=vision).save_pretrained(tmp_path / "gemma3-4b")
+    code, _, err = run_cli(capsys, "run", "Gemma", "frameworks", "--torch-dir", tmp_path / "gemma3-4b")
+    assert code == 2 and "is a model of type gemma3, not one of the Gemma family's (gemma, gemma2, gemma3_text); it " \
+        "reads images and text (a vision encoder beside a gemma3_text language model), which no family here runs " \
+        "(the image-to-text family is BLIP); a text-only gemma3_text checkpoint runs as Gemma" in err
+
+
 def test_a_checkpoint_quantized_for_another_library_is_one_sentence_before_the_load(family_dirs, tmp_path, capsys):
     """A GPTQ (or AWQ, bitsandbytes) folder failed inside the load with transformers' ImportError traceback."""
     folder = tmp_path / "llama-gptq"
