@@ -66,14 +66,23 @@ def test_fast_top_k_equals_transformers(k):
     ranks them, strided rows (the last position of (rows, positions, vocab) logits) and float64 too."""
     from transformers import TopKLogitsWarper
 
-    from nndf.processors import FastTopK
+    from nndf.processors import SAMPLE_PER_KEPT, FastTopK
 
     nan, inf = float("nan"), float("inf")
     logits = torch.randn(3, 2, 5000, generator=torch.Generator().manual_seed(0))
     logits[0, -1, 10:14] = logits[0, -1].max() + 1  # a tie across the top 3
     logits[1, -1, :4000] = -inf
     edge = torch.tensor([[1.0, nan, 3.0, nan, 2.0], [2.0, 2.0, 1.0, 0.0, -inf], [-inf] * 5])
-    for fresh in (lambda: logits.clone()[:, -1, :], lambda: logits.double()[:, -1, :], edge.clone):
+    # wide rows, where the k-th largest is searched above a sampled threshold (nndf.processors.top_candidates): a NaN
+    # where the sample does not read (ranked largest, as torch ranks it), the k - 1 largest all where it reads (so
+    # that fewer than k pass the threshold), every score tied
+    wide = torch.randn(4, 50257, generator=torch.Generator().manual_seed(1))
+    stride = max(1, 50257 // (SAMPLE_PER_KEPT * k))
+    wide[0, 1] = nan
+    wide[1, ::stride][: k - 1] = 10 + torch.arange(k - 1, dtype=torch.float32)[: len(wide[1, ::stride])]
+    wide[2] = 0.5
+    for fresh in (lambda: logits.clone()[:, -1, :], lambda: logits.double()[:, -1, :], edge.clone, wide.clone,
+                  lambda: wide[1:].clone()):
         expected = TopKLogitsWarper(top_k=k)(None, fresh())
         given = fresh()
         got = FastTopK(top_k=k)(None, given)
