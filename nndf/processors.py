@@ -6,8 +6,8 @@ scores at every step, before and after the minimum is reached: 0.6 ms of a 21 ms
 (`bench/onnxrt_io.py`), where every benchmark pays it (its generations are forced to an exact length). The
 subclasses here compute the same scores (the EOS ids set to -inf while the minimum is not reached, the scores
 unchanged after) by indexing the EOS ids alone. Sampling's top-k warper (`generate()`'s default, k 50) is
-computed here in place, its k-th largest sought above a sampled threshold (`FastTopK`), and top-p after it over the scores top-k left
-(`FastTopP`). `tests/test_fast_processors.py` checks each against its transformers parent.
+computed here in place, its k-th largest sought above a sampled threshold (`FastTopK`), and top-p after it over
+the scores top-k left (`FastTopP`). `tests/test_fast_processors.py` checks each against its transformers parent.
 """
 
 from __future__ import annotations
