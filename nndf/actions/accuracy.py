@@ -102,9 +102,7 @@ def run(args) -> list[Result]:
     columns = [
         Column("backend", "backend"),
         Column("samples", "passages"),
-        Column("top1", "top-1", "{:.2%}"),
-        Column("topN", f"top-{n}", "{:.2%}"),
-        Column("top10", "top-10", "{:.2%}"),
+        *top_columns(n),
         Column("token_perplexity", "token ppl", PPL),
         Column("sequence_perplexity", "seq ppl", PPL),
         Column("lm_eval_accuracy", "lm-eval acc", "{:.2%}"),
@@ -130,6 +128,14 @@ def run(args) -> list[Result]:
                    sample="random" if len(chosen) < len(texts) else "all", sample_seed=data_seed(args),
                    tokens_to_generate=args.tokens_to_generate, topN=n)
     return keep.finish([Result("accuracy", title, columns, rows, context, notes)])
+
+
+def top_columns(n: int) -> list[Column]:
+    """top-1, top-N and top-10 in increasing N; a --topN of 1 or 10 is that column once, not a second one of the
+    same header (the JSON rows keep `topN` whatever N is)."""
+    keys = {1: "top1", 10: "top10"}
+    keys.setdefault(n, "topN")
+    return [Column(key, f"top-{k}", "{:.2%}") for k, key in sorted(keys.items())]
 
 
 def sample_words(chosen: int, available: int, args) -> str:
