@@ -52,7 +52,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> list[Result]:
     from nndf.architectures import architecture
-    from nndf.evaluation import check_lambada_settings
+    from nndf.evaluation import MAX_PPL, check_lambada_settings
     from nndf.lambada import load_lambada, sample_texts
     from nndf.loading import load_config
     from nndf.registry import resolve
@@ -115,6 +115,12 @@ def run(args) -> list[Result]:
         notes.append(f"no passage has more than the {args.tokens_to_generate} target token(s) of "
                      "--tokens-to-generate, so the NVIDIA-demo columns (top-N, token and seq ppl) have nothing to "
                      "average (-)")
+    capped = [column.header for column in columns if column.key in ("token_perplexity", "sequence_perplexity")
+              and any(row.get(column.key) == MAX_PPL for row in rows)]
+    if capped:
+        notes.append(f"{MAX_PPL:g} under {' and '.join(capped)} is the cap NVIDIA's demo puts on them (it reports "
+                     f"min(perplexity, {MAX_PPL:g})), not a measured value: the perplexity is at least that; lm-eval "
+                     "ppl has no cap.")
     if any("top1_agreement" in row for row in rows):
         notes.append("top-1 = PyTorch: share of all positions whose next-token argmax equals the PyTorch model's; "
                      "KL vs PyTorch: mean KL(PyTorch || backend) per position, both from one more pass over the "
