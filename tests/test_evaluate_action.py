@@ -327,3 +327,21 @@ def test_image_captioning_family_is_refused_before_loading(capsys):
     code = main(["evaluate", "BLIP", "frameworks", "--random-weights", "--tasks", "lambada_openai"])
     err = capsys.readouterr().err
     assert code == 2 and "BLIP reads images" in err and "loading" not in err
+
+
+def test_a_run_outside_a_git_repository_prints_no_git_error(passages, tmp_path, monkeypatch, capfd):
+    """lm-eval records the working folder's git commit; run from a folder outside any repository, git's own
+    "fatal: not a git repository (or any of the parent directories): .git" came out on stderr mid-run. The JSON
+    keeps lm-eval's git_hash (None there)."""
+    from nndf.cli import main
+
+    folder = tmp_path / "not-a-repository"
+    folder.mkdir()
+    monkeypatch.chdir(folder)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))  # git looks no higher, whatever holds tmp_path
+    code = main(["evaluate", "GPT2", "frameworks", "--torch-dir", str(TRAINED_TINY_GPT2), "--tasks", "lambada_openai",
+                 "--dataset-file", str(passages), "--limit", "2", "--bootstrap-iters", "0", "--json", "out.json"])
+    out, err = capfd.readouterr()
+    assert code == 0, err
+    assert "not a git repository" not in err and "fatal" not in err
+    assert json.loads((folder / "out.json").read_text())["results"][0]["lm_eval"]["git_hash"] is None

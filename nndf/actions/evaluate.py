@@ -17,6 +17,7 @@ import contextlib
 import json
 import math
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -104,6 +105,28 @@ def _bootstrap_in_process():
             os.environ["DISABLE_MULTIPROC"] = previous
 
 
+@contextlib.contextmanager
+def _quiet_git_hash():
+    """lm-eval records the git commit of the working folder (`git describe --always`, its results' `git_hash`); run
+    from a folder outside any repository, git printed "fatal: not a git repository ..." on stderr in the middle of a
+    run that went well. The same hash, with git's own complaint left out."""
+    import lm_eval.evaluator
+    from lm_eval.loggers.utils import get_commit_from_path
+
+    def git_hash():
+        try:
+            return subprocess.check_output(["git", "describe", "--always"], stderr=subprocess.DEVNULL).strip().decode()
+        except (subprocess.CalledProcessError, FileNotFoundError):  # not a repository; git not installed
+            return get_commit_from_path(os.getcwd())
+
+    previous = lm_eval.evaluator.get_git_commit_hash
+    lm_eval.evaluator.get_git_commit_hash = git_hash
+    try:
+        yield
+    finally:
+        lm_eval.evaluator.get_git_commit_hash = previous
+
+
 # simple_evaluate's seeds, which lm-eval's own `--seed N` sets all to N (its defaults: 0, 1234, 1234, 1234); numpy's
 # takes no more than 32 bits
 LM_EVAL_SEEDS = ("random_seed", "numpy_random_seed", "torch_random_seed", "fewshot_random_seed")
@@ -142,7 +165,7 @@ def run(args) -> list[Result]:
         say(f"evaluating {', '.join(tasks.names)} on {label(model)} ({models.index(model) + 1} of {len(models)})")
         lm = NndfLM(model, batch_size=args.batch_size, max_gen_toks=args.max_gen_toks)
         started = time.perf_counter()
-        with contextlib.redirect_stdout(sys.stderr), _bootstrap_in_process():  # lm-eval prints its progress
+        with contextlib.redirect_stdout(sys.stderr), _bootstrap_in_process(), _quiet_git_hash():  # lm-eval's progress
             out = lm_eval.simple_evaluate(model=lm, tasks=tasks.specs, task_manager=tasks.manager,
                                           num_fewshot=args.num_fewshot, limit=args.limit,
                                           batch_size=args.batch_size, bootstrap_iters=args.bootstrap_iters,
