@@ -48,8 +48,8 @@ def test_six_digit_perplexities_print_without_a_trailing_point():
 @needs_shared(TRAINED_TINY_GPT2)
 @needs_shared(LAMBADA_FILE)
 def test_a_perplexity_at_nvidias_cap_is_said_to_be_the_cap(capsys, tmp_path):
-    """The trained tiny GPT-2 memorised none of these two LAMBADA passages (--seed 0's): its token and seq ppl are NVIDIA's cap, 1e5, which the
-    table showed as "100000." with nothing to say that it is a cap and not a measurement."""
+    """The trained tiny GPT-2 memorised neither of these two LAMBADA passages (--seed 0's): its token and seq ppl are
+    NVIDIA's cap, 1e5, which the table showed as "100000." with nothing to say that it is a cap, not a measurement."""
     out, header, row = accuracy(capsys, tmp_path, TRAINED_TINY_GPT2, "--num-samples", 2,
                                 data=LAMBADA_FILE)
     assert row["token_perplexity"] == row["sequence_perplexity"] == 100000.0
