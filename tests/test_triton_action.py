@@ -181,3 +181,13 @@ def test_folders_that_are_not_models_are_named_with_the_way_to_serve_it(tiny_gpt
                    "-o", str(models), "--name", "gpt2"]) == 0
     out, err = capsys.readouterr()
     assert "warning" not in err and f"serve it: tritonserver --model-repository {models} (its Python" in out
+
+
+@pytest.mark.parametrize("name", ["my model", "", "gpt2'", "gpt2 ", "a/b", ".."])
+def test_a_name_that_is_no_plain_model_name_is_refused_before_the_load(tmp_path, capsys, no_load, name):
+    """-n 'my model' was written as a model whose name the printed `--load-model=my model` serve line split in two
+    (and convert_model refuses it); -n '' silently named the model after the variant."""
+    assert triton(tmp_path, "-o", str(tmp_path / "models"), "-n", name) == 2
+    err = capsys.readouterr().err
+    assert f"-n/--name {name!r} names the Triton model" in err and "use letters, digits, '.', '-' and '_'" in err
+    assert not (tmp_path / "models").exists()

@@ -15,7 +15,7 @@ from nndf.backends import split_backend
 from nndf.errors import UsageError
 from nndf.results import Column, Result
 from nndf.sampling import SAMPLING_STREAMS
-from nndf.triton.generative import SCHEDULERS
+from nndf.triton.generative import MODEL_NAME, SCHEDULERS
 
 BACKENDS_HELP = "onnxrt, or onnxrt-int8 / onnxrt-int4 (or --int8 / --int4): the exported graph Triton serves"
 UNUSED_FLAGS = {  # nndf.cli.check_unused_flags
@@ -31,8 +31,8 @@ UNUSED_FLAGS = {  # nndf.cli.check_unused_flags
 def add_arguments(parser) -> None:
     g = parser.add_argument_group("triton")
     g.add_argument("-o", "--output", default="triton_models", help="the model repository (default triton_models)")
-    g.add_argument("-n", "--name", help="the Triton model's name (default: the --torch-dir folder's name, else the "
-                   "variant's, e.g. gpt2; in lower case)")
+    g.add_argument("-n", "--name", help="the Triton model's name: letters, digits, '.', '-' and '_' (default: the "
+                   "--torch-dir folder's name, else the variant's, e.g. gpt2; in lower case)")
     g.add_argument("--max-batch-size", type=int, default=8, help="most prompts in one request (default 8)")
     g.add_argument("--nb-instances", type=int, default=1, help="model instances in the server (default 1)")
     g.add_argument("--max-new-tokens", type=int, default=32,
@@ -59,7 +59,7 @@ def default_name(torch_dir: str | None, variant_name: str) -> str:
     """The model's name where --name is not given: what titles call it (a --torch-dir folder's name, as
     `LoadedModel.name`), where that makes a plain Triton model name, else the variant's."""
     folder = Path(torch_dir).resolve().name.lower() if torch_dir else ""
-    return folder if re.fullmatch(r"[a-z0-9][a-z0-9_.-]*", folder) else variant_name.lower()
+    return folder if re.fullmatch(MODEL_NAME, folder) else variant_name.lower()
 
 
 def run(args) -> list[Result]:
@@ -77,7 +77,7 @@ def run(args) -> list[Result]:
     if args.max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     spec, variant = resolve(args.model, args.variant)
-    name = args.name or default_name(args.torch_dir, variant.name)
+    name = args.name if args.name is not None else default_name(args.torch_dir, variant.name)  # -n '' is refused
     check_serving(args.output, name, args.max_batch_size, args.nb_instances, args.scheduler, args.streaming,
                   args.max_rows, args.max_queue_delay_us, args.sampling_stream, args.num_beams)  # before the load
     if args.scheduler == "continuous":
