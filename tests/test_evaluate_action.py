@@ -209,7 +209,8 @@ def test_without_lm_eval_evaluate_names_the_extra(tiny_gpt2_dir, monkeypatch, ca
     (["--tasks", "lambada_openai", "--dataset-file", "hellaswag=x.jsonl"], "names task 'hellaswag', which is not "
                                                                            "among --tasks"),
     (["--tasks", "lambada_openai", "--dataset-file", str(SHARED_DATA / "README.md")], "is not one of the readable"),
-    (["--tasks", "lambada_openai", "--limit", "0"], "--limit must be positive"),
+    (["--tasks", "lambada_openai", "--limit", "0"], "--limit must be positive, got 0\n"),  # it said "got 0.0"
+    (["--tasks", "lambada_openai", "--limit", "-3"], "--limit must be positive, got -3\n"),
     # a second file for one task: the last one used to win unsaid (--limit 1: without the check it runs, briefly)
     (["--tasks", "lambada_openai", "--dataset-file", f"lambada_openai={LAMBADA_FILE}", f"lambada_openai={LAMBADA_FILE}",
       "--limit", "1"], "--dataset-file gives task 'lambada_openai' a second file"),

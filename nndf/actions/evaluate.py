@@ -142,7 +142,7 @@ def _check_flags(args) -> None:
     if args.seed is not None and not 0 <= args.seed < 2**32:
         raise UsageError(f"--seed seeds lm-eval's numpy generator too, which takes 0 to 2**32 - 1; got {args.seed}")
     if args.limit is not None and args.limit <= 0:
-        raise UsageError(f"--limit must be positive, got {args.limit}")
+        raise UsageError(f"--limit must be positive, got {args.limit:g}")  # 0, not the 0.0 `_limit` made of it
     if args.num_fewshot is not None and args.num_fewshot < 0:
         raise UsageError(f"--num-fewshot must be 0 or more, got {args.num_fewshot}")
     if args.max_gen_toks < 1:
