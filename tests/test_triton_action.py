@@ -191,3 +191,14 @@ def test_a_name_that_is_no_plain_model_name_is_refused_before_the_load(tmp_path,
     err = capsys.readouterr().err
     assert f"-n/--name {name!r} names the Triton model" in err and "use letters, digits, '.', '-' and '_'" in err
     assert not (tmp_path / "models").exists()
+
+
+@pytest.mark.parametrize("scheduler", ["continuous", "sequential"])
+def test_an_image_to_text_family_is_refused_before_the_load(tmp_path, capsys, no_load, scheduler):
+    """BLIP under --scheduler sequential loaded its weights and exported its graphs (a minute on a CPU) before
+    "triton serves text generation; BLIP captions images"; under continuous it was told to use sequential."""
+    code = run_py(["triton", "BLIP", "onnxrt", "--random-weights", "-wd", str(tmp_path / "work"), "-o",
+                   str(tmp_path / "models"), "--scheduler", scheduler])
+    err = capsys.readouterr().err
+    assert code == 2 and "triton serves text generation; BLIP captions images" in err, err
+    assert "sequential" not in err and not (tmp_path / "models").exists()

@@ -77,14 +77,14 @@ def run(args) -> list[Result]:
     if args.max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     spec, variant = resolve(args.model, args.variant)
+    if architecture(spec).takes_images:  # said before the load and the export, which it made first
+        raise UsageError(f"triton serves text generation; {spec.family} captions images")
     name = args.name if args.name is not None else default_name(args.torch_dir, variant.name)  # -n '' is refused
     check_serving(args.output, name, args.max_batch_size, args.nb_instances, args.scheduler, args.streaming,
                   args.max_rows, args.max_queue_delay_us, args.sampling_stream, args.num_beams)  # before the load
     if args.scheduler == "continuous":
         ContinuousBatcher.check_architecture(spec.family, architecture(spec), args.use_cache)
     model = open_models(args, needs_text=True, new_tokens_flag="--max-new-tokens")[0]
-    if model.architecture.takes_images:
-        raise UsageError(f"triton serves text generation; {model.spec.family} captions images")
     folders = write_generative_repository(args.output, name, model, args.max_batch_size, args.nb_instances,
                                           max_new_tokens=args.max_new_tokens, num_beams=args.num_beams,
                                           scheduler=args.scheduler, streaming=args.streaming,
