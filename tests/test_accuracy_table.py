@@ -55,7 +55,7 @@ def test_a_perplexity_at_nvidias_cap_is_said_to_be_the_cap(capsys, tmp_path):
     assert row["token_perplexity"] == row["sequence_perplexity"] == 100000.0
     line = next(line for line in out.splitlines() if line.startswith("frameworks"))
     assert line.split()[5:7] == ["100000", "100000"]
-    assert ("100000 under token ppl and seq ppl is the cap NVIDIA's demo puts on them (it reports min(perplexity, "
+    assert ("100000 under token ppl and seq ppl is the cap of NVIDIA's demo (it reports min(perplexity, "
             "100000)), not a measured value" in out)
 
 

@@ -118,7 +118,7 @@ def run(args) -> list[Result]:
     capped = [column.header for column in columns if column.key in ("token_perplexity", "sequence_perplexity")
               and any(row.get(column.key) == MAX_PPL for row in rows)]
     if capped:
-        notes.append(f"{MAX_PPL:g} under {' and '.join(capped)} is the cap NVIDIA's demo puts on them (it reports "
+        notes.append(f"{MAX_PPL:g} under {' and '.join(capped)} is the cap of NVIDIA's demo (it reports "
                      f"min(perplexity, {MAX_PPL:g})), not a measured value: the perplexity is at least that; lm-eval "
                      "ppl has no cap.")
     if any("top1_agreement" in row for row in rows):
