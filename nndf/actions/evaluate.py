@@ -23,7 +23,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from nndf.errors import UsageError
+from nndf.errors import HarnessError, UsageError
 from nndf.interrupt import KeepOnInterrupt
 from nndf.results import Column, Result
 
@@ -151,15 +151,36 @@ def _check_flags(args) -> None:
         raise UsageError(f"--bootstrap-iters must be 0 or more, got {args.bootstrap_iters}")
 
 
+def check_generation_room(generation: dict[str, int | None], max_gen_toks: int, positions: int | None) -> None:
+    """A decoder-only model's context and answer share its positions (lm-eval's hf model cuts the context to
+    positions - max_gen_toks): new tokens that fill them all left no context, which NndfLM said only after the
+    load and the exports, as 'max_gen_toks 256', the default the user never typed."""
+    from nndf.lm_eval import DEFAULT_MAX_GEN_TOKS
+
+    if positions is None:  # an encoder-decoder model's answer has the decoder's positions to itself
+        return
+    for name, own in generation.items():
+        if own is not None and own >= positions:
+            raise HarnessError(f"lm-eval task {name} sets max_gen_toks {own}, which leaves no position for its context "
+                               f"in this model's {positions} positions: evaluate it with a model of more positions")
+        if own is None and max_gen_toks >= positions:
+            default = " (its default)" if max_gen_toks == DEFAULT_MAX_GEN_TOKS else ""
+            raise UsageError(f"--max-gen-toks {max_gen_toks}{default}, the new tokens of lm-eval task {name}'s "
+                             f"answers, leaves no position for their context in this model's {positions} positions; "
+                             f"give less than {positions}")
+
+
 def run(args) -> list[Result]:
     lm_eval = require_lm_eval()
     from nndf.actions.common import describe, label, open_models, say
+    from nndf.architectures import architecture
     from nndf.lm_eval import NndfLM, check_text_family
     from nndf.lm_eval_tasks import check_tasks, load_task_data
     from nndf.registry import resolve
 
     _check_flags(args)
-    check_text_family(resolve(args.model, args.variant)[0])
+    spec = resolve(args.model, args.variant)[0]
+    check_text_family(spec)
 
     def evaluate(model) -> tuple:  # one backend's lm-eval run (tasks and models are set below, before it runs)
         say(f"evaluating {', '.join(tasks.names)} on {label(model)} ({models.index(model) + 1} of {len(models)})")
@@ -172,10 +193,19 @@ def run(args) -> list[Result]:
                                           log_samples=False, **lm_eval_seeds(args.seed))
         return model, out, time.perf_counter() - started
 
+    positions = {}  # a decoder-only model's, from its config before the load (open_models' check_inputs)
+
+    def before_load() -> None:  # the tasks' data, then their answers' new tokens against the model's positions
+        load_task_data(tasks)
+        check_generation_room(tasks.generation, args.max_gen_toks, positions.get("causal"))
+
     keep = KeepOnInterrupt()
     with tempfile.TemporaryDirectory(prefix="nndf-tasks-") as folder:
         tasks = check_tasks(args.tasks, args.task_files, args.include_path, folder, args.working_dir)
-        models = open_models(args, needs_text=True, before_load=lambda: load_task_data(tasks))
+        models = open_models(args, needs_text=True, before_load=before_load,
+                             check_inputs=lambda loaded, shapes: positions.update(
+                                 causal=shapes.max_positions if architecture(spec).lm_eval_backend == "causal"
+                                 else None))
         runs = keep.each(models, "evaluating", "not evaluated", evaluate, name=label)
     context = dict(describe(*models), tasks=tasks.names, limit=args.limit, num_fewshot=args.num_fewshot,
                    seed=args.seed, dataset_files=args.task_files, include_path=args.include_path)
