@@ -202,3 +202,18 @@ def test_an_image_to_text_family_is_refused_before_the_load(tmp_path, capsys, no
     err = capsys.readouterr().err
     assert code == 2 and "triton serves text generation; BLIP captions images" in err, err
     assert "sequential" not in err and not (tmp_path / "models").exists()
+
+
+@pytest.mark.parametrize("flags", [["--dynamic-batch"], ["--engine-postfix", "x"], ["--max-dynamic-batch", "4"],
+                                   ["--disable-preview-dynamic-shapes"], ["--decoder-engine", "e.plan"],
+                                   ["--cuda-graph"]])
+def test_tensorrt_and_cuda_graph_flags_are_refused_without_sending_the_user_to_trt(tmp_path, capsys, no_load, flags):
+    """They said "name trt or drop it" / "add trt" (or frameworks), and triton then refused every backend but onnxrt;
+    its help listed them too."""
+    assert triton(tmp_path, "-o", str(tmp_path / "models"), *flags) == 2
+    err = capsys.readouterr().err
+    assert f"{flags[0]} does not apply to triton: it serves the onnxrt backend's ONNX graph" in err, err
+    assert "add trt" not in err and "name trt" not in err
+    with pytest.raises(SystemExit):
+        run_py(["triton", "--help"])
+    assert flags[0] not in capsys.readouterr().out

@@ -25,6 +25,12 @@ UNUSED_FLAGS = {  # nndf.cli.check_unused_flags
     "seed": "a sampled request's draws are seeded by its own SEED input (where it has none, by the server's "
             "random stream)",
     "use_mask": "it always feeds a mask",
+    # TensorRT's and CUDA graphs' flags: the shared rule says "name trt", which triton refuses
+    **dict.fromkeys(("dynamic_batch", "min_dynamic_batch", "max_dynamic_batch", "disable_preview_dynamic_shapes",
+                     "engine_postfix", "decoder_engine", "encoder_engine", "cache_generator_engine"),
+                    "it serves the onnxrt backend's ONNX graph (--decoder-onnx gives one), not a TensorRT engine"),
+    "cuda_graph": "it serves the onnxrt backend's ONNX graph; CUDA graphs replay the frameworks and trt backends' "
+                  "decode steps",
 }
 
 
