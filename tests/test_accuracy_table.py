@@ -63,3 +63,12 @@ def test_a_perplexity_at_nvidias_cap_is_said_to_be_the_cap(capsys, tmp_path):
 def test_no_cap_note_below_the_cap(capsys, tmp_path, tiny_gpt2_dir):
     out, _, row = accuracy(capsys, tmp_path, tiny_gpt2_dir)
     assert row["sequence_perplexity"] < 100000.0 and "is the cap" not in out
+
+
+@needs_shared(TOKENIZER_DIR)
+def test_the_note_says_seq_ppl_is_over_the_whole_passage(capsys, tmp_path, tiny_gpt2_dir):
+    """The note said "top-N, token and sequence perplexity as NVIDIA's demo defines them over the last 2 token(s)";
+    the sequence perplexity is the whole passage's (nndf.evaluation), only top-N and token ppl are the last tokens'."""
+    out, _, _ = accuracy(capsys, tmp_path, tiny_gpt2_dir, "--tokens-to-generate", 2)
+    assert ("top-N and token ppl as NVIDIA's demo defines them, over each passage's last 2 token(s), and seq ppl over "
+            "the whole passage;") in out
