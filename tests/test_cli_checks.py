@@ -219,8 +219,12 @@ def test_export_into_a_folder_says_a_missing_tokenizer_before_exporting(capsys, 
     (["benchmark", "GPT2", "frameworks", "--random-weights", "--plot", " "], "--plot is empty; give a file name"),
     (["convert", "-m", "bert-base-uncased", "-o", ""], "-o/--output is empty; give a folder name"),
     (["convert", "-m", "bert-base-uncased", "--json", ""], "--json is empty; give a file name such as report.json"),
+    # given paths too ("--dataset-file  is a folder", "--torch-dir  is not a Hugging Face model folder")
+    (["accuracy", "GPT2", "frameworks", "--random-weights", "--dataset-file", ""],
+     "--dataset-file is empty; it takes the path of a file"),
+    (["accuracy", "GPT2", "frameworks", "--torch-dir", ""], "--torch-dir is empty; it takes the path of a folder"),
 ])
-def test_an_empty_output_path_is_refused(capsys, tmp_path, monkeypatch, argv, needle):
+def test_an_empty_path_is_refused(capsys, tmp_path, monkeypatch, argv, needle):
     """An empty -o (-o "$UNSET") is Path(""), the current folder: triton and convert wrote their models and graphs
     among the user's files there, and printed `tritonserver --model-repository ''`; an empty --json was "--json  is
     a folder"."""
