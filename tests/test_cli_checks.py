@@ -223,6 +223,8 @@ def test_export_into_a_folder_says_a_missing_tokenizer_before_exporting(capsys, 
     (["accuracy", "GPT2", "frameworks", "--random-weights", "--dataset-file", ""],
      "--dataset-file is empty; it takes the path of a file"),
     (["accuracy", "GPT2", "frameworks", "--torch-dir", ""], "--torch-dir is empty; it takes the path of a folder"),
+    (["convert", "-m", ""], "-m/--model is empty; it takes a local folder or a hub id"),  # "-m/--model  holds no"
+    (["convert", "-m", "bert-base-uncased", "-t", ""], "-t/--tokenizer is empty"),  # was taken as no -t
 ])
 def test_an_empty_path_is_refused(capsys, tmp_path, monkeypatch, argv, needle):
     """An empty -o (-o "$UNSET") is Path(""), the current folder: triton and convert wrote their models and graphs
