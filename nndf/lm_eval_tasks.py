@@ -72,6 +72,8 @@ def _dataset_files(values: list[str] | None, names: list[str]) -> dict[str, Path
         if task in files:  # the last would win unsaid: the user meant one of them
             raise UsageError(f"--dataset-file gives task '{task}' a second file ({files[task]}, then {path}); a task "
                              "reads one file: give one --dataset-file per task")
+        if not path.strip():  # "--dataset-file lambada_openai=:  is not a file"
+            raise UsageError(f"--dataset-file {value!r} names no file; write it as [TASK=]FILE")
         file = Path(path)
         if not file.is_file():
             raise UsageError(f"--dataset-file {value}: {path} is not a file")
@@ -288,6 +290,8 @@ def check_tasks(task_names: str, dataset_files: list[str] | None, include_paths:
     task index between runs (`task_manager`)."""
     names = parse_task_names(task_names)
     for path in include_paths or []:
+        if not str(path).strip():  # Path("") is the current folder, which lm-eval then indexed for task files
+            raise UsageError("--include-path is empty; it takes a folder of lm-eval task YAML files")
         if not Path(path).is_dir():
             raise UsageError(f"--include-path {path} is not a folder; it takes a folder of lm-eval task YAML files")
     files = _dataset_files(dataset_files, names)

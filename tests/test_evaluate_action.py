@@ -218,6 +218,10 @@ def test_without_lm_eval_evaluate_names_the_extra(tiny_gpt2_dir, monkeypatch, ca
     (["--tasks", str(LAMBADA_YAML), "--dataset-file", str(LAMBADA_FILE), "--limit", "1"],
      f"--dataset-file applies to an lm-eval task name, and '{LAMBADA_YAML}' is a task YAML file"),
     (["--tasks", ","], "--tasks names no task"),
+    # empty paths: "--dataset-file :  is not a file", and '' for --include-path indexed the current folder
+    (["--tasks", "lambada_openai", "--dataset-file", ""], "--dataset-file '' names no file; write it as [TASK=]FILE"),
+    (["--tasks", "lambada_openai", "--dataset-file", "lambada_openai="], "--dataset-file 'lambada_openai=' names no"),
+    (["--tasks", "lambada_openai", "--include-path", ""], "--include-path is empty; it takes a folder of lm-eval"),
 ])
 def test_bad_task_flags_are_one_sentence_before_any_model_loads(flags, message, tiny_gpt2_dir, onnx_work_dir, capsys):
     from nndf.cli import main
