@@ -119,7 +119,10 @@ def _quiet_git_hash():
         except (subprocess.CalledProcessError, FileNotFoundError):  # not a repository; git not installed
             return get_commit_from_path(os.getcwd())
 
-    previous = lm_eval.evaluator.get_git_commit_hash
+    previous = getattr(lm_eval.evaluator, "get_git_commit_hash", None)
+    if previous is None:  # another lm-eval, which asks no git (or otherwise): nothing to quiet
+        yield
+        return
     lm_eval.evaluator.get_git_commit_hash = git_hash
     try:
         yield
