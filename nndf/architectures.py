@@ -153,10 +153,10 @@ class DecoderOnly(TextInputs):
                                 **batching(first, batch_size, FIDELITY_BYTES_PER_LOGIT))
 
     def lambada_note(self, tokens_to_generate: int) -> str:
-        return (f"top-N, token and sequence perplexity as NVIDIA's demo defines them over the last "
-                f"{tokens_to_generate} token(s); lm-eval columns as lm-evaluation-harness 0.4.13's hf model computes "
-                "lambada_openai (target = last word, encoded with the tokenizer's own special tokens; acc = every "
-                "target token greedy; ppl per passage).")
+        return (f"top-N and token ppl as NVIDIA's demo defines them, over each passage's last {tokens_to_generate} "
+                "token(s), and seq ppl over the whole passage; lm-eval columns as lm-evaluation-harness 0.4.13's hf "
+                "model computes lambada_openai (target = last word, encoded with the tokenizer's own special tokens; "
+                "acc = every target token greedy; ppl per passage).")
 
 
 # What fidelity holds per logit of a batch: the reference's float64 log-probabilities and probabilities (kept while

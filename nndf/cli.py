@@ -214,6 +214,8 @@ def check_given_paths(args) -> None:
         if value is None:
             continue
         flag = "--" + attribute.replace("_", "-")
+        if not str(value).strip():  # Path("") is the current folder: "--dataset-file  is a folder"
+            raise UsageError(f"{flag} is empty; it takes the path of a {kind}")
         path = Path(value)
         if not path.exists():
             raise UsageError(f"{flag} {value} does not exist")

@@ -33,6 +33,9 @@ DATASET_FILE_HINT = ("give the data as a local file with --dataset-file TASK=FIL
                      "local files (dataset_path: json, dataset_kwargs: {data_files: ...})")
 
 
+UNSET = -1  # max_gen_toks as lm-eval normalises a task's generation_kwargs that set none (no task sets -1)
+
+
 @dataclass
 class Tasks:
     """What `lm_eval.simple_evaluate` takes: the task manager and one spec per task (a name, or the path of a YAML
@@ -42,6 +45,9 @@ class Tasks:
     specs: list[str]
     names: list[str]
     files: dict[str, Path] = field(default_factory=dict)
+    # each generate_until task (a group's too, by its own name) and the max_gen_toks it sets (None: --max-gen-toks
+    # decides), known once `load_task_data` has built the tasks
+    generation: dict[str, int | None] = field(default_factory=dict)
 
 
 def parse_task_names(text: str) -> list[str]:
@@ -66,6 +72,8 @@ def _dataset_files(values: list[str] | None, names: list[str]) -> dict[str, Path
         if task in files:  # the last would win unsaid: the user meant one of them
             raise UsageError(f"--dataset-file gives task '{task}' a second file ({files[task]}, then {path}); a task "
                              "reads one file: give one --dataset-file per task")
+        if not path.strip():  # "--dataset-file lambada_openai=:  is not a file"
+            raise UsageError(f"--dataset-file {value!r} names no file; write it as [TASK=]FILE")
         file = Path(path)
         if not file.is_file():
             raise UsageError(f"--dataset-file {value}: {path} is not a file")
@@ -239,12 +247,13 @@ def _unreachable(exc: BaseException) -> bool:
     return any(isinstance(error, ConnectionError) or type(error).__name__ in HUB_FAILURES for error in _chain(exc))
 
 
-def _check_loads(manager, specs: list[str], names: list[str], files: dict[str, Path]) -> None:
+def _check_loads(manager, specs: list[str], names: list[str], files: dict[str, Path]) -> dict[str, int | None]:
     """Build each task once (lm-eval loads its data then), so that a missing data set or a sampled generation task
     fails before a model loads; a task that cannot read the --dataset-file given for it says so, rather than
-    advising to give one."""
+    advising to give one. Returns each generation task's own max_gen_toks (None where it sets none)."""
     from nndf.lm_eval import greedy_settings
 
+    generation: dict[str, int | None] = {}
     for spec, name in zip(specs, names):
         try:
             loaded = manager.load([spec])
@@ -260,7 +269,9 @@ def _check_loads(manager, specs: list[str], names: list[str], files: dict[str, P
                                f"files, or {DATASET_FILE_HINT}") from exc
         for task_name, task in loaded["tasks"].items():  # a group's too: sampling is refused before a model loads
             if task.OUTPUT_TYPE == "generate_until":
-                greedy_settings(task.config.generation_kwargs or {}, task=f"lm-eval task {task_name}")
+                own = greedy_settings(task.config.generation_kwargs or {}, UNSET, task=f"lm-eval task {task_name}")
+                generation[task_name] = None if own["max_gen_toks"] == UNSET else own["max_gen_toks"]
+    return generation
 
 
 def prepare_tasks(task_names: str, dataset_files: list[str] | None, include_paths: list[str] | None,
@@ -279,6 +290,8 @@ def check_tasks(task_names: str, dataset_files: list[str] | None, include_paths:
     task index between runs (`task_manager`)."""
     names = parse_task_names(task_names)
     for path in include_paths or []:
+        if not str(path).strip():  # Path("") is the current folder, which lm-eval then indexed for task files
+            raise UsageError("--include-path is empty; it takes a folder of lm-eval task YAML files")
         if not Path(path).is_dir():
             raise UsageError(f"--include-path {path} is not a folder; it takes a folder of lm-eval task YAML files")
     files = _dataset_files(dataset_files, names)
@@ -294,4 +307,4 @@ def load_task_data(tasks: Tasks) -> None:
     lm-eval could not read or a data set the hub does not give fails in one sentence before a model loads."""
     for name, data_file in tasks.files.items():
         check_data_file(tasks.manager, name, data_file)
-    _check_loads(tasks.manager, tasks.specs, tasks.names, tasks.files)
+    tasks.generation = _check_loads(tasks.manager, tasks.specs, tasks.names, tasks.files)

@@ -38,6 +38,8 @@ def check_output_folder(flag: str, value: str | None, into: bool = False) -> Non
     exports are reused from a read-only one)."""
     if value is None:
         return
+    if not str(value).strip():  # Path("") is the current folder: -o "$UNSET" wrote the models among the user's files
+        raise UsageError(f"{flag} is empty; give a folder name ('.' for the current folder)")
     path = Path(value)
     if path.exists() and not path.is_dir():
         raise UsageError(f"{flag} {value} is a file; it takes a folder (created if missing)")
@@ -48,6 +50,8 @@ def check_output_file(flag: str, value: str | None, example: str) -> None:
     """`value` may be a file (replaced) or not exist yet, but not a folder, nor inside a file."""
     if value is None:
         return
+    if not str(value).strip():  # Path("") is the current folder, which it then called "--json  is a folder"
+        raise UsageError(f"{flag} is empty; give a file name such as {example}")
     path = Path(value)
     if path.is_dir():
         raise UsageError(f"{flag} {value} is a folder; give a file name such as {example}")

@@ -55,6 +55,8 @@ class Column:
             text = self.fmt.format(value)
         except (ValueError, TypeError, IndexError, KeyError):
             text = str(value)
+        if _is_number(value) and text.endswith("."):  # "{:#.6g}" keeps its digits but writes 100000 as "100000."
+            text = text[:-1]
         text = text.replace("\r", "\\r").replace("\n", "\\n")
         if self.width is not None and len(text) > self.width:
             cut = textwrap.shorten(text, self.width, placeholder=" ...")  # at a word, else (one long word) anywhere

@@ -208,3 +208,29 @@ def test_export_into_a_folder_says_a_missing_tokenizer_before_exporting(capsys, 
     assert code == 1 and "no tokenizer could be loaded" in err and "--tokenizer-dir DIR" in err
     assert "exporting" not in err and not (tmp_path / "out").exists()
     assert not list((tmp_path / "work").glob("*decoder*"))
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["triton", "GPT2", "onnxrt", "--random-weights", "-o", ""], "-o/--output is empty; give a folder name"),
+    (["export", "GPT2", "onnxrt", "--random-weights", "-o", ""], "-o/--output is empty; give a folder name"),
+    (["accuracy", "GPT2", "onnxrt", "--random-weights", "--working-dir", ""], "--working-dir is empty; give a folder"),
+    (["accuracy", "GPT2", "frameworks", "--random-weights", "--json", ""],
+     "--json is empty; give a file name such as results.json"),
+    (["benchmark", "GPT2", "frameworks", "--random-weights", "--plot", " "], "--plot is empty; give a file name"),
+    (["convert", "-m", "bert-base-uncased", "-o", ""], "-o/--output is empty; give a folder name"),
+    (["convert", "-m", "bert-base-uncased", "--json", ""], "--json is empty; give a file name such as report.json"),
+    # given paths too ("--dataset-file  is a folder", "--torch-dir  is not a Hugging Face model folder")
+    (["accuracy", "GPT2", "frameworks", "--random-weights", "--dataset-file", ""],
+     "--dataset-file is empty; it takes the path of a file"),
+    (["accuracy", "GPT2", "frameworks", "--torch-dir", ""], "--torch-dir is empty; it takes the path of a folder"),
+    (["convert", "-m", ""], "-m/--model is empty; it takes a local folder or a hub id"),  # "-m/--model  holds no"
+    (["convert", "-m", "bert-base-uncased", "-t", ""], "-t/--tokenizer is empty"),  # was taken as no -t
+])
+def test_an_empty_path_is_refused(capsys, tmp_path, monkeypatch, argv, needle):
+    """An empty -o (-o "$UNSET") is Path(""), the current folder: triton and convert wrote their models and graphs
+    among the user's files there, and printed `tritonserver --model-repository ''`; an empty --json was "--json  is
+    a folder"."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2 and f"error: {needle}" in err, err
+    assert not any(tmp_path.iterdir())

@@ -58,6 +58,16 @@ def test_the_json_report_is_strict_json_with_the_printed_timings(minilm_dir, tmp
     assert {k: f"{v:.2f}" for k, v in timing.items() if v is not None} == printed
 
 
+def test_the_pytorch_row_of_the_differences_says_it_is_a_second_run(minilm_dir, tmp_path, capsys):
+    """"Pytorch (FP32)  max |diff| vs PyTorch 1.30e-07" read as PyTorch against itself, nonzero, with nothing under
+    the table to say it is a second run against the reference (the README said it, the output did not)."""
+    assert convert_model(["-m", str(minilm_dir), "--task", "embedding", "--backend", "pytorch", "-o",
+                          str(tmp_path / "out"), *FAST]) == 0
+    out = capsys.readouterr().out
+    assert ("Pytorch (FP32): a second PyTorch run against the first, the reference: this machine's run-to-run noise, "
+            "the floor the other rows sit on") in out.split("max |diff| vs PyTorch")[1]
+
+
 def _lambada_passages(count: int, start: int = 2500) -> list[str]:
     lines = LAMBADA_FILE.read_text().splitlines()[start:start + count]
     return [json.loads(line)["text"] for line in lines]

@@ -46,6 +46,18 @@ def test_a_checkpoint_without_the_tasks_head_is_refused(task, head, minilm_dir, 
     assert "--task embedding" in err and "MISSING" not in err and "Traceback" not in err and not out.exists()
 
 
+@needs_shared(TOKENIZER_DIR)
+def test_a_single_missing_head_weight_is_said_in_the_singular_with_the_language_model_task(tiny_gpt2_dir, tmp_path,
+                                                                                           capsys):
+    """A GPT-2 language model under the default --task classification lacks one weight (score.weight): the refusal
+    said "score.weight are not in the checkpoint, so they would be random", and named only --task embedding as the
+    way out, not the text-generation a language model was trained for."""
+    code = convert_model(["-m", str(tiny_gpt2_dir), "-o", str(tmp_path / "out"), "--backend", "pytorch", *FAST])
+    err = capsys.readouterr().err
+    assert code == 2 and "(score.weight is not in the checkpoint, so it would be random)" in err, err
+    assert "a causal language model --task text-generation" in err
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["-b", "4", "2", "8"], "-b/--batch-size takes MIN OPT MAX with MIN <= OPT <= MAX, got 4 2 8"),
     (["-s", "0", "8", "8"], "-s/--seq-len values must be at least 1, got 0"),

@@ -209,7 +209,8 @@ def test_without_lm_eval_evaluate_names_the_extra(tiny_gpt2_dir, monkeypatch, ca
     (["--tasks", "lambada_openai", "--dataset-file", "hellaswag=x.jsonl"], "names task 'hellaswag', which is not "
                                                                            "among --tasks"),
     (["--tasks", "lambada_openai", "--dataset-file", str(SHARED_DATA / "README.md")], "is not one of the readable"),
-    (["--tasks", "lambada_openai", "--limit", "0"], "--limit must be positive"),
+    (["--tasks", "lambada_openai", "--limit", "0"], "--limit must be positive, got 0\n"),  # it said "got 0.0"
+    (["--tasks", "lambada_openai", "--limit", "-3"], "--limit must be positive, got -3\n"),
     # a second file for one task: the last one used to win unsaid (--limit 1: without the check it runs, briefly)
     (["--tasks", "lambada_openai", "--dataset-file", f"lambada_openai={LAMBADA_FILE}", f"lambada_openai={LAMBADA_FILE}",
       "--limit", "1"], "--dataset-file gives task 'lambada_openai' a second file"),
@@ -217,6 +218,10 @@ def test_without_lm_eval_evaluate_names_the_extra(tiny_gpt2_dir, monkeypatch, ca
     (["--tasks", str(LAMBADA_YAML), "--dataset-file", str(LAMBADA_FILE), "--limit", "1"],
      f"--dataset-file applies to an lm-eval task name, and '{LAMBADA_YAML}' is a task YAML file"),
     (["--tasks", ","], "--tasks names no task"),
+    # empty paths: "--dataset-file :  is not a file", and '' for --include-path indexed the current folder
+    (["--tasks", "lambada_openai", "--dataset-file", ""], "--dataset-file '' names no file; write it as [TASK=]FILE"),
+    (["--tasks", "lambada_openai", "--dataset-file", "lambada_openai="], "--dataset-file 'lambada_openai=' names no"),
+    (["--tasks", "lambada_openai", "--include-path", ""], "--include-path is empty; it takes a folder of lm-eval"),
 ])
 def test_bad_task_flags_are_one_sentence_before_any_model_loads(flags, message, tiny_gpt2_dir, onnx_work_dir, capsys):
     from nndf.cli import main
@@ -327,3 +332,21 @@ def test_image_captioning_family_is_refused_before_loading(capsys):
     code = main(["evaluate", "BLIP", "frameworks", "--random-weights", "--tasks", "lambada_openai"])
     err = capsys.readouterr().err
     assert code == 2 and "BLIP reads images" in err and "loading" not in err
+
+
+def test_a_run_outside_a_git_repository_prints_no_git_error(passages, tmp_path, monkeypatch, capfd):
+    """lm-eval records the working folder's git commit; run from a folder outside any repository, git's own
+    "fatal: not a git repository (or any of the parent directories): .git" came out on stderr mid-run. The JSON
+    keeps lm-eval's git_hash (None there)."""
+    from nndf.cli import main
+
+    folder = tmp_path / "not-a-repository"
+    folder.mkdir()
+    monkeypatch.chdir(folder)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))  # git looks no higher, whatever holds tmp_path
+    code = main(["evaluate", "GPT2", "frameworks", "--torch-dir", str(TRAINED_TINY_GPT2), "--tasks", "lambada_openai",
+                 "--dataset-file", str(passages), "--limit", "2", "--bootstrap-iters", "0", "--json", "out.json"])
+    out, err = capfd.readouterr()
+    assert code == 0, err
+    assert "not a git repository" not in err and "fatal" not in err
+    assert json.loads((folder / "out.json").read_text())["results"][0]["lm_eval"]["git_hash"] is None

@@ -181,3 +181,39 @@ def test_folders_that_are_not_models_are_named_with_the_way_to_serve_it(tiny_gpt
                    "-o", str(models), "--name", "gpt2"]) == 0
     out, err = capsys.readouterr()
     assert "warning" not in err and f"serve it: tritonserver --model-repository {models} (its Python" in out
+
+
+@pytest.mark.parametrize("name", ["my model", "", "gpt2'", "gpt2 ", "a/b", ".."])
+def test_a_name_that_is_no_plain_model_name_is_refused_before_the_load(tmp_path, capsys, no_load, name):
+    """-n 'my model' was written as a model whose name the printed `--load-model=my model` serve line split in two
+    (and convert_model refuses it); -n '' silently named the model after the variant."""
+    assert triton(tmp_path, "-o", str(tmp_path / "models"), "-n", name) == 2
+    err = capsys.readouterr().err
+    assert f"-n/--name {name!r} names the Triton model" in err and "use letters, digits, '.', '-' and '_'" in err
+    assert not (tmp_path / "models").exists()
+
+
+@pytest.mark.parametrize("scheduler", ["continuous", "sequential"])
+def test_an_image_to_text_family_is_refused_before_the_load(tmp_path, capsys, no_load, scheduler):
+    """BLIP under --scheduler sequential loaded its weights and exported its graphs (a minute on a CPU) before
+    "triton serves text generation; BLIP captions images"; under continuous it was told to use sequential."""
+    code = run_py(["triton", "BLIP", "onnxrt", "--random-weights", "-wd", str(tmp_path / "work"), "-o",
+                   str(tmp_path / "models"), "--scheduler", scheduler])
+    err = capsys.readouterr().err
+    assert code == 2 and "triton serves text generation; BLIP captions images" in err, err
+    assert "sequential" not in err and not (tmp_path / "models").exists()
+
+
+@pytest.mark.parametrize("flags", [["--dynamic-batch"], ["--engine-postfix", "x"], ["--max-dynamic-batch", "4"],
+                                   ["--disable-preview-dynamic-shapes"], ["--decoder-engine", "e.plan"],
+                                   ["--cuda-graph"]])
+def test_tensorrt_and_cuda_graph_flags_are_refused_without_sending_the_user_to_trt(tmp_path, capsys, no_load, flags):
+    """They said "name trt or drop it" / "add trt" (or frameworks), and triton then refused every backend but onnxrt;
+    its help listed them too."""
+    assert triton(tmp_path, "-o", str(tmp_path / "models"), *flags) == 2
+    err = capsys.readouterr().err
+    assert f"{flags[0]} does not apply to triton: it serves the onnxrt backend's ONNX graph" in err, err
+    assert "add trt" not in err and "name trt" not in err
+    with pytest.raises(SystemExit):
+        run_py(["triton", "--help"])
+    assert flags[0] not in capsys.readouterr().out

@@ -17,12 +17,13 @@ import contextlib
 import json
 import math
 import os
+import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 
-from nndf.errors import UsageError
+from nndf.errors import HarnessError, UsageError
 from nndf.interrupt import KeepOnInterrupt
 from nndf.results import Column, Result
 
@@ -104,6 +105,31 @@ def _bootstrap_in_process():
             os.environ["DISABLE_MULTIPROC"] = previous
 
 
+@contextlib.contextmanager
+def _quiet_git_hash():
+    """lm-eval records the git commit of the working folder (`git describe --always`, its results' `git_hash`); run
+    from a folder outside any repository, git printed "fatal: not a git repository ..." on stderr in the middle of a
+    run that went well. The same hash, with git's own complaint left out."""
+    import lm_eval.evaluator
+    from lm_eval.loggers.utils import get_commit_from_path
+
+    def git_hash():
+        try:
+            return subprocess.check_output(["git", "describe", "--always"], stderr=subprocess.DEVNULL).strip().decode()
+        except (subprocess.CalledProcessError, FileNotFoundError):  # not a repository; git not installed
+            return get_commit_from_path(os.getcwd())
+
+    previous = getattr(lm_eval.evaluator, "get_git_commit_hash", None)
+    if previous is None:  # another lm-eval, which asks no git (or otherwise): nothing to quiet
+        yield
+        return
+    lm_eval.evaluator.get_git_commit_hash = git_hash
+    try:
+        yield
+    finally:
+        lm_eval.evaluator.get_git_commit_hash = previous
+
+
 # simple_evaluate's seeds, which lm-eval's own `--seed N` sets all to N (its defaults: 0, 1234, 1234, 1234); numpy's
 # takes no more than 32 bits
 LM_EVAL_SEEDS = ("random_seed", "numpy_random_seed", "torch_random_seed", "fewshot_random_seed")
@@ -119,7 +145,7 @@ def _check_flags(args) -> None:
     if args.seed is not None and not 0 <= args.seed < 2**32:
         raise UsageError(f"--seed seeds lm-eval's numpy generator too, which takes 0 to 2**32 - 1; got {args.seed}")
     if args.limit is not None and args.limit <= 0:
-        raise UsageError(f"--limit must be positive, got {args.limit}")
+        raise UsageError(f"--limit must be positive, got {args.limit:g}")  # 0, not the 0.0 `_limit` made of it
     if args.num_fewshot is not None and args.num_fewshot < 0:
         raise UsageError(f"--num-fewshot must be 0 or more, got {args.num_fewshot}")
     if args.max_gen_toks < 1:
@@ -128,31 +154,61 @@ def _check_flags(args) -> None:
         raise UsageError(f"--bootstrap-iters must be 0 or more, got {args.bootstrap_iters}")
 
 
+def check_generation_room(generation: dict[str, int | None], max_gen_toks: int, positions: int | None) -> None:
+    """A decoder-only model's context and answer share its positions (lm-eval's hf model cuts the context to
+    positions - max_gen_toks): new tokens that fill them all left no context, which NndfLM said only after the
+    load and the exports, as 'max_gen_toks 256', the default the user never typed."""
+    from nndf.lm_eval import DEFAULT_MAX_GEN_TOKS
+
+    if positions is None:  # an encoder-decoder model's answer has the decoder's positions to itself
+        return
+    for name, own in generation.items():
+        if own is not None and own >= positions:
+            raise HarnessError(f"lm-eval task {name} sets max_gen_toks {own}, which leaves no position for its context "
+                               f"in this model's {positions} positions: evaluate it with a model of more positions")
+        if own is None and max_gen_toks >= positions:
+            default = " (its default)" if max_gen_toks == DEFAULT_MAX_GEN_TOKS else ""
+            raise UsageError(f"--max-gen-toks {max_gen_toks}{default}, the new tokens of lm-eval task {name}'s "
+                             f"answers, leaves no position for their context in this model's {positions} positions; "
+                             f"give less than {positions}")
+
+
 def run(args) -> list[Result]:
     lm_eval = require_lm_eval()
     from nndf.actions.common import describe, label, open_models, say
+    from nndf.architectures import architecture
     from nndf.lm_eval import NndfLM, check_text_family
     from nndf.lm_eval_tasks import check_tasks, load_task_data
     from nndf.registry import resolve
 
     _check_flags(args)
-    check_text_family(resolve(args.model, args.variant)[0])
+    spec = resolve(args.model, args.variant)[0]
+    check_text_family(spec)
 
     def evaluate(model) -> tuple:  # one backend's lm-eval run (tasks and models are set below, before it runs)
         say(f"evaluating {', '.join(tasks.names)} on {label(model)} ({models.index(model) + 1} of {len(models)})")
         lm = NndfLM(model, batch_size=args.batch_size, max_gen_toks=args.max_gen_toks)
         started = time.perf_counter()
-        with contextlib.redirect_stdout(sys.stderr), _bootstrap_in_process():  # lm-eval prints its progress
+        with contextlib.redirect_stdout(sys.stderr), _bootstrap_in_process(), _quiet_git_hash():  # lm-eval's progress
             out = lm_eval.simple_evaluate(model=lm, tasks=tasks.specs, task_manager=tasks.manager,
                                           num_fewshot=args.num_fewshot, limit=args.limit,
                                           batch_size=args.batch_size, bootstrap_iters=args.bootstrap_iters,
                                           log_samples=False, **lm_eval_seeds(args.seed))
         return model, out, time.perf_counter() - started
 
+    positions = {}  # a decoder-only model's, from its config before the load (open_models' check_inputs)
+
+    def before_load() -> None:  # the tasks' data, then their answers' new tokens against the model's positions
+        load_task_data(tasks)
+        check_generation_room(tasks.generation, args.max_gen_toks, positions.get("causal"))
+
     keep = KeepOnInterrupt()
     with tempfile.TemporaryDirectory(prefix="nndf-tasks-") as folder:
         tasks = check_tasks(args.tasks, args.task_files, args.include_path, folder, args.working_dir)
-        models = open_models(args, needs_text=True, before_load=lambda: load_task_data(tasks))
+        models = open_models(args, needs_text=True, before_load=before_load,
+                             check_inputs=lambda loaded, shapes: positions.update(
+                                 causal=shapes.max_positions if architecture(spec).lm_eval_backend == "causal"
+                                 else None))
         runs = keep.each(models, "evaluating", "not evaluated", evaluate, name=label)
     context = dict(describe(*models), tasks=tasks.names, limit=args.limit, num_fewshot=args.num_fewshot,
                    seed=args.seed, dataset_files=args.task_files, include_path=args.include_path)

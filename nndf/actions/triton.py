@@ -15,7 +15,7 @@ from nndf.backends import split_backend
 from nndf.errors import UsageError
 from nndf.results import Column, Result
 from nndf.sampling import SAMPLING_STREAMS
-from nndf.triton.generative import SCHEDULERS
+from nndf.triton.generative import MODEL_NAME, SCHEDULERS
 
 BACKENDS_HELP = "onnxrt, or onnxrt-int8 / onnxrt-int4 (or --int8 / --int4): the exported graph Triton serves"
 UNUSED_FLAGS = {  # nndf.cli.check_unused_flags
@@ -25,14 +25,20 @@ UNUSED_FLAGS = {  # nndf.cli.check_unused_flags
     "seed": "a sampled request's draws are seeded by its own SEED input (where it has none, by the server's "
             "random stream)",
     "use_mask": "it always feeds a mask",
+    # TensorRT's and CUDA graphs' flags: the shared rule says "name trt", which triton refuses
+    **dict.fromkeys(("dynamic_batch", "min_dynamic_batch", "max_dynamic_batch", "disable_preview_dynamic_shapes",
+                     "engine_postfix", "decoder_engine", "encoder_engine", "cache_generator_engine"),
+                    "it serves the onnxrt backend's ONNX graph (--decoder-onnx gives one), not a TensorRT engine"),
+    "cuda_graph": "it serves the onnxrt backend's ONNX graph; CUDA graphs replay the frameworks and trt backends' "
+                  "decode steps",
 }
 
 
 def add_arguments(parser) -> None:
     g = parser.add_argument_group("triton")
     g.add_argument("-o", "--output", default="triton_models", help="the model repository (default triton_models)")
-    g.add_argument("-n", "--name", help="the Triton model's name (default: the --torch-dir folder's name, else the "
-                   "variant's, e.g. gpt2; in lower case)")
+    g.add_argument("-n", "--name", help="the Triton model's name: letters, digits, '.', '-' and '_' (default: the "
+                   "--torch-dir folder's name, else the variant's, e.g. gpt2; in lower case)")
     g.add_argument("--max-batch-size", type=int, default=8, help="most prompts in one request (default 8)")
     g.add_argument("--nb-instances", type=int, default=1, help="model instances in the server (default 1)")
     g.add_argument("--max-new-tokens", type=int, default=32,
@@ -59,7 +65,7 @@ def default_name(torch_dir: str | None, variant_name: str) -> str:
     """The model's name where --name is not given: what titles call it (a --torch-dir folder's name, as
     `LoadedModel.name`), where that makes a plain Triton model name, else the variant's."""
     folder = Path(torch_dir).resolve().name.lower() if torch_dir else ""
-    return folder if re.fullmatch(r"[a-z0-9][a-z0-9_.-]*", folder) else variant_name.lower()
+    return folder if re.fullmatch(MODEL_NAME, folder) else variant_name.lower()
 
 
 def run(args) -> list[Result]:
@@ -77,14 +83,14 @@ def run(args) -> list[Result]:
     if args.max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     spec, variant = resolve(args.model, args.variant)
-    name = args.name or default_name(args.torch_dir, variant.name)
+    if architecture(spec).takes_images:  # said before the load and the export, which it made first
+        raise UsageError(f"triton serves text generation; {spec.family} captions images")
+    name = args.name if args.name is not None else default_name(args.torch_dir, variant.name)  # -n '' is refused
     check_serving(args.output, name, args.max_batch_size, args.nb_instances, args.scheduler, args.streaming,
                   args.max_rows, args.max_queue_delay_us, args.sampling_stream, args.num_beams)  # before the load
     if args.scheduler == "continuous":
         ContinuousBatcher.check_architecture(spec.family, architecture(spec), args.use_cache)
     model = open_models(args, needs_text=True, new_tokens_flag="--max-new-tokens")[0]
-    if model.architecture.takes_images:
-        raise UsageError(f"triton serves text generation; {model.spec.family} captions images")
     folders = write_generative_repository(args.output, name, model, args.max_batch_size, args.nb_instances,
                                           max_new_tokens=args.max_new_tokens, num_beams=args.num_beams,
                                           scheduler=args.scheduler, streaming=args.streaming,

@@ -40,6 +40,8 @@ class _DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
 def _check_local(flag: str, value: str, needs: tuple[str, ...] = ()) -> None:
     """A value written as a path (absolute, or starting with . or ~) must exist, and a local path must be a folder
     (holding one of `needs`): the hub's or the tokenizer's message for it is about something else."""
+    if not value.strip():  # Path("") is the current folder; -t '' was taken as no -t at all
+        raise UsageError(f"{flag} is empty; it takes a local folder or a hub id")
     path = Path(value).expanduser()
     if not path.exists():
         if value.startswith(("/", ".", "~")):
@@ -184,7 +186,7 @@ def parse(argv: list[str] | None = None) -> ConvertOptions:
     sentence_model = TASKS[args.task].auto_class is None
     _check_local("-m/--model", args.model, needs=("config.json", "modules.json") if sentence_model else
                  ("config.json",))
-    if args.tokenizer:
+    if args.tokenizer is not None:
         _check_local("-t/--tokenizer", args.tokenizer)
     check_output_folder("-o/--output", args.output, into=True)
     check_output_file("--json", args.json, "report.json")

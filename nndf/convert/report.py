@@ -84,9 +84,13 @@ def latency_line(name: str, timing: Timing) -> str:
                                     f"{'sd' if k == 'stdev' else k}={v:.2f}ms" for k, v in ms.items())
 
 
-def fidelity_lines(results: dict[str, Fidelity], atol: float) -> list[str]:
+def fidelity_lines(results: dict[str, Fidelity], atol: float, reruns: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """The differences table and its notes; `reruns`: the rows of PyTorch fp32 run again, which a reader would
+    otherwise take for PyTorch against itself (a difference of 1e-7 there looked like a fault)."""
     width = max(map(len, results))
     lines = [f"{'backend':<{width}}  max |diff| vs PyTorch  mean cosine"]
     lines += [f"{name:<{width}}  {f.max_abs_diff:>20.2e}  {f.mean_cosine:>11.6f}" for name, f in results.items()]
     lines.append(f"each backend's outputs are within {atol:g} (--atol) of PyTorch's")
+    lines += [f"{name}: a second PyTorch run against the first, the reference: this machine's run-to-run noise, the "
+              "floor the other rows sit on" for name in reruns if name in results]
     return lines

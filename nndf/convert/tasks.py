@@ -157,9 +157,11 @@ def _load_trained(auto_class, model_path: str, token, task: Task) -> torch.nn.Mo
     missing = sorted(info.get("missing_keys") or [])
     if missing:
         shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
-        raise UsageError(f"-m/--model {model_path} has no trained weights for --task {task.name} ({shown} are not in "
-                         "the checkpoint, so they would be random): give a model fine-tuned for that task, or the "
-                         "task it was trained for (a sentence-transformers model is --task embedding)")
+        are, they = ("is", "it") if len(missing) == 1 else ("are", "they")
+        raise UsageError(f"-m/--model {model_path} has no trained weights for --task {task.name} ({shown} {are} not "
+                         f"in the checkpoint, so {they} would be random): give a model fine-tuned for that task, or "
+                         "the task it was trained for (a sentence-transformers model is --task embedding, a causal "
+                         "language model --task text-generation)")
     return model
 
 

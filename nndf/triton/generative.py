@@ -18,6 +18,7 @@ The config is Triton's own `ModelConfig` message, as the encoders' are (`nndf.tr
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from pathlib import Path
 
@@ -30,6 +31,7 @@ MODEL_SOURCE = Path(__file__).with_name("generation_model.py")
 
 
 SCHEDULERS = ("continuous", "sequential")
+MODEL_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"  # what --name takes
 STREAM_SUFFIX = "_stream"  # the decoupled (streaming) model's name: <name>_stream
 OPTIONAL_INPUTS = {"MAX_NEW_TOKENS": "TYPE_INT32", "MIN_NEW_TOKENS": "TYPE_INT32", "NUM_BEAMS": "TYPE_INT32",
                    "DO_SAMPLE": "TYPE_BOOL", "TEMPERATURE": "TYPE_FP32", "TOP_K": "TYPE_INT32", "TOP_P": "TYPE_FP32",
@@ -71,8 +73,9 @@ def check_serving(output_dir: str | Path, name: str, max_batch_size: int, nb_ins
                   num_beams: int = 1) -> int:
     """The serving settings and where the models go, checked before any model loads (`run.py triton`) and again
     when a folder is written (the API); returns the rows of the continuous batch."""
-    if not name or "/" in name or name.startswith("."):
-        raise UsageError(f"--name must be a plain folder name, not {name!r}")
+    if not re.fullmatch(MODEL_NAME, name):  # a folder, a URL path (/v2/models/NAME) and a --load-model=NAME flag
+        raise UsageError(f"-n/--name {name!r} names the Triton model (its folder, and its URL path): use letters, "
+                         "digits, '.', '-' and '_', beginning with a letter or digit")
     check_model_folders(output_dir, model_folders(name, streaming))
     if scheduler not in SCHEDULERS:
         raise UsageError(f"--scheduler must be one of {', '.join(SCHEDULERS)}, not {scheduler!r}")
