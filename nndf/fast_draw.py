@@ -21,11 +21,17 @@ way. On CUDA, where the draw costs the device little, scores are drawn as `gener
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
 from nndf.errors import HarnessError
-from nndf.processors import FastTopK, top_k_entries
+from nndf.processors import FastTopK
+
+# The threshold's sample: about this many scores per token kept, and a threshold expected to pass 4 x top-k scores.
+SAMPLE_PER_KEPT = 16
+MARGIN = 4
 
 
 class FastDraw:
@@ -77,13 +83,22 @@ class FastDraw:
 
 def _top_k(table: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """(row, column) of every score at or above its row's k-th largest (ties kept, as TopKLogitsWarper keeps them),
-    rows in order: sought above a threshold read from a strided sample (`top_k_entries`), else in whole rows."""
-    found = top_k_entries(table, k)
-    if found is None:  # a threshold above some row's k-th largest: search whole rows
-        vocab = table.shape[1]
+    rows in order. The k-th largest is searched among the scores above a threshold taken from a strided sample."""
+    rows, vocab = table.shape
+    stride = max(1, vocab // (SAMPLE_PER_KEPT * k))
+    sample = table[:, ::stride]
+    rank = min(sample.shape[1], math.ceil(MARGIN * k / stride))  # the sample's rank-th largest: ~MARGIN*k above it
+    threshold = np.partition(sample, sample.shape[1] - rank, axis=-1)[:, -rank:][:, :1]
+    row, column = _where(table >= threshold)
+    counts = np.bincount(row, minlength=rows)
+    if (counts < k).any():  # a threshold above some row's k-th largest: search whole rows
         kth = np.partition(table, vocab - k, axis=-1)[:, vocab - k: vocab - k + 1]
         return _where(table >= kth)
-    return found[:2]
+    values = table[row, column]
+    ends = np.cumsum(counts)
+    kth = np.array([np.partition(values[end - count: end], count - k)[count - k] for count, end in zip(counts, ends)])
+    keep = values >= kth[row]
+    return row[keep], column[keep]
 
 
 def _where(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -6,8 +6,8 @@ scores at every step, before and after the minimum is reached: 0.6 ms of a 21 ms
 (`bench/onnxrt_io.py`), where every benchmark pays it (its generations are forced to an exact length). The
 subclasses here compute the same scores (the EOS ids set to -inf while the minimum is not reached, the scores
 unchanged after) by indexing the EOS ids alone. Sampling's top-k warper (`generate()`'s default, k 50) is
-computed here in place, its k-th largest sought above a sampled threshold (`FastTopK`), and top-p after it over
-the scores top-k left (`FastTopP`). `tests/test_fast_processors.py` checks each against its transformers parent.
+computed here in place with numpy's selection (`FastTopK`), and top-p after it over the scores top-k left
+(`FastTopP`). `tests/test_fast_processors.py` checks each against its transformers parent.
 """
 
 from __future__ import annotations
@@ -65,61 +65,25 @@ class FastMinNewTokensLength(_EosBan, MinNewTokensLengthLogitsProcessor):
         return scores
 
 
-# The threshold's sample (`top_candidates`): about this many scores per token kept, and a threshold expected to pass
-# MARGIN x k scores of a row.
-SAMPLE_PER_KEPT = 16
-MARGIN = 4
-
-
-def top_k_entries(table: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """(row, column, score) of every score of a 2-D table at or above its row's k-th largest (ties kept, as
-    TopKLogitsWarper keeps them), rows in order; None where this search cannot tell, and the caller searches whole
-    rows. The k-th largest is sought among the scores above a threshold read from a strided sample of the row
-    (about MARGIN x k of them pass it); it cannot tell where some row has fewer than k above that threshold, or k is
-    too large a share of the row for a sample to help. Scores must hold no NaN (a comparison skips it where
-    `np.partition` and `torch.topk` rank it largest)."""
-    rows, vocab = table.shape
-    stride = vocab // (SAMPLE_PER_KEPT * k)
-    if stride < 2:
-        return None
-    sample = table[:, ::stride]
-    rank = min(sample.shape[1], math.ceil(MARGIN * k / stride))  # the sample's rank-th largest: ~MARGIN*k above it
-    threshold = np.partition(sample, sample.shape[1] - rank, axis=-1)[:, -rank:][:, :1]
-    row, column = np.divmod(np.flatnonzero(table >= threshold), vocab)  # np.nonzero's, ten times faster on a row
-    counts = np.bincount(row, minlength=rows)
-    if (counts < k).any():
-        return None
-    values = table[row, column]
-    ends = np.cumsum(counts)
-    kth = np.array([np.partition(values[end - count: end], count - k)[count - k] for count, end in zip(counts, ends)])
-    keep = values >= kth[row]
-    return row[keep], column[keep], values[keep]
-
-
 class FastTopK(TopKLogitsWarper):
-    """`TopKLogitsWarper`: every score below the k-th largest set to `filter_value`, in place, on float CPU scores.
+    """`TopKLogitsWarper`: every score below the k-th largest set to `filter_value`, in place, the k-th largest found
+    by numpy's selection (`np.partition`, the same value as `torch.topk`'s k-th, ties and NaN ranked alike) on float
+    CPU scores. transformers' own sorts the k largest and allocates a mask and a copy of the scores: 0.5 ms per row
+    of GPT-2's 50257 on the AVX2 machine, about the draw's own cost (`bench/sampling_cpu.py`). Elsewhere (CUDA,
+    half precision) it is the parent's.
 
-    The k-th largest is the same value as `torch.topk`'s k-th (ties and NaN ranked alike). It is sought among the few
-    scores above a threshold read from a strided sample (`top_k_entries`), and the rows are then filled with
-    `filter_value` and the kept scores written back; where that search cannot tell (a NaN in a row, a k near the
-    vocabulary's size, rows of more than two dimensions), numpy's selection (`np.partition`) runs over whole rows and
-    a mask writes the rest. transformers' own sorts the k largest and allocates a mask and a copy of the scores:
-    0.5 ms per row of GPT-2's 50257 on the AVX2 machine, about the draw's own cost (`bench/sampling_cpu.py`).
-    Elsewhere (CUDA, half precision) it is the parent's."""
+    The fast stream's search above a sampled threshold (`nndf.fast_draw._top_k`), with the rows then filled and the
+    kept scores written back, was tried here: faster warm (77 against 106 us a row, 300 against 550 at batch 4, one
+    thread), slower where it runs, right after a decode step, where each of its ten numpy calls meets cold caches
+    (timed inside the loop on the Xeon: 426 against 260 us at batch 1, 812 against 884 at batch 4)."""
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if scores.device.type != "cpu" or scores.requires_grad or scores.dtype not in (torch.float32, torch.float64):
             return super().__call__(input_ids, scores)
         k = min(self.top_k, scores.shape[-1])
         values = scores.numpy()
-        found = None if values.ndim != 2 or np.isnan(values.max(axis=-1)).any() else top_k_entries(values, k)
-        if found is None:
-            kth = np.partition(values, -k, axis=-1)[..., -k:-k + 1 or None]
-            values[values < kth] = self.filter_value
-            return scores
-        row, column, kept = found
-        values[...] = self.filter_value
-        values[row, column] = kept
+        kth = np.partition(values, -k, axis=-1)[..., -k:-k + 1 or None]
+        values[values < kth] = self.filter_value
         return scores
 
 

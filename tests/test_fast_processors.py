@@ -66,16 +66,16 @@ def test_fast_top_k_equals_transformers(k):
     ranks them, strided rows (the last position of (rows, positions, vocab) logits) and float64 too."""
     from transformers import TopKLogitsWarper
 
-    from nndf.processors import SAMPLE_PER_KEPT, FastTopK
+    from nndf.fast_draw import SAMPLE_PER_KEPT
+    from nndf.processors import FastTopK
 
     nan, inf = float("nan"), float("inf")
     logits = torch.randn(3, 2, 5000, generator=torch.Generator().manual_seed(0))
     logits[0, -1, 10:14] = logits[0, -1].max() + 1  # a tie across the top 3
     logits[1, -1, :4000] = -inf
     edge = torch.tensor([[1.0, nan, 3.0, nan, 2.0], [2.0, 2.0, 1.0, 0.0, -inf], [-inf] * 5])
-    # wide rows, where the k-th largest is searched above a sampled threshold (nndf.processors.top_candidates): a NaN
-    # where the sample does not read (ranked largest, as torch ranks it), the k - 1 largest all where it reads (so
-    # that fewer than k pass the threshold), every score tied
+    # vocabulary-wide rows: a NaN among them (ranked largest, as torch ranks it), the k - 1 largest all where a
+    # strided sample would read (a search above a sampled threshold, tried here, must then fall back), all tied
     wide = torch.randn(4, 50257, generator=torch.Generator().manual_seed(1))
     stride = max(1, 50257 // (SAMPLE_PER_KEPT * k))
     wide[0, 1] = nan

@@ -10,8 +10,7 @@ from transformers import TopKLogitsWarper
 
 import nndf
 from nndf.errors import HarnessError
-from nndf.fast_draw import FastDraw, _top_k
-from nndf.processors import SAMPLE_PER_KEPT
+from nndf.fast_draw import SAMPLE_PER_KEPT, FastDraw, _top_k
 from nndf.sampling import Sampling
 from test_generation_parity import _batch
 
