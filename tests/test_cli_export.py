@@ -68,7 +68,7 @@ def test_export_of_frameworks_alone_is_refused_before_the_load(capsys, monkeypat
     """frameworks has no artifact: `export` of it alone would load the weights only to say so."""
     import nndf.actions.export as export_action
 
-    monkeypatch.setattr(export_action, "open_models", lambda args: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(export_action, "open_models", lambda args, **_: pytest.fail("the model was loaded"))
     code, _, err = run_cli(capsys, "export", "GPT2", "frameworks", "--torch-dir", tiny_gpt2_dir)
     assert code == 2
     assert ("export builds the ONNX graphs and engines of onnxrt and trt; frameworks runs the PyTorch model itself "
@@ -79,7 +79,7 @@ def test_export_refuses_engine_flags_without_trt(capsys, monkeypatch, tiny_gpt2_
     """--num-beams, lengths and batch sizes shape TensorRT's profiles; onnxrt's graphs are the same without them."""
     import nndf.actions.export as export_action
 
-    monkeypatch.setattr(export_action, "open_models", lambda args: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(export_action, "open_models", lambda args, **_: pytest.fail("the model was loaded"))
     code, _, err = run_cli(capsys, "export", "GPT2", "onnxrt", "--torch-dir", tiny_gpt2_dir, "--num-beams", "4")
     assert code == 2 and ("--num-beams shapes TensorRT engines (their profiles); the ONNX graphs of onnxrt take any "
                           "batch and length, so without trt it changes nothing: name trt or drop it") in err
@@ -110,7 +110,7 @@ def test_export_refuses_the_data_seed_it_would_ignore(capsys, monkeypatch, tiny_
     which flag that is, instead of getting the weights of seed 0."""
     import nndf.actions.export as export_action
 
-    monkeypatch.setattr(export_action, "open_models", lambda args: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(export_action, "open_models", lambda args, **_: pytest.fail("the model was loaded"))
     code, _, err = run_cli(capsys, "export", "GPT2", "onnxrt", "--random-weights", "--seed", "3")
     assert code == 2 and err.strip() == ("error: --seed does not apply to export: it draws nothing at random "
                                          "(--weights-seed seeds --random-weights)")

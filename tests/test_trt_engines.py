@@ -382,7 +382,7 @@ def test_info_without_a_gpu_shows_every_engine_before_refusing(capsys, tiny_gpt2
     class Loading(Exception):
         """Every check of the command line and of the action passed: the model would load now."""
 
-    monkeypatch.setattr(export_action, "open_models", lambda args: (_ for _ in ()).throw(Loading()))
+    monkeypatch.setattr(export_action, "open_models", lambda args, **_: (_ for _ in ()).throw(Loading()))
     with pytest.raises(Loading):
         main(export[2:])
     # T5 in fp16 (its feed-forward outputs stay fp32: named from the graph once it is exported, said until then)
