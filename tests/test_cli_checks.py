@@ -116,6 +116,9 @@ from test_cli import run_cli
      "--kv-layout lays out the onnxrt backend's graph, and no onnxrt backend is asked for"),
     (["benchmark", "T5", "trt", "--variant", "t5-small", "--random-weights", "--input-seq-len", "600"],
      "--input-seq-len 600"),
+    # 999 ONNX Runtime threads on 2 cores started and ran, at a load average of 400, as convert's --nb-threads does not
+    (["accuracy", "GPT2", "onnxrt", "--random-weights", "--threads", "100000"],
+     "--threads 100000 is more than the"),
 ])
 def test_every_given_path_is_checked_before_anything_loads(capsys, argv, needle):
     code, out, err = run_cli(capsys, *argv)

@@ -7,6 +7,7 @@ that TensorRT and CUDA libraries are never imported unless the `trt` backend is 
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass
 from typing import Mapping, Protocol
 
@@ -63,6 +64,14 @@ class BackendOptions:
                 raise UsageError(f"--block-size {problem}")
         if self.threads is not None and self.threads < 1:
             raise UsageError(f"--threads must be at least 1, got {self.threads}")
+        if self.threads is not None and self.threads > usable_cores():
+            raise UsageError(f"--threads {self.threads} is more than the {usable_cores()} CPU cores this process may "
+                             f"use; give at most {usable_cores()} (threads beyond the cores only wait for each other)")
+
+
+def usable_cores() -> int:
+    """The CPUs this process may run on (its affinity mask, as `taskset` or a container's cpuset sets it)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 class Session(Protocol):

@@ -8,13 +8,13 @@ generates through `run.py`."""
 from __future__ import annotations
 
 import argparse
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from nndf.backends import usable_cores
 from nndf.convert.tasks import TASKS
 from nndf.errors import OneSentenceParser, UsageError
 from nndf.paths import check_output_file, check_output_folder
@@ -165,7 +165,7 @@ def parse(argv: list[str] | None = None) -> ConvertOptions:
         raise UsageError(f"--seed must be from 0 to {SEED_MAX}, got {args.seed}")
     if not args.atol > 0:  # NaN too: every comparison with it fails, and the check would blame the machine
         raise UsageError(f"--atol must be a positive number, got {args.atol}")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cores()
     if args.nb_threads > cores:  # far past the cores, OpenBLAS cannot start its threads and kills the process
         raise UsageError(f"--nb-threads {args.nb_threads} is more than the {cores} CPU cores this process may use; "
                          f"give 1 to {cores}")
