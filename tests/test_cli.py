@@ -197,21 +197,6 @@ def test_a_reader_that_closes_the_pipe_ends_the_command_quietly():
     assert proc.wait() == 141 and err == ""
 
 
-def test_help_lists_actions_and_flags():
-    proc = subprocess.run([sys.executable, str(REPO / "run.py"), "benchmark", "--help"],
-                          capture_output=True, text=True, cwd=REPO)
-    assert proc.returncode == 0
-    for flag in ("--variant", "--working-dir", "--torch-dir", "--batch-size", "--fp16", "--use-cache",
-                 "--use-mask", "--num-beams", "--dynamic-batch", "--engine-postfix", "--iterations",
-                 "--number", "--warmup", "--duration", "--percentile", "--input-seq-len", "--output-seq-len",
-                 "--json", "--info", "--random-weights"):
-        assert flag in proc.stdout
-    assert "(default 64; image-to-text families: none, no text prefix)" in " ".join(proc.stdout.split())
-    sections = dict(part.split(":\n", 1) for part in proc.stdout.split("\n\n") if ":\n" in part)
-    assert "--plot FILE.png" in sections["output"] and "--image PATH" in sections["image-to-text"]
-    assert "--plot" not in sections["options"] and "--image" not in sections["options"]
-
-
 @needs_shared(LAMBADA_FILE)
 def test_accuracy_end_to_end_on_shared_lambada(capsys, tiny_gpt2_dir, onnx_work_dir, tmp_path):
     out_file = tmp_path / "acc.json"
@@ -358,25 +343,6 @@ def test_plot_without_matplotlib_names_the_extra_before_any_work(capsys, tiny_gp
                            "--plot", tmp_path / "a.png")
     assert code == 1 and "--plot needs matplotlib, which is not installed: pip install 'nndf[plot]'" in err
     assert "loading" not in err and not (tmp_path / "a.png").exists()
-
-
-def test_flags_an_action_refuses_are_not_in_its_help(capsys):
-    for action, flag, kept in (("accuracy", "--num-beams", "--batch-size"), ("run", "--input-seq-len", "--num-beams"),
-                               ("chat", "--batch-size", "--output-seq-len")):
-        with pytest.raises(SystemExit):
-            main([action, "--help"])
-        out = capsys.readouterr().out
-        listed = [line.split()[0] for line in out.splitlines() if line.lstrip().startswith("--")]
-        assert flag not in listed and kept in listed and f"[{flag}" not in out, (action, flag)
-
-
-def test_help_gives_the_new_tokens_a_sample_run_generates(capsys):
-    """run and compare have no --output-seq-len default in the parser (each sample's label sets it): --help says so."""
-    for action in ("run", "compare"):
-        with pytest.raises(SystemExit):
-            main([action, "--help"])
-        out = " ".join(capsys.readouterr().out.split())
-        assert "(default: each sample's label length, or 32 for a sample without a label)" in out, action
 
 
 @needs_shared(TOKENIZER_DIR)
