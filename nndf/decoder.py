@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from nndf.backends import Session
+from nndf.export.screened_head import INPUT as SCREEN_INPUT
 from nndf.kvcache import KVCache
 from nndf.spec import FamilyHooks, ShapeSpec
 
@@ -132,9 +133,14 @@ class Decoder:
             device=self.session.device,
         )
 
-    def step(self, state: TokenState, cache: KVCache | None, all_logits: bool = False) -> torch.Tensor:
+    def step(self, state: TokenState, cache: KVCache | None, all_logits: bool = False,
+             screen: int = 0) -> torch.Tensor:
         """Logits for the tokens after `cache.length` (all tokens without a cache): (rows, 1, vocab) for the last
-        of them, or (rows, new tokens, vocab) with `all_logits`."""
+        of them, or (rows, new tokens, vocab) with `all_logits`.
+
+        `screen` k >= 1 lets a graph with a screened head (`nndf.export.screened_head`) compute the logits for
+        greedy search: their argmax is exact, also with up to k - 1 tokens banned afterwards, but other values are
+        approximations. 0 (and any session without one) computes them all."""
         if cache is not None and self.cache_restart is not None and \
                 0 < cache.length <= self.cache_restart < state.tokens.shape[1]:
             cache.restart()  # as the model's generate() does (FamilyHooks.cache_restart_length)
@@ -152,6 +158,8 @@ class Decoder:
         if "position_ids" in self.session.input_names:  # ALiBi models and encoder-decoders take none
             feeds["position_ids"] = self._unpadded_positions(rows, seen, total) if state.unpadded else \
                 state.continue_positions(self.hooks.position_ids(state.mask, seen), seen)
+        if SCREEN_INPUT in self.session.input_names:
+            feeds[SCREEN_INPUT] = self._screen_feed(screen)
         feeds.update(state.fixed)
         if cache is not None:
             feeds.update(cache.past_feeds())
@@ -159,6 +167,15 @@ class Decoder:
         if cache is not None:
             cache.store(outputs, state.tokens.shape[1])
         return outputs["logits"]
+
+    def _screen_feed(self, screen: int) -> torch.Tensor:
+        """The screened head's input for `screen`, one tensor per value (a binding that is fed the same tensor
+        again keeps it, `SharedStep`)."""
+        feeds = self.__dict__.setdefault("_screen_feeds", {})
+        if screen not in feeds:
+            with torch.inference_mode(False):
+                feeds[screen] = torch.tensor([screen], dtype=torch.int64)
+        return feeds[screen]
 
     def _positions(self, count: int, device: torch.device) -> torch.Tensor:
         """0, 1, ... on the loop's device, made once: `logits_to_keep` is a slice of it, so a step copies nothing

@@ -18,7 +18,7 @@ import torch
 from nndf.decoder import Decoder, TokenState
 from nndf.errors import UsageError
 from nndf.generate_arguments import check_streamer
-from nndf.processors import FastMinLength, FastMinNewTokensLength, PlainProcessors
+from nndf.processors import FastMinLength, FastMinNewTokensLength, PlainProcessors, tokens_banned
 from nndf.sampling import Sampling, check_repetition_penalty
 
 
@@ -209,10 +209,21 @@ def stop_check_interval(device: torch.device) -> int:
     return 1 if device.type == "cpu" else GPU_STOP_CHECK_EVERY
 
 
+def head_screen(options: GenerationOptions, processors, stopping) -> int:
+    """What greedy search asks of a decoder's screened head (`nndf.export.screened_head`): k >= 1 where only the
+    argmax matters and the processors ban at most k - 1 tokens; 0, the full head, when sampling, with stopping
+    criteria (they are given the scores) or with processors that change scores."""
+    banned = tokens_banned(processors)
+    if options.sampling.samples or stopping is not None or banned is None:
+        return 0
+    return 1 + banned
+
+
 def greedy_search(decoder, state: TokenState, options, on_token=None, stopping=None, streamer=None) -> torch.Tensor:
     """Greedy search, or sampling when `options.sampling` samples: the same loop, another way to pick a token."""
     rows, prompt_len = state.tokens.shape
     processors = options.processors(prompt_len, state.mask)
+    screen = head_screen(options, processors, stopping)
     choose = options.sampling.chooser()
     cache = decoder.new_cache(rows, prompt_len + options.max_new_tokens)
     eos = options.eos_tensor(state.tokens.device)
@@ -226,7 +237,7 @@ def greedy_search(decoder, state: TokenState, options, on_token=None, stopping=N
     # Where the host reads every step (check_every 1), it knows while no row has ended, and skips the pad and the
     # bookkeeping of ended rows: each PyTorch op right after a step costs tens of microseconds (cold caches).
     all_running = True
-    logits = decoder.step(state, cache)
+    logits = decoder.step(state, cache, screen=screen)
     for generated in range(options.max_new_tokens):
         last = logits.select(1, -1)
         scores = processors(state.tokens, last if last.dtype == torch.float32 else last.float())
@@ -257,7 +268,7 @@ def greedy_search(decoder, state: TokenState, options, on_token=None, stopping=N
                 running_steps += unfinished.any()
                 if (generated + 1) % check_every == 0 and not bool(unfinished.any()):
                     break
-        logits = decoder.step(state, cache)
+        logits = decoder.step(state, cache, screen=screen)
     if ends and check_every > 1 and not bool(unfinished.any()):
         # generate() stops at the step that ended the last row: the steps run after it are cut off.
         return state.tokens[:, : prompt_len + int(running_steps) + 1]

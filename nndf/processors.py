@@ -49,6 +49,18 @@ class _EosBan:
         return scores.index_fill_(-1, cached[1], -math.inf)
 
 
+def tokens_banned(processors) -> int | None:
+    """How many tokens `processors` may set to -inf at a step, where banning is all they do (the minimum-length EOS
+    bans: their EOS ids); None where one changes scores otherwise. Greedy search's screened head
+    (`nndf.export.screened_head`) takes the first count; the second needs the full head."""
+    banned = 0
+    for processor in processors:
+        if not isinstance(processor, _EosBan):
+            return None
+        banned += int(processor.eos_token_id.numel())
+    return banned
+
+
 class FastMinLength(_EosBan, MinLengthLogitsProcessor):
     """`MinLengthLogitsProcessor`: EOS banned while the sequences are shorter than `min_length`."""
 

@@ -61,8 +61,8 @@ def test_large_weights_are_split_into_chunks_with_the_same_results():
 
 def test_a_tiny_gpt2_with_its_tied_head_in_chunks_equals_generate(family_dirs, tmp_path, monkeypatch):
     """GPT-2's head is its embedding table transposed: exported with a limit below the table's size, the head is
-    chunk MatMuls over copies written pre-transposed, the table stays for the embedding, and the tokens are
-    generate()'s."""
+    chunk MatMuls over copies written pre-transposed, the table stays for the embedding (and the screened head's
+    exact rows), and the tokens are generate()'s."""
     import onnx
 
     monkeypatch.setattr(ort_fusions, "WEIGHT_CHUNK_BYTES", 40_000)
@@ -72,7 +72,7 @@ def test_a_tiny_gpt2_with_its_tied_head_in_chunks_equals_generate(family_dirs, t
     chunks = [node for node in graph.node if node.op_type == "MatMul" and "_chunk" in node.name]
     table = max(graph.initializer, key=lambda init: int(np.prod(init.dims)))  # the token embedding table
     assert len(chunks) >= 2 and int(np.prod(table.dims)) * 4 > 40_000
-    assert [node.op_type for node in graph.node if table.name in node.input] == ["Gather"]
+    assert [node.op_type for node in graph.node if table.name in node.input] == ["Gather", "Gather"]
     prompt = torch.tensor([[5, 6, 7, 8, 9]])
     assert torch.equal(m.generate(prompt, max_new_tokens=8), m.hf_generate(prompt, max_new_tokens=8))
 

@@ -25,11 +25,14 @@ import torch
 from nndf.backends import BackendOptions
 from nndf.errors import UsageError
 from nndf.export.graph_reads import GraphLoadError, rebuilt_once
+from nndf.export.screened_head import INPUT as SCREEN_INPUT
 from nndf.hugepages import HugePageReport, huge_pages_for_load
 from nndf.backends.ort_cache import PresentCache, SharedBufferCache, SharedStep, as_numpy, ort_module
 from nndf.kvcache import KINDS, past_name, present_name
 from nndf.loading import LoadedModel
 from nndf.spec import BuildSettings, ShapeSpec
+
+OPTIONAL_INPUTS = frozenset({SCREEN_INPUT})
 
 DESCRIPTION = "ONNX Runtime on the exported graph (CPU; CUDA with onnxruntime-gpu and a GPU)"
 
@@ -85,14 +88,16 @@ class OrtSession:
         self.output_device = "cuda" if self.provider == "CUDAExecutionProvider" else "cpu"
         graph_inputs = tuple(i.name for i in self.session.get_inputs())
         graph_outputs = tuple(o.name for o in self.session.get_outputs())
-        if set(graph_inputs) != set(input_names) or set(graph_outputs) != set(output_names):
+        # inputs a graph may have beyond its role's: the screened head's choice (`nndf.export.screened_head`)
+        optional = tuple(name for name in graph_inputs if name in OPTIONAL_INPUTS and name not in input_names)
+        if set(graph_inputs) != set(input_names) | set(optional) or set(graph_outputs) != set(output_names):
             raise UsageError(f"{graph} does not have the {role}'s inputs and outputs: "
                              + _name_difference(set(input_names) | set(output_names),
                                                 set(graph_inputs) | set(graph_outputs)))
         self.name = "onnxrt"
         self.device = torch.device("cpu")
         self.dtype = torch.float32
-        self.input_names = tuple(input_names)
+        self.input_names = tuple(input_names) + optional
         self.output_names = tuple(output_names)
         # None: bind only on the CUDA provider (where it saves host-device copies); see `open_seq2seq`.
         self.io_binding = io_binding if io_binding is not None else self.provider == "CUDAExecutionProvider"
@@ -114,6 +119,9 @@ class OrtSession:
         if layers:
             note = f" ({layout_note})" if layout_note else ""
             self.info_notes.append(f"KV layout: {self._describe_layout()}{note}")
+        if SCREEN_INPUT in optional:
+            self.info_notes.append("LM head: screened for greedy search (int8 logits, exact fp32 dot products for the "
+                                   "columns that can win: fp32's argmax from a quarter of the head's bytes)")
         self.info_notes.append(f"{role} {self.huge_pages.describe()}")
 
     def _describe_layout(self) -> str:

@@ -33,6 +33,8 @@ from __future__ import annotations
 from onnxscript.rewriter import _ir_utils, pattern
 from onnxscript.rewriter.ort_fusions.rotary_embedding import _rotate_half_pattern
 
+from nndf.export.screened_head import screen_head
+
 SWAP_HEADS = [0, 2, 1, 3]  # (batch, sequence, heads, size) <-> (batch, heads, sequence, size)
 
 
@@ -266,7 +268,7 @@ def fuse_for_onnxruntime(model) -> dict[str, int]:
              ("skip_rms_normalization", fuse_skip_rms_normalization),
              ("projection_rotary_embedding", own(_ProjectionRotary)), ("rotary_embedding", own(_Rotary)),
              ("reshape_undone", own(_ReshapeUndone)), ("sibling_matmuls", merge_sibling_matmuls),
-             ("large_weights", split_large_weights))
+             ("screened_head", screen_head), ("large_weights", split_large_weights))
     counts = {name: rule(model) for name, rule in rules}
     optimize(model)  # inlines what a rule left as an intermediate function, drops unused nodes, merges equal ones
     return counts

@@ -226,6 +226,7 @@ def quantized_decoder(export, kind: str, working_dir: str | Path, params: Mappin
     (`nndf.export.graph_reads.rebuilt_once`). A quantizer failure on sound weights is one sentence at once: exporting
     again would not change it.
     """
+    from nndf.export.screened_head import strip_screen
     from nndf.export.weight_quant import quantize_graph
 
     defaults = quantize_params(kind)  # an unknown kind is refused here, whatever `params` says
@@ -252,6 +253,7 @@ def quantized_decoder(export, kind: str, working_dir: str | Path, params: Mappin
                 model = onnx.load(str(export.graph), load_external_data=True)
             except Exception as exc:  # onnx raises many types for a damaged graph
                 raise GraphLoadError(export.graph, exc, "onnx", "could not read", ONNX_HINT, with_type=True) from exc
+            strip_screen(model)  # the screened head checks the fp32 head's argmax: a quantized head has its own
             try:
                 counts = prepare_graph(model)
                 nodes = weight_matmuls(model)

@@ -1,0 +1,171 @@
+"""A screened LM head in the shared-layout graph: greedy search's token from a quarter of the head's bytes, exact.
+
+Why: a decode step reads every weight once, and a tied LM head is the largest (GPT-2 small: 154 of the 497 MB a
+step reads). Greedy search needs only the argmax of the logits, and which column wins is settled by a few of them.
+
+How, for the rows the graph input `screened_head` asks for:
+1. int8 logits for the whole vocabulary: the hidden state quantized per tensor (`DynamicQuantizeLinear`, uint8),
+   the head per column to 7-bit signed integers (+-63, so that no CPU's int8 kernel saturates: AVX2's pairs of
+   u8 x s8 products fit an int16 only below 2^15), exact int32 dot products (`MatMulInteger`), scaled.
+2. A bound on each column's error, from Cauchy-Schwarz: |h.w - h'.w'| <= |h - h'| |w'| + |h| |w - w'| (2-norms;
+   the column norms are computed here once, the state's at each step), widened for fp32 rounding.
+3. The threshold: the k-th largest lower bound (`screened_head` = k). Every column whose upper bound reaches it is
+   a candidate; its fp32 dot product is computed exactly from the embedding table's row (the head is tied).
+4. The output logits: the candidates' exact values scattered over the int8 ones.
+A column below the threshold cannot beat the candidate with the k-th largest lower bound, so the argmax of the
+output is the fp32 head's argmax, also after the loop bans up to k - 1 tokens (an EOS before min_new_tokens):
+one of the k top lower bounds is still allowed, and it is a candidate at or above the threshold. Values other than
+the candidates' are int8 approximations: scoring, sampling and processors that change scores run the full head.
+
+`screened_head` 0 (or a batch of no rows) runs the full fp32 head over every row and the screen over none; k >= 1
+the screen over every row and the head's MatMuls over none, which then cost nothing. No `If`: the two parts take
+row slices of the hidden states, one of them empty, so the head's weights stay outer initializers that ONNX
+Runtime prepacks as before.
+
+Only a tied head is screened (the exact dot products read rows of the embedding table, which the graph keeps for
+its Gather anyway); an untied head would need a second copy of its weights in the table's orientation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+INPUT = "screened_head"  # int64 [1]: 0 the full head; k >= 1 greedy screening that tolerates k - 1 banned tokens
+WEIGHT_LEVELS = 63  # 7-bit signed weights: u8 x s8 pairs never saturate an int16 (AVX2's vpmaddubsw)
+RELATIVE_SLACK = 1e-3  # widens each bound for fp32 rounding in the norms and the scaled int8 logits
+DOT_SLACK = 1e-5  # x |h| |w|: fp32 rounding of a dot product over the hidden size (pairwise sums: ~1e-6)
+TO_HEAD, JOIN = "screened_head.to_head", "screened_head.join"  # the nodes `strip_screen` finds the screen by
+
+
+def _tied_head(graph):
+    """(the MatMul, its hidden-state input, the [vocab, hidden] table) of a head whose output is the graph's
+    `logits` and whose weight is `Transpose(table)` of an initializer the graph also Gathers from; else None."""
+    logits = next((value for value in graph.outputs if value.name == "logits"), None)
+    head = None if logits is None else logits.producer()
+    if head is None or head.op_type != "MatMul" or head.domain != "" or len(head.inputs) != 2:
+        return None
+    transpose = head.inputs[1].producer()
+    if transpose is None or transpose.op_type != "Transpose" or transpose.domain != "":
+        return None
+    table = transpose.inputs[0]
+    perm = transpose.attributes.get("perm")
+    if table.const_value is None or len(table.shape or ()) != 2 or \
+            (perm is not None and list(perm.as_ints()) != [1, 0]):
+        return None
+    if not any(use.op_type == "Gather" for use, _ in table.uses()):
+        return None
+    return head, head.inputs[0], table
+
+
+def screen_constants(table: np.ndarray) -> dict[str, np.ndarray]:
+    """What the screen reads besides the table: the 7-bit head [hidden, vocab], its per-column scales, and the two
+    norms of each column's bound, slack included (float32)."""
+    columns = table.astype(np.float64)  # [vocab, hidden]: one row per output column
+    peak = np.abs(columns).max(axis=1)
+    scale = np.where(peak > 0, peak / WEIGHT_LEVELS, 1.0)
+    levels = np.clip(np.rint(columns / scale[:, None]), -WEIGHT_LEVELS, WEIGHT_LEVELS)
+    rounded = levels * scale[:, None]
+    grow = 1 + RELATIVE_SLACK
+    return {
+        "weight": np.ascontiguousarray(levels.T.astype(np.int8)),
+        "scale": scale.astype(np.float32),
+        "rounded_norm": (np.linalg.norm(rounded, axis=1) * grow).astype(np.float32),
+        "error_norm": (np.linalg.norm(columns - rounded, axis=1) * grow
+                       + DOT_SLACK * np.linalg.norm(columns, axis=1)).astype(np.float32),
+    }
+
+
+def screen_head(model) -> int:
+    """Give the graph a screened head (module docstring) where its head is tied; 1 if it did, 0 if not."""
+    import onnx_ir as ir
+    from onnx_ir.tape import Tape
+
+    graph = model.graph
+    found = _tied_head(graph)
+    if found is None or any(value.name == INPUT for value in graph.inputs):
+        return 0
+    head, hidden, table = found
+    vocab, width = table.shape
+    constants = screen_constants(table.const_value.numpy())
+    choice = ir.Value(name=INPUT, type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([1]))
+    graph.inputs.append(choice)
+
+    tape = Tape()
+
+    def const(name: str, array) -> ir.Value:
+        return tape.initializer(ir.tensor(np.asarray(array), name=f"screened_head.{name}"))
+
+    zero, one = const("zero", np.array([0], np.int64)), const("one", np.array([1], np.int64))
+    rows_axis = const("axis0", np.array([0], np.int64))
+    last_axis = const("axis1", np.array([1], np.int64))
+    flat = tape.op("Reshape", [hidden, const("flat_shape", np.array([-1, width], np.int64))])
+    rows = tape.op("Slice", [tape.op("Shape", [flat]), zero, one])
+    asked = tape.op("Max", [choice, zero])  # k, or 0 for the full head
+    screened_rows = tape.op("Mul", [tape.op("Min", [asked, one]), rows])
+    full_rows = tape.op("Sub", [rows, screened_rows])
+    to_head = tape.op("Slice", [flat, zero, full_rows, rows_axis], name=TO_HEAD)
+    to_screen = tape.op("Slice", [flat, full_rows, rows, rows_axis])
+
+    full = tape.op("MatMul", [to_head, head.inputs[1]], name=head.name)
+    levels, step, offset = tape.op_multi_out("DynamicQuantizeLinear", [to_screen], num_outputs=3)
+    products = tape.op("MatMulInteger", [levels, const("weight", constants["weight"]), offset])
+    column_scale = tape.op("Mul", [step, const("scale", constants["scale"])])
+    approx = tape.op("Mul", [tape.op("Cast", [products], {"to": ir.DataType.FLOAT}), column_scale])
+    state_error = tape.op("Sub", [tape.op("DequantizeLinear", [levels, step, offset]), to_screen])
+    bound = tape.op("Add", [
+        tape.op("Mul", [tape.op("ReduceL2", [state_error, last_axis], {"keepdims": 1}),
+                        const("rounded_norm", constants["rounded_norm"])]),
+        tape.op("Mul", [tape.op("ReduceL2", [to_screen, last_axis], {"keepdims": 1}),
+                        const("error_norm", constants["error_norm"])])])
+    top, _ = tape.op_multi_out("TopK", [tape.op("Sub", [approx, bound]), tape.op("Max", [asked, one])],
+                               {"axis": -1}, num_outputs=2)
+    threshold = tape.op("ReduceMin", [top, last_axis], {"keepdims": 1})  # the k-th largest lower bound
+    candidates = tape.op("Transpose", [tape.op("NonZero", [
+        tape.op("GreaterOrEqual", [tape.op("Add", [approx, bound]), threshold])])], {"perm": [1, 0]})
+    row_of, column_of = (tape.op("Gather", [candidates, const(f"index{i}", np.array(i, np.int64))], {"axis": 1})
+                         for i in (0, 1))
+    exact = tape.op("ReduceSum", [tape.op("Mul", [tape.op("Gather", [table, column_of], {"axis": 0}),
+                                                  tape.op("Gather", [to_screen, row_of], {"axis": 0})]),
+                                  last_axis], {"keepdims": 0})
+    screened = tape.op("ScatterND", [approx, candidates, exact])
+    joined = tape.op("Concat", [full, screened], {"axis": 0}, name=JOIN)
+    shape = tape.op("Concat", [tape.op("Slice", [tape.op("Shape", [hidden]), zero,
+                                                 const("all_but_last", np.array([-1], np.int64))]),
+                               const("vocab", np.array([vocab], np.int64))], {"axis": 0})
+    logits = tape.op("Reshape", [joined, shape])
+
+    for value in tape.initializers:
+        graph.register_initializer(value)
+    old = head.outputs[0]
+    logits.type, logits.shape = old.type, old.shape
+    ir.convenience.replace_nodes_and_values(graph, head, [head], list(tape.nodes), [old], [logits])
+    return 1
+
+
+def strip_screen(model) -> bool:
+    """Take the screen out of a graph (an onnx ModelProto) that has one, in place: every row goes through the full
+    head, and the graph no longer takes `screened_head` (a session feeds it only to graphs that do). For graphs whose
+    head is quantized: screening an int8 or int4 head against the fp32 table would give greedy search another
+    argmax than the head's, and the quantizers would take the screen's lookup for an embedding. Returns whether
+    there was a screen."""
+    graph = model.graph
+    nodes = {node.name: node for node in graph.node}
+    join, to_head = nodes.get(JOIN), nodes.get(TO_HEAD)
+    if join is None or to_head is None:
+        return False
+    bypass = {join.output[0]: join.input[0], to_head.output[0]: to_head.input[0]}
+    for node in graph.node:
+        node.input[:] = [bypass.get(name, name) for name in node.input]
+    needed = {value.name for value in graph.output}
+    kept = []
+    for node in reversed(graph.node):  # nodes are in topological order: consumers after producers
+        if any(name in needed for name in node.output):
+            kept.append(node)
+            needed.update(name for name in node.input if name)
+    del graph.node[:]
+    graph.node.extend(reversed(kept))
+    for init in [init for init in graph.initializer if init.name not in needed]:
+        graph.initializer.remove(init)
+    for value in [value for value in graph.input if value.name == INPUT]:
+        graph.input.remove(value)
+    return True

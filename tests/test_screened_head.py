@@ -1,0 +1,176 @@
+"""The screened LM head (nndf.export.screened_head): on a tied head, greedy search's argmax from int8 logits and a
+few exact fp32 dot products must be the fp32 head's, also with tokens banned after; everything else runs the full
+head; quantized graphs lose the screen. Synthetic heads with near ties check the bound; the tiny GPT-2 the loop."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+import nndf
+from nndf.export.screened_head import INPUT, screen_constants, screen_head, strip_screen
+from nndf.generation import GenerationOptions, head_screen
+from nndf.sampling import Sampling
+
+WIDTH, VOCAB = 48, 3000
+
+
+def _table(seed: int = 0) -> np.ndarray:
+    """A [vocab, width] table with near twins: columns 2i and 2i + 1 differ by 1e-4 of a weight, far below the int8
+    head's error, so that the screen must settle those ties with exact dot products."""
+    rng = np.random.default_rng(seed)
+    table = rng.standard_normal((VOCAB, WIDTH)).astype(np.float32) * 0.05
+    table[1::2] = table[0::2] + rng.standard_normal((VOCAB // 2, WIDTH)).astype(np.float32) * 5e-6
+    return table
+
+
+def _tied_model(table: np.ndarray, tied: bool = True):
+    """ids -> Gather(table) -> `embedded`; h -> MatMul(h, Transpose(table)) -> `logits` (an untied head: MatMul
+    over its own [width, vocab] constant), as the exporter writes GPT-2's."""
+    import onnx_ir as ir
+
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["embedded"])]
+    inits = [numpy_helper.from_array(table, "table")]
+    if tied:
+        nodes += [helper.make_node("Transpose", ["table"], ["head"], perm=[1, 0]),
+                  helper.make_node("MatMul", ["h", "head"], ["logits"])]
+    else:
+        nodes += [helper.make_node("MatMul", ["h", "head"], ["logits"])]
+        inits.append(numpy_helper.from_array(np.ascontiguousarray(table.T), "head"))
+    graph = helper.make_graph(
+        nodes, "head", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["b", "s"]),
+                        helper.make_tensor_value_info("h", TensorProto.FLOAT, ["b", "k", WIDTH])],
+        [helper.make_tensor_value_info("embedded", TensorProto.FLOAT, ["b", "s", WIDTH]),
+         helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["b", "k", VOCAB])], inits)
+    return ir.serde.deserialize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]))
+
+
+def _session(model_proto):
+    import onnxruntime as ort
+
+    return ort.InferenceSession(model_proto.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def _screened_proto(table):
+    import onnx_ir as ir
+
+    model = _tied_model(table)
+    assert screen_head(model) == 1
+    return ir.serde.serialize_model(model)
+
+
+def _hidden(rows: int, seed: int) -> np.ndarray:
+    """Hidden states with a few large dimensions, as a trained model's final norm gives (they set the int8 scale)."""
+    rng = np.random.default_rng(seed)
+    h = rng.standard_normal((rows, 3, WIDTH)).astype(np.float32)
+    h[..., :2] *= 20
+    return h
+
+
+def _run(session, h, k):
+    ids = np.zeros((1, 1), np.int64)
+    return session.run(["logits"], {"ids": ids, "h": h, INPUT: np.array([k], np.int64)})[0]
+
+
+def test_the_screened_argmax_is_the_fp32_heads_also_with_banned_tokens():
+    table = _table()
+    session = _session(_screened_proto(table))
+    h = _hidden(40, seed=1)
+    full = _run(session, h, 0)
+    np.testing.assert_allclose(full, h @ table.T, rtol=1e-5, atol=1e-5)  # 0: the full head, every row, same shape
+    # the top two of many rows are twins closer than the int8 error: only the exact dot products tell them apart
+    top2 = np.sort(full, axis=-1)[..., -2:]
+    assert ((top2[..., 1] - top2[..., 0]) < 1e-3).sum() >= 10
+    for k in (1, 2, 4):
+        screened = _run(session, h, k)
+        assert screened.shape == full.shape
+        assert np.array_equal(screened.argmax(-1), full.argmax(-1)), k
+        winners = full.argmax(-1)[..., None]
+        np.testing.assert_allclose(np.take_along_axis(screened, winners, -1), np.take_along_axis(full, winners, -1),
+                                   rtol=1e-6, atol=1e-6)
+        # the loop bans up to k - 1 tokens after the step (EOS before min_new_tokens): ban each row's k - 1 best
+        banned = np.argsort(full, axis=-1)[..., ::-1][..., : k - 1]
+        allowed = full.copy()
+        for scores in (screened, allowed):
+            np.put_along_axis(scores, banned, -np.inf, -1)
+        assert np.array_equal(screened.argmax(-1), allowed.argmax(-1)), k
+    # where the int8 logits are not the winners, they are approximations: a screened output is not a full one
+    assert not np.allclose(_run(session, h, 1), full, atol=1e-4)
+
+
+def test_an_empty_batch_and_one_row_run_either_way():
+    session = _session(_screened_proto(_table()))
+    for rows in (0, 1):
+        h = _hidden(rows, seed=2)[:, :1]
+        for k in (0, 2):
+            assert _run(session, h, k).shape == (rows, 1, VOCAB)
+
+
+def test_an_untied_head_is_not_screened():
+    """Its exact dot products would need a second copy of the head in rows: the graph is left as it is."""
+    model = _tied_model(_table(), tied=False)
+    assert screen_head(model) == 0
+    assert INPUT not in [value.name for value in model.graph.inputs]
+
+
+def test_stripping_the_screen_leaves_the_full_head_and_no_input():
+    table = _table()
+    proto = _screened_proto(table)
+    assert strip_screen(proto) and not strip_screen(proto)
+    assert INPUT not in [value.name for value in proto.graph.input]
+    assert not {"MatMulInteger", "ScatterND", "NonZero"} & {node.op_type for node in proto.graph.node}
+    left = {init.name for init in proto.graph.initializer}
+    assert not left & {f"screened_head.{name}" for name in ("weight", "scale", "rounded_norm", "error_norm")}
+    h = _hidden(3, seed=3)
+    out = _session(proto).run(["logits"], {"ids": np.zeros((1, 1), np.int64), "h": h})[0]
+    np.testing.assert_allclose(out, h @ table.T, rtol=1e-5, atol=1e-5)
+
+
+def test_the_bound_covers_the_weight_rounding():
+    """7-bit levels (no int16 saturation on AVX2) and a norm of each column's rounding error that bounds it."""
+    table = _table()
+    constants = screen_constants(table)
+    assert constants["weight"].shape == (WIDTH, VOCAB) and np.abs(constants["weight"]).max() <= 63
+    error = table.T - constants["weight"] * constants["scale"]
+    assert np.all(np.linalg.norm(error, axis=0) <= constants["error_norm"])
+
+
+@pytest.mark.parametrize("options, stopping, expected", [
+    (GenerationOptions(), None, 1),
+    (GenerationOptions(eos_token_id=7, min_new_tokens=5), None, 2),  # EOS banned before the 5th token
+    (GenerationOptions(eos_token_id=(7, 8), min_new_tokens=5), None, 3),
+    (GenerationOptions(eos_token_id=7, min_new_tokens=None, min_length=20), None, 2),
+    (GenerationOptions(sampling=Sampling(do_sample=True)), None, 0),
+    (GenerationOptions(repetition_penalty=1.2), None, 0),  # changes scores: the full head
+    (GenerationOptions(no_repeat_ngram_size=2), None, 0),
+    (GenerationOptions(), lambda tokens, scores: False, 0),  # stopping criteria are given the scores
+])
+def test_greedy_search_asks_for_the_screen_only_where_the_argmax_is_all_it_reads(options, stopping, expected):
+    processors = options.processors(prompt_len=4)
+    assert head_screen(options, processors, stopping) == expected
+
+
+def test_the_tiny_gpt2_screens_greedy_steps_and_nothing_else(family_dirs, onnx_work_dir):
+    """The shared-layout export has the screen, --info says so, greedy steps ask for it with room for the banned
+    EOS, sampling and scoring do not, the tokens are generate()'s; its int8 graph has no screen."""
+    m = nndf.load("GPT2", backend="onnxrt", torch_dir=str(family_dirs["GPT2"]), working_dir=str(onnx_work_dir),
+                  device="cpu", kv_layout="shared")
+    session = m.decoder.session
+    assert INPUT in session.input_names and any(note.startswith("LM head: screened") for note in session.info_notes)
+    asked = []
+    run = session.run
+    session.run = lambda feeds: asked.append(int(feeds[INPUT][0])) or run(feeds)
+    ids = torch.tensor([[5, 6, 7, 8, 9], [9, 8, 7, 6, 5]])
+    ours = m.generate(ids, max_new_tokens=10, min_new_tokens=10)
+    assert set(asked) == {2}  # one EOS id banned until the 10th token
+    assert torch.equal(ours, m.hf_generate(ids, max_new_tokens=10, min_new_tokens=10))
+    asked.clear()
+    m.generate(ids, max_new_tokens=3, do_sample=True, seed=0)
+    m.logits(ids)
+    assert set(asked) == {0}
+    quantized = nndf.load("GPT2", backend="onnxrt", loaded=m.loaded, working_dir=str(onnx_work_dir), quantize="int8",
+                          kv_layout="shared")
+    assert INPUT not in quantized.decoder.session.input_names
+    assert not any(note.startswith("LM head") for note in quantized.decoder.session.info_notes)
