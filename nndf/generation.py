@@ -210,13 +210,15 @@ def stop_check_interval(device: torch.device) -> int:
 
 
 def head_screen(options: GenerationOptions, processors, stopping) -> int:
-    """What greedy search asks of a decoder's screened head (`nndf.export.screened_head`): k >= 1 where only the
-    argmax matters and the processors ban at most k - 1 tokens; 0, the full head, when sampling, with stopping
-    criteria (they are given the scores) or with processors that change scores."""
-    banned = tokens_banned(processors)
-    if options.sampling.samples or stopping is not None or banned is None:
+    """What greedy search and sampling ask of a decoder's screened head (`nndf.export.screened_head`): k >= 1 where
+    the pick reads only the k - b highest scores (1 greedy, top_k sampling: `Sampling.scores_read`) after the
+    processors ban at most b tokens; 0, the full head, with stopping criteria (they are given the scores), processors
+    that change scores otherwise (a repetition penalty), or sampling that reads every score (top-k off)."""
+    read = options.sampling.scores_read()
+    banned = tokens_banned(processors[:len(processors) - len(options.sampling.warpers())])
+    if read is None or banned is None or stopping is not None:
         return 0
-    return 1 + banned
+    return read + banned
 
 
 def greedy_search(decoder, state: TokenState, options, on_token=None, stopping=None, streamer=None) -> torch.Tensor:

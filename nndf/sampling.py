@@ -121,6 +121,15 @@ class Sampling:
         """Whether tokens are drawn (else the highest score is taken: greedy or beam search)."""
         return bool(self.do_sample) and self.temperature != 0
 
+    def scores_read(self) -> int | None:
+        """How many of the highest scores the pick reads exactly, the rest only as "lower": 1 for greedy, top_k when
+        sampling with top-k (the temperature before it keeps the order; every warper after it and the draw read the
+        kept scores alone); None where the whole vocabulary counts (top-k off, or top-h, which reads every score, before
+        it). A screened LM head (`nndf.export.screened_head`) computes those exactly and the others approximately."""
+        if not self.samples:
+            return 1
+        return None if self.top_k == 0 or self.top_h is not None else int(self.top_k)
+
     def warpers(self, device: torch.device | None = None) -> list:
         """`generate()`'s warpers for these settings, in its order (nothing when not sampling), less the top-k that
         the fast stream's draw applies itself (`drawn_top_k`)."""

@@ -10,9 +10,12 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 import nndf
+from nndf import generation
 from nndf.export.screened_head import INPUT, screen_constants, screen_head, strip_screen
 from nndf.generation import GenerationOptions, head_screen
 from nndf.sampling import Sampling
+from sampling_checks import assert_samples_like_generate
+from test_generation_parity import _batch
 
 WIDTH, VOCAB = 48, 3000
 
@@ -142,7 +145,13 @@ def test_the_bound_covers_the_weight_rounding():
     (GenerationOptions(eos_token_id=7, min_new_tokens=5), None, 2),  # EOS banned before the 5th token
     (GenerationOptions(eos_token_id=(7, 8), min_new_tokens=5), None, 3),
     (GenerationOptions(eos_token_id=7, min_new_tokens=None, min_length=20), None, 2),
-    (GenerationOptions(sampling=Sampling(do_sample=True)), None, 0),
+    (GenerationOptions(sampling=Sampling(do_sample=True)), None, 50),  # generate()'s top-k 50 reads 50 scores
+    (GenerationOptions(eos_token_id=7, min_new_tokens=5, sampling=Sampling(do_sample=True, temperature=0.7, top_k=5,
+                                                                           top_p=0.9, min_p=0.01, typical_p=0.9)),
+     None, 6),
+    (GenerationOptions(sampling=Sampling(do_sample=True, top_k=0)), None, 0),  # every score counts
+    (GenerationOptions(sampling=Sampling(do_sample=True, top_h=0.5)), None, 0),  # top-h reads all before top-k
+    (GenerationOptions(sampling=Sampling(do_sample=True, stream="fast")), None, 50),
     (GenerationOptions(repetition_penalty=1.2), None, 0),  # changes scores: the full head
     (GenerationOptions(no_repeat_ngram_size=2), None, 0),
     (GenerationOptions(), lambda tokens, scores: False, 0),  # stopping criteria are given the scores
@@ -152,25 +161,57 @@ def test_greedy_search_asks_for_the_screen_only_where_the_argmax_is_all_it_reads
     assert head_screen(options, processors, stopping) == expected
 
 
-def test_the_tiny_gpt2_screens_greedy_steps_and_nothing_else(family_dirs, onnx_work_dir):
-    """The shared-layout export has the screen, --info says so, greedy steps ask for it with room for the banned
-    EOS, sampling and scoring do not, the tokens are generate()'s; its int8 graph has no screen."""
+def _screened_gpt2(family_dirs, onnx_work_dir):
+    """The tiny GPT-2 (tied, GPT-2's vocabulary) on its shared-layout export, and the `screened_head` of each step."""
     m = nndf.load("GPT2", backend="onnxrt", torch_dir=str(family_dirs["GPT2"]), working_dir=str(onnx_work_dir),
                   device="cpu", kv_layout="shared")
+    asked = []
+    run = m.decoder.session.run
+    m.decoder.session.run = lambda feeds: asked.append(int(feeds[INPUT][0])) or run(feeds)
+    return m, asked
+
+
+def test_the_tiny_gpt2_screens_greedy_steps_and_nothing_else(family_dirs, onnx_work_dir):
+    """The shared-layout export has the screen, --info says so, greedy steps ask for it with room for the banned
+    EOS, beam search, sampling without top-k and scoring do not, the tokens are generate()'s; its int8 graph has no
+    screen."""
+    m, asked = _screened_gpt2(family_dirs, onnx_work_dir)
     session = m.decoder.session
     assert INPUT in session.input_names and any(note.startswith("LM head: screened") for note in session.info_notes)
-    asked = []
-    run = session.run
-    session.run = lambda feeds: asked.append(int(feeds[INPUT][0])) or run(feeds)
-    ids = torch.tensor([[5, 6, 7, 8, 9], [9, 8, 7, 6, 5]])
-    ours = m.generate(ids, max_new_tokens=10, min_new_tokens=10)
+    ids, mask = _batch([5, 9, 3])
+    ours = m.generate(ids, mask, max_new_tokens=10, min_new_tokens=10)
     assert set(asked) == {2}  # one EOS id banned until the 10th token
-    assert torch.equal(ours, m.hf_generate(ids, max_new_tokens=10, min_new_tokens=10))
+    assert torch.equal(ours, m.hf_generate(ids, mask, max_new_tokens=10, min_new_tokens=10))
     asked.clear()
-    m.generate(ids, max_new_tokens=3, do_sample=True, seed=0)
+    m.generate(ids, mask, max_new_tokens=3, do_sample=True, top_k=0, seed=0)
+    m.generate(ids, mask, max_new_tokens=3, num_beams=2)
     m.logits(ids)
     assert set(asked) == {0}
     quantized = nndf.load("GPT2", backend="onnxrt", loaded=m.loaded, working_dir=str(onnx_work_dir), quantize="int8",
                           kv_layout="shared")
     assert INPUT not in quantized.decoder.session.input_names
     assert not any(note.startswith("LM head") for note in quantized.decoder.session.info_notes)
+
+
+@pytest.mark.parametrize("settings, asked", [
+    (dict(do_sample=True, seed=3), 51),  # generate()'s top-k 50, and the EOS banned before min_new_tokens
+    (dict(do_sample=True, temperature=0.7, top_k=5, top_p=0.9, min_p=0.01, typical_p=0.95, seed=4), 6),
+], ids=["top-k 50", "every warper after top-k"])
+def test_top_k_sampling_on_the_screened_head_samples_like_generate(settings, asked, family_dirs, onnx_work_dir):
+    """The k highest scores are exact and every other below them, so the warpers and generate()'s draw see the full
+    head's distribution: seeded tokens and streamer calls equal generate()'s, batch 3 with left padding."""
+    m, steps = _screened_gpt2(family_dirs, onnx_work_dir)
+    ids, mask = _batch([5, 9, 3])
+    assert_samples_like_generate(m, max_new_tokens=10, settings=dict(settings, min_new_tokens=10), input_ids=ids,
+                                 attention_mask=mask)
+    assert set(steps) == {asked}
+
+
+def test_the_fast_stream_draws_the_same_tokens_from_the_screened_head(family_dirs, onnx_work_dir, monkeypatch):
+    m, steps = _screened_gpt2(family_dirs, onnx_work_dir)
+    ids, mask = _batch([5, 9, 3])
+    settings = dict(max_new_tokens=12, do_sample=True, temperature=0.8, sampling_stream="fast", seed=7)
+    screened = m.generate(ids, mask, **settings)
+    assert set(steps) == {50}
+    monkeypatch.setattr(generation, "head_screen", lambda *args: 0)
+    assert torch.equal(screened, m.generate(ids, mask, **settings)) and steps[-1] == 0

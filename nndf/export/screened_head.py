@@ -1,7 +1,9 @@
-"""A screened LM head in the shared-layout graph: greedy search's token from a quarter of the head's bytes, exact.
+"""A screened LM head in the shared-layout graph: greedy search's token (and top-k sampling's kept scores) from a
+quarter of the head's bytes, exact.
 
 Why: a decode step reads every weight once, and a tied LM head is the largest (GPT-2 small: 154 of the 497 MB a
-step reads). Greedy search needs only the argmax of the logits, and which column wins is settled by a few of them.
+step reads). Greedy search needs only the argmax of the logits, top-k sampling only the k highest, and which
+columns those are is settled by a few of them.
 
 How, for the rows the graph input `screened_head` asks for:
 1. int8 logits for the whole vocabulary: the hidden state quantized per tensor (`DynamicQuantizeLinear`, uint8),
@@ -9,13 +11,16 @@ How, for the rows the graph input `screened_head` asks for:
    u8 x s8 products fit an int16 only below 2^15), exact int32 dot products (`MatMulInteger`), scaled.
 2. A bound on each column's error, from Cauchy-Schwarz: |h.w - h'.w'| <= |h - h'| |w'| + |h| |w - w'| (2-norms;
    the column norms are computed here once, the state's at each step), widened for fp32 rounding.
-3. The threshold: the k-th largest lower bound (`screened_head` = k). Every column whose upper bound reaches it is
-   a candidate; its fp32 dot product is computed exactly from the embedding table's row (the head is tied).
+3. The threshold: the k-th largest lower bound (`screened_head` = k, at most the vocabulary). Every column whose
+   upper bound reaches it is a candidate; its fp32 dot product is computed exactly from the embedding table's row
+   (the head is tied).
 4. The output logits: the candidates' exact values scattered over the int8 ones.
-A column below the threshold cannot beat the candidate with the k-th largest lower bound, so the argmax of the
-output is the fp32 head's argmax, also after the loop bans up to k - 1 tokens (an EOS before min_new_tokens):
-one of the k top lower bounds is still allowed, and it is a candidate at or above the threshold. Values other than
-the candidates' are int8 approximations: scoring, sampling and processors that change scores run the full head.
+A column below the threshold is below each of the k columns with the largest lower bounds. So with up to b tokens
+banned after the step (an EOS before min_new_tokens), the k - b highest allowed scores of the output are the fp32
+head's, values included, and every other score is below them: the argmax for k = b + 1, and for k = b + top_k
+what top-k sampling keeps (its warpers and draw read nothing else). The other values are int8 approximations:
+scoring, beam search, sampling without top-k and processors that change scores run the full head
+(`nndf.generation.head_screen` decides).
 
 `screened_head` 0 (or a batch of no rows) runs the full fp32 head over every row and the screen over none; k >= 1
 the screen over every row and the head's MatMuls over none, which then cost nothing. No `If`: the two parts take
@@ -30,7 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
-INPUT = "screened_head"  # int64 [1]: 0 the full head; k >= 1 greedy screening that tolerates k - 1 banned tokens
+INPUT = "screened_head"  # int64 [1]: 0 the full head; k >= 1 the k highest scores exact (module docstring)
 WEIGHT_LEVELS = 63  # 7-bit signed weights: u8 x s8 pairs never saturate an int16 (AVX2's vpmaddubsw)
 RELATIVE_SLACK = 1e-3  # widens each bound for fp32 rounding in the norms and the scaled int8 logits
 DOT_SLACK = 1e-5  # x |h| |w|: fp32 rounding of a dot product over the hidden size (pairwise sums: ~1e-6)
@@ -117,7 +122,8 @@ def screen_head(model) -> int:
                         const("rounded_norm", constants["rounded_norm"])]),
         tape.op("Mul", [tape.op("ReduceL2", [to_screen, last_axis], {"keepdims": 1}),
                         const("error_norm", constants["error_norm"])])])
-    top, _ = tape.op_multi_out("TopK", [tape.op("Sub", [approx, bound]), tape.op("Max", [asked, one])],
+    at_most_vocab = tape.op("Min", [tape.op("Max", [asked, one]), const("vocab_size", np.array([vocab], np.int64))])
+    top, _ = tape.op_multi_out("TopK", [tape.op("Sub", [approx, bound]), at_most_vocab],
                                {"axis": -1}, num_outputs=2)
     threshold = tape.op("ReduceMin", [top, last_axis], {"keepdims": 1})  # the k-th largest lower bound
     candidates = tape.op("Transpose", [tape.op("NonZero", [
