@@ -1,7 +1,7 @@
 """Graph rewrites of the shared layout that change how ONNX Runtime loads a graph rather than what it computes
 (nndf.export.ort_fusions): the LM head's weight in chunks, so that loading a session no longer peaks at the largest
-weight. The results must be the same numbers: on a hand-made graph (a tied head behind a Transpose, an untied one)
-and in a tiny GPT-2's real export against Hugging Face `generate()`."""
+weight (a tied head, screened, reads its table instead). The results must be the same numbers: on a hand-made graph
+(a tied head behind a Transpose, an untied one) and in real exports against Hugging Face `generate()`."""
 
 from __future__ import annotations
 
@@ -59,20 +59,27 @@ def test_large_weights_are_split_into_chunks_with_the_same_results():
     assert ort_fusions.split_large_weights(untouched, chunk_bytes=64_192) == 0  # at the limit: kept whole
 
 
-def test_a_tiny_gpt2_with_its_tied_head_in_chunks_equals_generate(family_dirs, tmp_path, monkeypatch):
-    """GPT-2's head is its embedding table transposed: exported with a limit below the table's size, the head is
-    chunk MatMuls over copies written pre-transposed, the table stays for the embedding (and the screened head's
-    exact rows), and the tokens are generate()'s."""
+@pytest.mark.parametrize("family", ["GPT2", "Mistral"])
+def test_a_real_export_holds_its_head_once_and_equals_generate(family, family_dirs, tmp_path, monkeypatch):
+    """Exported with a chunk limit below the head's size: GPT-2's tied head reads its embedding table itself (the
+    screened head's full MatMul, `nndf.export.screened_head`: no transposed copy, no chunks), the table read by the
+    embedding, the screen's exact rows and that MatMul; Mistral's untied head is chunk MatMuls over copies written
+    pre-transposed. The tokens are generate()'s either way."""
     import onnx
 
     monkeypatch.setattr(ort_fusions, "WEIGHT_CHUNK_BYTES", 40_000)
-    m = nndf.load("GPT2", backend="onnxrt", torch_dir=str(family_dirs["GPT2"]), working_dir=str(tmp_path),
+    m = nndf.load(family, backend="onnxrt", torch_dir=str(family_dirs[family]), working_dir=str(tmp_path),
                   device="cpu", kv_layout="shared")
     graph = onnx.load(str(m.decoder.session.artifacts[0]), load_external_data=False).graph
     chunks = [node for node in graph.node if node.op_type == "MatMul" and "_chunk" in node.name]
     table = max(graph.initializer, key=lambda init: int(np.prod(init.dims)))  # the token embedding table
-    assert len(chunks) >= 2 and int(np.prod(table.dims)) * 4 > 40_000
-    assert [node.op_type for node in graph.node if table.name in node.input] == ["Gather", "Gather"]
+    assert int(np.prod(table.dims)) * 4 > 40_000
+    readers = sorted(node.op_type for node in graph.node if table.name in node.input)
+    if family == "GPT2":
+        assert not chunks and readers == ["Gather", "Gather", "MatMul"]
+        assert not [node for node in graph.node if node.op_type == "Transpose" and table.name in node.input]
+    else:
+        assert len(chunks) >= 2 and readers == ["Gather"]
     prompt = torch.tensor([[5, 6, 7, 8, 9]])
     assert torch.equal(m.generate(prompt, max_new_tokens=8), m.hf_generate(prompt, max_new_tokens=8))
 

@@ -121,7 +121,12 @@ def test_an_untied_head_is_not_screened():
 def test_stripping_the_screen_leaves_the_full_head_and_no_input():
     table = _table()
     proto = _screened_proto(table)
+    transposed = [node for node in proto.graph.node if node.op_type == "Transpose" and "table" in node.input]
+    assert not transposed  # screened, the full head reads the table itself: nothing for ONNX Runtime to prepack
     assert strip_screen(proto) and not strip_screen(proto)
+    # stripped, the head is MatMul(h, Transpose(table)) again, the form the quantizers take a tied head in
+    [transpose] = [node for node in proto.graph.node if node.op_type == "Transpose" and "table" in node.input]
+    assert [node.op_type for node in proto.graph.node if transpose.output[0] in node.input] == ["MatMul"]
     assert INPUT not in [value.name for value in proto.graph.input]
     assert not {"MatMulInteger", "ScatterND", "NonZero"} & {node.op_type for node in proto.graph.node}
     left = {init.name for init in proto.graph.initializer}

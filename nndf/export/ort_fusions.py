@@ -20,8 +20,10 @@ exported decode step had 1739 nodes where GPT-2 small's has 474.
   are. Where the rotated heads come straight from a projection and go straight back, the kernel takes the
   projection's (batch, sequence, heads * size) output and the split, the two Transposes and the merge go.
 - A Reshape that only undoes the Reshape before it (symbolic shapes equal) goes.
-- A MatMul over a weight larger than 32 MiB (the LM head) becomes MatMuls over column chunks of it and a Concat:
-  not fewer nodes, but a load that no longer peaks at that weight's size (`split_large_weights`).
+- A tied LM head becomes a screened one (`nndf.export.screened_head`): greedy search and top-k sampling read an
+  int8 copy and a few exact rows of the embedding table, and the full head reads the table itself (no copy).
+- A MatMul over a weight larger than 32 MiB (an untied LM head) becomes MatMuls over column chunks of it and a
+  Concat: not fewer nodes, but a load that no longer peaks at that weight's size (`split_large_weights`).
 
 Only the shared layout gets these: its graph is ONNX Runtime's alone (contrib ops), where the growing graph is also
 what TensorRT builds engines from. A rule that does not match leaves the graph as it is; every family's parity
@@ -223,8 +225,9 @@ def split_large_weights(model, chunk_bytes: int | None = None) -> int:
     (SmolLM2-135M: 113 MB; GPT-2 small: 154 MB), and a tied head is worse: it is the embedding table transposed by
     constant folding, a third copy for the while. Chunks written to the file pre-transposed load, pack and go one by
     one (SmolLM2's session: 681 -> 600 MiB peak in four chunks, steady 573 either way); the table stays for the
-    embedding's Gather, which reads one row per token. Exact: each output column is the same dot product over K.
-    Returns how many MatMuls were split."""
+    embedding's Gather, which reads one row per token. (In the shared layout a tied head is screened first and
+    reads the table itself, so no longer comes here: `nndf.export.screened_head`.) Exact: each output column is the
+    same dot product over K. Returns how many MatMuls were split."""
     import numpy as np
     import onnx_ir as ir
 

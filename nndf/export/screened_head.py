@@ -23,9 +23,14 @@ scoring, beam search, sampling without top-k and processors that change scores r
 (`nndf.generation.head_screen` decides).
 
 `screened_head` 0 (or a batch of no rows) runs the full fp32 head over every row and the screen over none; k >= 1
-the screen over every row and the head's MatMuls over none, which then cost nothing. No `If`: the two parts take
-row slices of the hidden states, one of them empty, so the head's weights stay outer initializers that ONNX
-Runtime prepacks as before.
+the screen over every row and the full head over none, which then costs nothing. No `If`: the two parts take row
+slices of the hidden states, one of them empty.
+
+The full head reads the embedding table itself, as `MatMul(table, h^T)^T`: ONNX Runtime prepacks a MatMul's
+constant second input into a copy of its own, never the first, so the head's weights are held once (the table,
+whose pages a greedy generation barely touches) where `MatMul(h, table^T)` held a packed copy beside it (GPT-2
+small: 154 MB). The price is MLAS's kernel at one row, which pads it to a block of columns: a full-head step of one
+row is slower (GPT-2's head, 2 threads: 11.4 against 8.6 ms; the same from 64 rows).
 
 Only a tied head is screened (the exact dot products read rows of the embedding table, which the graph keeps for
 its Gather anyway); an untied head would need a second copy of its weights in the table's orientation.
@@ -39,7 +44,8 @@ INPUT = "screened_head"  # int64 [1]: 0 the full head; k >= 1 the k highest scor
 WEIGHT_LEVELS = 63  # 7-bit signed weights: u8 x s8 pairs never saturate an int16 (AVX2's vpmaddubsw)
 RELATIVE_SLACK = 1e-3  # widens each bound for fp32 rounding in the norms and the scaled int8 logits
 DOT_SLACK = 1e-5  # x |h| |w|: fp32 rounding of a dot product over the hidden size (pairwise sums: ~1e-6)
-TO_HEAD, JOIN = "screened_head.to_head", "screened_head.join"  # the nodes `strip_screen` finds the screen by
+# the nodes `strip_screen` finds the screen by
+TO_HEAD, JOIN, FULL = "screened_head.to_head", "screened_head.join", "screened_head.full"
 
 
 def _tied_head(graph):
@@ -111,7 +117,9 @@ def screen_head(model) -> int:
     to_head = tape.op("Slice", [flat, zero, full_rows, rows_axis], name=TO_HEAD)
     to_screen = tape.op("Slice", [flat, full_rows, rows, rows_axis])
 
-    full = tape.op("MatMul", [to_head, head.inputs[1]], name=head.name)
+    # the full head reads the table as it is: as MatMul's first input it is not prepacked (module docstring)
+    full = tape.op("Transpose", [tape.op("MatMul", [table, tape.op("Transpose", [to_head], {"perm": [1, 0]})],
+                                         name=FULL)], {"perm": [1, 0]})
     levels, step, offset = tape.op_multi_out("DynamicQuantizeLinear", [to_screen], num_outputs=3)
     products = tape.op("MatMulInteger", [levels, const("weight", constants["weight"]), offset])
     column_scale = tape.op("Mul", [step, const("scale", constants["scale"])])
@@ -144,7 +152,10 @@ def screen_head(model) -> int:
         graph.register_initializer(value)
     old = head.outputs[0]
     logits.type, logits.shape = old.type, old.shape
+    transposed = head.inputs[1].producer()
     ir.convenience.replace_nodes_and_values(graph, head, [head], list(tape.nodes), [old], [logits])
+    if not transposed.outputs[0].uses():  # the table's transposed copy: nothing reads it now
+        graph.remove(transposed)
     return 1
 
 
@@ -154,12 +165,21 @@ def strip_screen(model) -> bool:
     head is quantized: screening an int8 or int4 head against the fp32 table would give greedy search another
     argmax than the head's, and the quantizers would take the screen's lookup for an embedding. Returns whether
     there was a screen."""
+    from onnx import helper
+
     graph = model.graph
     nodes = {node.name: node for node in graph.node}
-    join, to_head = nodes.get(JOIN), nodes.get(TO_HEAD)
-    if join is None or to_head is None:
+    join, to_head, full = nodes.get(JOIN), nodes.get(TO_HEAD), nodes.get(FULL)
+    if join is None or to_head is None or full is None:
         return False
-    bypass = {join.output[0]: join.input[0], to_head.output[0]: to_head.input[0]}
+    # the head as the exporter wrote it, MatMul(h, Transpose(table)), where the quantizers take a tied head
+    table, hidden = full.input[0], to_head.input[0]
+    head = [helper.make_node("Transpose", [table], [f"{FULL}.table_t"], name=f"{FULL}.table_t", perm=[1, 0]),
+            helper.make_node("MatMul", [hidden, f"{FULL}.table_t"], [f"{FULL}.logits"], name=f"{FULL}.head")]
+    at = list(graph.node).index(join)
+    for offset, node in enumerate(head):
+        graph.node.insert(at + offset, node)
+    bypass = {join.output[0]: f"{FULL}.logits"}
     for node in graph.node:
         node.input[:] = [bypass.get(name, name) for name in node.input]
     needed = {value.name for value in graph.output}
