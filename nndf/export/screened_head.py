@@ -11,11 +11,12 @@ How, for the rows the graph input `screened_head` asks for:
    u8 x s8 products fit an int16 only below 2^15), exact int32 dot products (`MatMulInteger`), scaled.
 2. A bound on each column's error, from Cauchy-Schwarz: |h.w - h'.w'| <= |h - h'| |w'| + |h| |w - w'| (2-norms;
    the column norms are computed here once, the state's at each step), widened for fp32 rounding.
-3. The threshold: the k-th largest lower bound (`screened_head` = k, at most the vocabulary). Every column whose
+3. The threshold: the exact fp32 logits of the k columns with the highest int8 ones (`screened_head` = k, at most
+   the vocabulary), and the lowest of them, which is at or below the row's k-th largest logit. Every column whose
    upper bound reaches it is a candidate; its fp32 dot product is computed exactly from the embedding table's row
    (the head is tied).
 4. The output logits: the candidates' exact values scattered over the int8 ones.
-A column below the threshold is below each of the k columns with the largest lower bounds. So with up to b tokens
+A column below the threshold is below each of those k columns. So with up to b tokens
 banned after the step (an EOS before min_new_tokens), the k - b highest allowed scores of the output are the fp32
 head's, values included, and every other score is below them: the argmax for k = b + 1, and for k = b + top_k
 what top-k sampling keeps (its warpers and draw read nothing else). The other values are int8 approximations:
@@ -44,8 +45,9 @@ INPUT = "screened_head"  # int64 [1]: 0 the full head; k >= 1 the k highest scor
 WEIGHT_LEVELS = 63  # 7-bit signed weights: u8 x s8 pairs never saturate an int16 (AVX2's vpmaddubsw)
 RELATIVE_SLACK = 1e-3  # widens each bound for fp32 rounding in the norms and the scaled int8 logits
 DOT_SLACK = 1e-5  # x |h| |w|: fp32 rounding of a dot product over the hidden size (pairwise sums: ~1e-6)
+PREFIX = "screened_head."  # of every node and initializer the screen adds
 # the nodes `strip_screen` finds the screen by
-TO_HEAD, JOIN, FULL = "screened_head.to_head", "screened_head.join", "screened_head.full"
+TO_HEAD, JOIN, FULL = f"{PREFIX}to_head", f"{PREFIX}join", f"{PREFIX}full"
 
 
 def _tied_head(graph):
@@ -104,7 +106,7 @@ def screen_head(model) -> int:
     tape = Tape()
 
     def const(name: str, array) -> ir.Value:
-        return tape.initializer(ir.tensor(np.asarray(array), name=f"screened_head.{name}"))
+        return tape.initializer(ir.tensor(np.asarray(array), name=f"{PREFIX}{name}"))
 
     zero, one = const("zero", np.array([0], np.int64)), const("one", np.array([1], np.int64))
     rows_axis = const("axis0", np.array([0], np.int64))
@@ -131,16 +133,22 @@ def screen_head(model) -> int:
         tape.op("Mul", [tape.op("ReduceL2", [to_screen, last_axis], {"keepdims": 1}),
                         const("error_norm", constants["error_norm"])])])
     at_most_vocab = tape.op("Min", [tape.op("Max", [asked, one]), const("vocab_size", np.array([vocab], np.int64))])
-    top, _ = tape.op_multi_out("TopK", [tape.op("Sub", [approx, bound]), at_most_vocab],
-                               {"axis": -1}, num_outputs=2)
-    threshold = tape.op("ReduceMin", [top, last_axis], {"keepdims": 1})  # the k-th largest lower bound
+    _, leaders = tape.op_multi_out("TopK", [approx, at_most_vocab], {"axis": -1}, num_outputs=2)  # [rows, k]
+    leaders_exact = tape.op("MatMul", [tape.op("Gather", [table, leaders], {"axis": 0}),  # [rows, k, width]
+                                       tape.op("Unsqueeze", [to_screen, const("axis2", np.array([2], np.int64))])])
+    # the k-th largest exact logit among those k: at or below the k-th largest of the row
+    threshold = tape.op("ReduceMin", [leaders_exact, const("axes12", np.array([1, 2], np.int64))], {"keepdims": 0})
+    threshold = tape.op("Unsqueeze", [threshold, last_axis])
     candidates = tape.op("Transpose", [tape.op("NonZero", [
         tape.op("GreaterOrEqual", [tape.op("Add", [approx, bound]), threshold])])], {"perm": [1, 0]})
     row_of, column_of = (tape.op("Gather", [candidates, const(f"index{i}", np.array(i, np.int64))], {"axis": 1})
                          for i in (0, 1))
-    exact = tape.op("ReduceSum", [tape.op("Mul", [tape.op("Gather", [table, column_of], {"axis": 0}),
-                                                  tape.op("Gather", [to_screen, row_of], {"axis": 0})]),
-                                  last_axis], {"keepdims": 0})
+    # each candidate's row of the table against every screened state (a few), then its own state's product: one
+    # pass over the gathered rows, where pairing each with a gathered state and summing products takes five
+    per_state = tape.op("MatMul", [tape.op("Gather", [table, column_of], {"axis": 0}),
+                                   tape.op("Transpose", [to_screen], {"perm": [1, 0]})])
+    exact = tape.op("Reshape", [tape.op("GatherElements", [per_state, tape.op("Unsqueeze", [row_of, last_axis])],
+                                        {"axis": 1}), const("flat", np.array([-1], np.int64))])
     screened = tape.op("ScatterND", [approx, candidates, exact])
     joined = tape.op("Concat", [full, screened], {"axis": 0}, name=JOIN)
     shape = tape.op("Concat", [tape.op("Slice", [tape.op("Shape", [hidden]), zero,
@@ -150,6 +158,8 @@ def screen_head(model) -> int:
 
     for value in tape.initializers:
         graph.register_initializer(value)
+    for index, node in enumerate(tape.nodes):  # named for whoever reads the graph (and the tests)
+        node.name = node.name or f"{PREFIX}{node.op_type}_{index}"
     old = head.outputs[0]
     logits.type, logits.shape = old.type, old.shape
     transposed = head.inputs[1].producer()
