@@ -18,7 +18,7 @@ import torch
 from nndf.decoder import Decoder, TokenState
 from nndf.errors import UsageError
 from nndf.generate_arguments import check_streamer
-from nndf.processors import FastMinLength, FastMinNewTokensLength, PlainProcessors, tokens_banned
+from nndf.processors import FastMinLength, FastMinNewTokensLength, PlainProcessors, screen_room
 from nndf.sampling import Sampling, check_repetition_penalty
 
 
@@ -209,16 +209,30 @@ def stop_check_interval(device: torch.device) -> int:
     return 1 if device.type == "cpu" else GPU_STOP_CHECK_EVERY
 
 
-def head_screen(options: GenerationOptions, processors, stopping) -> int:
-    """What greedy search and sampling ask of a decoder's screened head (`nndf.export.screened_head`): k >= 1 where
-    the pick reads only the k - b highest scores (1 greedy, top_k sampling: `Sampling.scores_read`) after the
-    processors ban at most b tokens; 0, the full head, with stopping criteria (they are given the scores), processors
-    that change scores otherwise (a repetition penalty), or sampling that reads every score (top-k off)."""
+# Above this many exact leaders over a step's rows (k x rows), a screened head costs about what the full head does:
+# the leaders' rows of the table, TopK over the vocabulary, and the candidates they let through (GPT-2 small, random
+# weights: one row 2.5 ms at k = 51, 6.7 at 1024; four rows 6.4 at 130, 12.9 at 512; the full head 10.8-11.2).
+SCREEN_MOST = 1024
+
+
+def head_screen(options: GenerationOptions, processors, stopping) -> Callable[[torch.Tensor], int]:
+    """What greedy search and sampling ask of a decoder's screened head (`nndf.export.screened_head`) at a step over
+    the given sequences: k >= 1 where the pick reads only the k - b highest scores (1 greedy, top_k sampling:
+    `Sampling.scores_read`) after the processors lower at most b of them: the EOS ids banned before the minimum
+    length, and with a repetition penalty every token already in the sequences (at most their length); 0, the full
+    head, with stopping criteria (they are given the scores), processors that change scores otherwise, sampling
+    that reads every score (top-k off), or more than `SCREEN_MOST` leaders over the rows."""
     read = options.sampling.scores_read()
-    banned = tokens_banned(processors[:len(processors) - len(options.sampling.warpers())])
-    if read is None or banned is None or stopping is not None:
-        return 0
-    return read + banned
+    room = screen_room(processors[:len(processors) - len(options.sampling.warpers())])
+    if read is None or room is None or stopping is not None:
+        return lambda tokens: 0
+    banned, lowers_seen = room
+
+    def screen(tokens: torch.Tensor) -> int:
+        k = read + banned + (tokens.shape[1] if lowers_seen else 0)
+        return k if k * tokens.shape[0] <= SCREEN_MOST else 0
+
+    return screen
 
 
 def greedy_search(decoder, state: TokenState, options, on_token=None, stopping=None, streamer=None) -> torch.Tensor:
@@ -239,7 +253,7 @@ def greedy_search(decoder, state: TokenState, options, on_token=None, stopping=N
     # Where the host reads every step (check_every 1), it knows while no row has ended, and skips the pad and the
     # bookkeeping of ended rows: each PyTorch op right after a step costs tens of microseconds (cold caches).
     all_running = True
-    logits = decoder.step(state, cache, screen=screen)
+    logits = decoder.step(state, cache, screen=screen(state.tokens))
     for generated in range(options.max_new_tokens):
         last = logits.select(1, -1)
         scores = processors(state.tokens, last if last.dtype == torch.float32 else last.float())
@@ -270,7 +284,7 @@ def greedy_search(decoder, state: TokenState, options, on_token=None, stopping=N
                 running_steps += unfinished.any()
                 if (generated + 1) % check_every == 0 and not bool(unfinished.any()):
                     break
-        logits = decoder.step(state, cache, screen=screen)
+        logits = decoder.step(state, cache, screen=screen(state.tokens))
     if ends and check_every > 1 and not bool(unfinished.any()):
         # generate() stops at the step that ended the last row: the steps run after it are cut off.
         return state.tokens[:, : prompt_len + int(running_steps) + 1]

@@ -49,16 +49,22 @@ class _EosBan:
         return scores.index_fill_(-1, cached[1], -math.inf)
 
 
-def tokens_banned(processors) -> int | None:
-    """How many tokens `processors` may set to -inf at a step, where banning is all they do (the minimum-length EOS
-    bans: their EOS ids); None where one changes scores otherwise. Greedy search's screened head
-    (`nndf.export.screened_head`) takes the first count; the second needs the full head."""
-    banned = 0
+def screen_room(processors) -> tuple[int, bool] | None:
+    """What `processors` may do to a step's scores, where a screened LM head (`nndf.export.screened_head`) can
+    tolerate it: (how many tokens they may set to -inf: the minimum-length EOS bans' ids, whether they may lower the
+    scores of the tokens already in the sequences: a repetition penalty above 1); None where one changes scores
+    otherwise (a penalty below 1 raises them, an n-gram ban bans any number), which needs the full head."""
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    banned, lowers_seen = 0, False
     for processor in processors:
-        if not isinstance(processor, _EosBan):
+        if isinstance(processor, _EosBan):
+            banned += int(processor.eos_token_id.numel())
+        elif isinstance(processor, RepetitionPenaltyLogitsProcessor) and processor.penalty > 1:
+            lowers_seen = True
+        else:
             return None
-        banned += int(processor.eos_token_id.numel())
-    return banned
+    return banned, lowers_seen
 
 
 class FastMinLength(_EosBan, MinLengthLogitsProcessor):

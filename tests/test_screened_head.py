@@ -157,13 +157,25 @@ def test_the_bound_covers_the_weight_rounding():
     (GenerationOptions(sampling=Sampling(do_sample=True, top_k=0)), None, 0),  # every score counts
     (GenerationOptions(sampling=Sampling(do_sample=True, top_h=0.5)), None, 0),  # top-h reads all before top-k
     (GenerationOptions(sampling=Sampling(do_sample=True, stream="fast")), None, 50),
-    (GenerationOptions(repetition_penalty=1.2), None, 0),  # changes scores: the full head
+    (GenerationOptions(repetition_penalty=1.2), None, 1 + 6),  # lowers at most the 6 tokens seen
     (GenerationOptions(no_repeat_ngram_size=2), None, 0),
     (GenerationOptions(), lambda tokens, scores: False, 0),  # stopping criteria are given the scores
 ])
 def test_greedy_search_asks_for_the_screen_only_where_the_argmax_is_all_it_reads(options, stopping, expected):
     processors = options.processors(prompt_len=4)
-    assert head_screen(options, processors, stopping) == expected
+    assert head_screen(options, processors, stopping)(torch.zeros((2, 6), dtype=torch.long)) == expected
+
+
+def test_a_repetition_penalty_widens_the_screen_by_the_tokens_it_may_lower():
+    """A penalty above 1 lowers the scores of the tokens already seen (at most the sequences' length), so those
+    many more leaders keep the pick exact; too many leaders for the rows, or a penalty below 1, take the full head."""
+    options = GenerationOptions(eos_token_id=7, min_new_tokens=5, repetition_penalty=1.3,
+                                sampling=Sampling(do_sample=True, top_k=40))
+    screen = head_screen(options, options.processors(prompt_len=4), None)
+    assert screen(torch.zeros((2, 6), dtype=torch.long)) == 40 + 1 + 6
+    assert screen(torch.zeros((4, 300), dtype=torch.long)) == 0  # 4 x 341 leaders: the full head is cheaper
+    raising = GenerationOptions(repetition_penalty=0.8)
+    assert head_screen(raising, raising.processors(prompt_len=4), None)(torch.zeros((1, 6), dtype=torch.long)) == 0
 
 
 def _screened_gpt2(family_dirs, onnx_work_dir):
@@ -178,8 +190,8 @@ def _screened_gpt2(family_dirs, onnx_work_dir):
 
 def test_the_tiny_gpt2_screens_greedy_steps_and_nothing_else(family_dirs, onnx_work_dir):
     """The shared-layout export has the screen, --info says so, greedy steps ask for it with room for the banned
-    EOS, beam search, sampling without top-k and scoring do not, the tokens are generate()'s; its int8 graph has no
-    screen."""
+    EOS (and, with a repetition penalty, for the tokens seen), beam search, sampling without top-k and scoring do
+    not, the tokens are generate()'s; its int8 graph has no screen."""
     m, asked = _screened_gpt2(family_dirs, onnx_work_dir)
     session = m.decoder.session
     assert INPUT in session.input_names and any(note.startswith("LM head: screened") for note in session.info_notes)
@@ -187,6 +199,10 @@ def test_the_tiny_gpt2_screens_greedy_steps_and_nothing_else(family_dirs, onnx_w
     ours = m.generate(ids, mask, max_new_tokens=10, min_new_tokens=10)
     assert set(asked) == {2}  # one EOS id banned until the 10th token
     assert torch.equal(ours, m.hf_generate(ids, mask, max_new_tokens=10, min_new_tokens=10))
+    asked.clear()
+    penalized = m.generate(ids, mask, max_new_tokens=10, repetition_penalty=1.5)
+    assert asked == list(range(1 + 9, 1 + 9 + 10))  # one more seen token each step
+    assert torch.equal(penalized, m.hf_generate(ids, mask, max_new_tokens=10, repetition_penalty=1.5))
     asked.clear()
     m.generate(ids, mask, max_new_tokens=3, do_sample=True, top_k=0, seed=0)
     m.generate(ids, mask, max_new_tokens=3, num_beams=2)
@@ -218,5 +234,5 @@ def test_the_fast_stream_draws_the_same_tokens_from_the_screened_head(family_dir
     settings = dict(max_new_tokens=12, do_sample=True, temperature=0.8, sampling_stream="fast", seed=7)
     screened = m.generate(ids, mask, **settings)
     assert set(steps) == {50}
-    monkeypatch.setattr(generation, "head_screen", lambda *args: 0)
+    monkeypatch.setattr(generation, "head_screen", lambda *args: lambda tokens: 0)
     assert torch.equal(screened, m.generate(ids, mask, **settings)) and steps[-1] == 0

@@ -19,8 +19,9 @@ How, for the rows the graph input `screened_head` asks for:
 A column below the threshold is below each of those k columns. So with up to b tokens
 banned after the step (an EOS before min_new_tokens), the k - b highest allowed scores of the output are the fp32
 head's, values included, and every other score is below them: the argmax for k = b + 1, and for k = b + top_k
-what top-k sampling keeps (its warpers and draw read nothing else). The other values are int8 approximations:
-scoring, beam search, sampling without top-k and processors that change scores run the full head
+what top-k sampling keeps (its warpers and draw read nothing else). The same holds where b tokens are only
+lowered (a repetition penalty above 1: the tokens seen). The other values are int8 approximations: scoring, beam
+search, sampling without top-k and processors that change scores otherwise run the full head
 (`nndf.generation.head_screen` decides).
 
 `screened_head` 0 (or a batch of no rows) runs the full fp32 head over every row and the screen over none; k >= 1
