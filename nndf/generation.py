@@ -18,7 +18,7 @@ import torch
 from nndf.decoder import Decoder, TokenState
 from nndf.errors import UsageError
 from nndf.generate_arguments import check_streamer
-from nndf.processors import FastMinLength, FastMinNewTokensLength, PlainProcessors, screen_room
+from nndf.processors import FastMinLength, FastMinNewTokensLength, PlainProcessors, head_screen
 from nndf.sampling import Sampling, check_repetition_penalty
 
 
@@ -207,32 +207,6 @@ GPU_STOP_CHECK_EVERY = 8
 def stop_check_interval(device: torch.device) -> int:
     """Every how many tokens greedy search reads whether all rows have ended (on the CPU reading costs nothing)."""
     return 1 if device.type == "cpu" else GPU_STOP_CHECK_EVERY
-
-
-# Above this many exact leaders over a step's rows (k x rows), a screened head costs about what the full head does:
-# the leaders' rows of the table, TopK over the vocabulary, and the candidates they let through (GPT-2 small, random
-# weights: one row 2.5 ms at k = 51, 6.7 at 1024; four rows 6.4 at 130, 12.9 at 512; the full head 10.8-11.2).
-SCREEN_MOST = 1024
-
-
-def head_screen(options: GenerationOptions, processors, stopping) -> Callable[[torch.Tensor], int]:
-    """What greedy search and sampling ask of a decoder's screened head (`nndf.export.screened_head`) at a step over
-    the given sequences: k >= 1 where the pick reads only the k - b highest scores (1 greedy, top_k sampling:
-    `Sampling.scores_read`) after the processors lower at most b of them: the EOS ids banned before the minimum
-    length, and with a repetition penalty every token already in the sequences (at most their length); 0, the full
-    head, with stopping criteria (they are given the scores), processors that change scores otherwise, sampling
-    that reads every score (top-k off), or more than `SCREEN_MOST` leaders over the rows."""
-    read = options.sampling.scores_read()
-    room = screen_room(processors[:len(processors) - len(options.sampling.warpers())])
-    if read is None or room is None or stopping is not None:
-        return lambda tokens: 0
-    banned, lowers_seen = room
-
-    def screen(tokens: torch.Tensor) -> int:
-        k = read + banned + (tokens.shape[1] if lowers_seen else 0)
-        return k if k * tokens.shape[0] <= SCREEN_MOST else 0
-
-    return screen
 
 
 def greedy_search(decoder, state: TokenState, options, on_token=None, stopping=None, streamer=None) -> torch.Tensor:

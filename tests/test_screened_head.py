@@ -12,7 +12,8 @@ from onnx import TensorProto, helper, numpy_helper
 import nndf
 from nndf import generation
 from nndf.export.screened_head import INPUT, screen_constants, screen_head, strip_screen
-from nndf.generation import GenerationOptions, head_screen
+from nndf.generation import GenerationOptions
+from nndf.processors import head_screen
 from nndf.sampling import Sampling
 from sampling_checks import assert_samples_like_generate
 from test_generation_parity import _batch
