@@ -139,8 +139,9 @@ class Decoder:
         of them, or (rows, new tokens, vocab) with `all_logits`.
 
         `screen` k >= 1 lets a graph with a screened head (`nndf.export.screened_head`) compute the logits for
-        greedy search: their argmax is exact, also with up to k - 1 tokens banned afterwards, but other values are
-        approximations. 0 (and any session without one) computes them all."""
+        greedy search and top-k sampling: the k - b highest after up to b tokens are banned or lowered are exact,
+        every other value an approximation below them (`nndf.processors.head_screen` picks k). 0 (and any session
+        without one) computes them all."""
         if cache is not None and self.cache_restart is not None and \
                 0 < cache.length <= self.cache_restart < state.tokens.shape[1]:
             cache.restart()  # as the model's generate() does (FamilyHooks.cache_restart_length)

@@ -120,8 +120,9 @@ class OrtSession:
             note = f" ({layout_note})" if layout_note else ""
             self.info_notes.append(f"KV layout: {self._describe_layout()}{note}")
         if SCREEN_INPUT in optional:
-            self.info_notes.append("LM head: screened for greedy search (int8 logits, exact fp32 dot products for the "
-                                   "columns that can win: fp32's argmax from a quarter of the head's bytes)")
+            self.info_notes.append("LM head: screened for greedy search and top-k sampling (int8 logits, exact fp32 "
+                                   "dot products for the columns that can be among the highest: fp32's tokens from "
+                                   "a quarter of the head's bytes)")
         self.info_notes.append(f"{role} {self.huge_pages.describe()}")
 
     def _describe_layout(self) -> str:
