@@ -72,6 +72,7 @@ class Decoder:
         self.hooks = hooks
         self.use_cache = shapes.use_cache
         self.cache_restart = cache_restart  # FamilyHooks.cache_restart_length of the model's config
+        self._screen_feeds: dict[int, torch.Tensor] = {}  # the screened head's input, one tensor per value
 
     @property
     def device(self) -> torch.device:
@@ -172,11 +173,11 @@ class Decoder:
     def _screen_feed(self, screen: int) -> torch.Tensor:
         """The screened head's input for `screen`, one tensor per value (a binding that is fed the same tensor
         again keeps it, `SharedStep`)."""
-        feeds = self.__dict__.setdefault("_screen_feeds", {})
-        if screen not in feeds:
+        feed = self._screen_feeds.get(screen)
+        if feed is None:
             with torch.inference_mode(False):
-                feeds[screen] = torch.tensor([screen], dtype=torch.int64)
-        return feeds[screen]
+                feed = self._screen_feeds[screen] = torch.tensor([screen], dtype=torch.int64)
+        return feed
 
     def _positions(self, count: int, device: torch.device) -> torch.Tensor:
         """0, 1, ... on the loop's device, made once: `logits_to_keep` is a slice of it, so a step copies nothing
