@@ -9,7 +9,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from nndf.export.cpu_int8 import int8_weight_type, nbits_accuracy_level
+from nndf.export.cpu_int8 import int8_weight_type, nbits_accuracy_level, screen_weight_levels
 from nndf.export.weight_quant import lm_head, quantize_graph
 from nndf.export.quantize import KINDS, quantize_params
 from nndf.export.weight_graph import prepare_graph, weight_matmuls
@@ -133,6 +133,10 @@ def test_int8_weight_type_follows_the_cpu():
     assert int8_weight_type("x86_64", avx2.replace("fma", "fma avx_vnni")) == "QInt8"
     assert int8_weight_type("x86_64", "") == "QUInt8"  # flags unknown: the exact kernel
     assert int8_weight_type("aarch64", "") == "QInt8" and int8_weight_type("arm64", None) == "QInt8"
+    # the screened head's int8 weights: 8-bit where those products are exact, 7-bit (no saturation) elsewhere
+    assert screen_weight_levels("x86_64", avx2) == screen_weight_levels("x86_64", avx512) == 63
+    assert screen_weight_levels("x86_64", avx512.replace("avx512vl", "amx_int8")) == 127
+    assert screen_weight_levels("aarch64", "") == 127
 
 
 def test_nbits_accuracy_level_is_int8_compute_where_mlas_has_it():

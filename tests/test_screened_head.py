@@ -11,6 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import nndf
 from nndf import generation
+from nndf.export.cpu_int8 import screen_weight_levels
 from nndf.export.screened_head import INPUT, screen_constants, screen_head, strip_screen
 from nndf.generation import GenerationOptions
 from nndf.processors import head_screen
@@ -137,13 +138,36 @@ def test_stripping_the_screen_leaves_the_full_head_and_no_input():
     np.testing.assert_allclose(out, h @ table.T, rtol=1e-5, atol=1e-5)
 
 
-def test_the_bound_covers_the_weight_rounding():
-    """7-bit levels (no int16 saturation on AVX2) and a norm of each column's rounding error that bounds it."""
+@pytest.mark.parametrize("levels", [63, 127])
+def test_the_bound_covers_the_weight_rounding(levels):
+    """Weights within the levels (63: no int16 saturation on AVX2) and a norm of each column's rounding error that
+    bounds it."""
     table = _table()
-    constants = screen_constants(table)
-    assert constants["weight"].shape == (WIDTH, VOCAB) and np.abs(constants["weight"]).max() <= 63
+    constants = screen_constants(table, levels)
+    assert constants["weight"].shape == (WIDTH, VOCAB) and np.abs(constants["weight"]).max() == levels
     error = table.T - constants["weight"] * constants["scale"]
     assert np.all(np.linalg.norm(error, axis=0) <= constants["error_norm"])
+
+
+def test_this_cpus_int8_kernel_is_exact_at_the_levels_it_is_given():
+    """The screen's bound holds only if ONNX Runtime's u8 x s8 products are exact at `screen_weight_levels`: the
+    worst case (every activation 255 with zero point 0, every weight +-levels, so a saturating int16 pair shows) at
+    one and four rows, GPT-2's hidden width, against numpy's int64 products."""
+    levels = screen_weight_levels()
+    rng = np.random.default_rng(0)
+    weight = (rng.choice([-1, 1], size=(768, 512)) * levels).astype(np.int8)
+    weight[:, :8] = levels  # columns where every pair of products has the same sign
+    graph = helper.make_graph(
+        [helper.make_node("MatMulInteger", ["a", "w", "zero"], ["y"])], "int8",
+        [helper.make_tensor_value_info("a", TensorProto.UINT8, ["m", 768])],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, ["m", 512])],
+        [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(np.array(0, np.uint8), "zero")])
+    session = _session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]))
+    for rows in (1, 4):
+        a = np.full((rows, 768), 255, np.uint8)
+        a[1:, ::3] = rng.integers(0, 256, size=a[1:, ::3].shape)
+        expected = a.astype(np.int64) @ weight.astype(np.int64)
+        assert np.array_equal(session.run(None, {"a": a})[0], expected), (levels, rows)
 
 
 @pytest.mark.parametrize("options, stopping, expected", [

@@ -1,6 +1,6 @@
 """What this CPU's int8 kernels in ONNX Runtime (MLAS) can do, read from its flags, for the quantizers to choose by.
 
-Two choices depend on the CPU, and both are made here so that they are made the same way everywhere:
+Three choices depend on the CPU, and all are made here so that they are made the same way everywhere:
 
 - `nbits_accuracy_level`: MatMulNBits' `accuracy_level` (nndf.export.quantize). 4 quantizes the activations to
   int8 per block and multiplies int8 by int8 on the prepacked weights; MLAS has such kernels on x86-64 with AVX2
@@ -14,8 +14,10 @@ Two choices depend on the CPU, and both are made here so that they are made the 
   int8 weights exactly only with VNNI (or AMX); without it it uses VPMADDUBSW, whose int16 sums of two products
   saturate (255 * 127 * 2 > 32767), so results are wrong wherever large activations meet large weights (on a
   trained tiny GPT-2: mean KL 0.0007 -> 0.0137). There uint8 weights (the exact uint8 x uint8 kernel) are chosen, ~15-30% slower per MatMul.
+- `screen_weight_levels`: the screened LM head's int8 weights (nndf.export.screened_head), whose products must be
+  exact: 8-bit where uint8 x int8 is exact, 7-bit where VPMADDUBSW would saturate 8-bit ones.
 
-Flags come from /proc/cpuinfo (Linux); where they cannot be read, the safe choice is made (QUInt8; level 4 on
+Flags come from /proc/cpuinfo (Linux); where they cannot be read, the safe choice is made (QUInt8, 63 levels; level 4 on
 x86-64, whose every CPU since 2013 has AVX2, since level 1 is ~65x slower for 8-bit weights).
 """
 
@@ -46,17 +48,30 @@ def cpu_flags(cpuinfo: str | None = None) -> set[str] | None:
     return None
 
 
-def int8_weight_type(machine: str | None = None, cpuinfo: str | None = None) -> str:
-    """"QInt8" where ONNX Runtime's CPU kernel for uint8 activations x int8 weights is exact, else "QUInt8".
-
-    Exact on x86 only with VNNI or AMX (see the module docstring); other CPUs (ARM's NEON / dot-product kernels)
-    widen exactly. `machine` and `cpuinfo` default to this host's.
-    """
+def u8s8_exact(machine: str | None = None, cpuinfo: str | None = None) -> bool:
+    """Whether ONNX Runtime's CPU kernel for uint8 activations x int8 weights is exact for every value: on x86 only
+    with VNNI or AMX (see the module docstring); other CPUs (ARM's NEON / dot-product kernels) widen exactly.
+    `machine` and `cpuinfo` default to this host's."""
     machine = (machine if machine is not None else platform.machine()).lower()
     if machine not in X86:
-        return "QInt8"
+        return True
     flags = cpu_flags(cpuinfo)
-    return "QInt8" if flags and _EXACT_U8S8_FLAGS & flags else "QUInt8"
+    return bool(flags and _EXACT_U8S8_FLAGS & flags)
+
+
+def int8_weight_type(machine: str | None = None, cpuinfo: str | None = None) -> str:
+    """"QInt8" where ONNX Runtime's CPU kernel for uint8 activations x int8 weights is exact (`u8s8_exact`), else
+    "QUInt8"."""
+    return "QInt8" if u8s8_exact(machine, cpuinfo) else "QUInt8"
+
+
+def screen_weight_levels(machine: str | None = None, cpuinfo: str | None = None) -> int:
+    """The largest magnitude of the screened LM head's int8 weights (`nndf.export.screened_head`) on this CPU: 127
+    where uint8 x int8 products are exact (`u8s8_exact`), else 63, where AVX2's `vpmaddubsw` adds two of them in an
+    int16 that 255 x 63 x 2 fits and 255 x 127 x 2 overflows. Twice the levels halve the weights' share of the
+    screen's error bound, and so about halve the columns it must compute exactly (top-k sampling's 50: ~1500 of
+    GPT-2's 50257 at batch 4 with 63 levels, ~800 with 127)."""
+    return 127 if u8s8_exact(machine, cpuinfo) else 63
 
 
 def nbits_accuracy_level(machine: str | None = None, cpuinfo: str | None = None) -> int:

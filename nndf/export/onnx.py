@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 
 from nndf.errors import HarnessError
+from nndf.export.cpu_int8 import screen_weight_levels
 from nndf.export.fused_attention import GROWING, LAYOUTS, SHARED, layout_refusal
 from nndf.export.graph_reads import first_line
 from nndf.export.torchlib_registry import torchlib_registry_built_once
@@ -60,8 +61,10 @@ class DecoderExport:
 
 
 def export_settings(loaded: LoadedModel, use_cache: bool, layout: str = GROWING) -> dict:
-    """Every setting that shapes the exported graph; its hash names the artifact."""
-    return {
+    """Every setting that shapes the exported graph; its hash names the artifact. The shared layout's screened LM
+    head holds int8 weights of this CPU's precision (`screen_weight_levels`), so a working dir used by a CPU of the
+    other kind gets its own graph."""
+    settings = {
         "kind": "onnx-decoder",
         "family": loaded.spec.family,
         "variant": loaded.variant.name,
@@ -70,6 +73,9 @@ def export_settings(loaded: LoadedModel, use_cache: bool, layout: str = GROWING)
         "kv_layout": layout,
         "versions": _versions(),
     }
+    if layout == SHARED:
+        settings["screen_weight_levels"] = screen_weight_levels()
+    return settings
 
 
 def asked_layout(use_cache: bool, requested: str) -> str:

@@ -7,8 +7,10 @@ columns those are is settled by a few of them.
 
 How, for the rows the graph input `screened_head` asks for:
 1. int8 logits for the whole vocabulary: the hidden state quantized per tensor (`DynamicQuantizeLinear`, uint8),
-   the head per column to 7-bit signed integers (+-63, so that no CPU's int8 kernel saturates: AVX2's pairs of
-   u8 x s8 products fit an int16 only below 2^15), exact int32 dot products (`MatMulInteger`), scaled.
+   the head per column to signed integers of at most `nndf.export.cpu_int8.screen_weight_levels` (127 where this
+   CPU's u8 x s8 products are exact, VNNI or AMX; else 63, since AVX2's pairs of them fit an int16 only below
+   2^15), exact int32 dot products (`MatMulInteger`), scaled. The levels are the export's setting
+   (`nndf.export.onnx.export_settings`), so a graph moved to a CPU of the other kind is rebuilt, not misread.
 2. A bound on each column's error, from Cauchy-Schwarz: |h.w - h'.w'| <= |h - h'| |w'| + |h| |w - w'| (2-norms;
    the column norms are computed here once, the state's at each step), widened for fp32 rounding.
 3. The threshold: the exact fp32 logits of the k columns with the highest int8 ones (`screened_head` = k, at most
@@ -42,8 +44,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from nndf.export.cpu_int8 import screen_weight_levels
+
 INPUT = "screened_head"  # int64 [1]: 0 the full head; k >= 1 the k highest scores exact (module docstring)
-WEIGHT_LEVELS = 63  # 7-bit signed weights: u8 x s8 pairs never saturate an int16 (AVX2's vpmaddubsw)
 RELATIVE_SLACK = 1e-3  # widens each bound for fp32 rounding in the norms and the scaled int8 logits
 DOT_SLACK = 1e-5  # x |h| |w|: fp32 rounding of a dot product over the hidden size (pairwise sums: ~1e-6)
 PREFIX = "screened_head."  # of every node and initializer the screen adds
@@ -71,13 +74,13 @@ def _tied_head(graph):
     return head, head.inputs[0], table
 
 
-def screen_constants(table: np.ndarray) -> dict[str, np.ndarray]:
-    """What the screen reads besides the table: the 7-bit head [hidden, vocab], its per-column scales, and the two
-    norms of each column's bound, slack included (float32)."""
+def screen_constants(table: np.ndarray, weight_levels: int) -> dict[str, np.ndarray]:
+    """What the screen reads besides the table: the int8 head [hidden, vocab] (magnitudes up to `weight_levels`),
+    its per-column scales, and the two norms of each column's bound, slack included (float32)."""
     columns = table.astype(np.float64)  # [vocab, hidden]: one row per output column
     peak = np.abs(columns).max(axis=1)
-    scale = np.where(peak > 0, peak / WEIGHT_LEVELS, 1.0)
-    levels = np.clip(np.rint(columns / scale[:, None]), -WEIGHT_LEVELS, WEIGHT_LEVELS)
+    scale = np.where(peak > 0, peak / weight_levels, 1.0)
+    levels = np.clip(np.rint(columns / scale[:, None]), -weight_levels, weight_levels)
     rounded = levels * scale[:, None]
     grow = 1 + RELATIVE_SLACK
     return {
@@ -89,8 +92,9 @@ def screen_constants(table: np.ndarray) -> dict[str, np.ndarray]:
     }
 
 
-def screen_head(model) -> int:
-    """Give the graph a screened head (module docstring) where its head is tied; 1 if it did, 0 if not."""
+def screen_head(model, weight_levels: int | None = None) -> int:
+    """Give the graph a screened head (module docstring) where its head is tied; 1 if it did, 0 if not.
+    `weight_levels`: the int8 weights' largest magnitude (default: this CPU's, `screen_weight_levels`)."""
     import onnx_ir as ir
     from onnx_ir.tape import Tape
 
@@ -100,7 +104,7 @@ def screen_head(model) -> int:
         return 0
     head, hidden, table = found
     vocab, width = table.shape
-    constants = screen_constants(table.const_value.numpy())
+    constants = screen_constants(table.const_value.numpy(), weight_levels or screen_weight_levels())
     choice = ir.Value(name=INPUT, type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([1]))
     graph.inputs.append(choice)
 
