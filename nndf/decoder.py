@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from nndf.backends import Session
-from nndf.export.screened_head import INPUT as SCREEN_INPUT
+from nndf.export.screened_head import CANDIDATES as SCREEN_CANDIDATES, INPUT as SCREEN_INPUT
 from nndf.kvcache import KVCache
 from nndf.spec import FamilyHooks, ShapeSpec
 
@@ -73,6 +73,9 @@ class Decoder:
         self.use_cache = shapes.use_cache
         self.cache_restart = cache_restart  # FamilyHooks.cache_restart_length of the model's config
         self._screen_feeds: dict[int, torch.Tensor] = {}  # the screened head's input, one tensor per value
+        # The last step's screened candidates (`nndf.export.screened_head.CANDIDATES`, a numpy array) where it
+        # screened, else None: every score that can be among the k highest is among them (`step`'s screen k).
+        self.candidates = None
 
     @property
     def device(self) -> torch.device:
@@ -168,6 +171,7 @@ class Decoder:
         outputs = self.session.run({name: feeds[name] for name in self.session.input_names})
         if cache is not None:
             cache.store(outputs, state.tokens.shape[1])
+        self.candidates = outputs.get(SCREEN_CANDIDATES) if screen >= 1 else None
         return outputs["logits"]
 
     def _screen_feed(self, screen: int) -> torch.Tensor:

@@ -11,7 +11,9 @@ distribution (softmax of the processed scores, top-k applied) without that cost:
   PCG64 seeded with the seed;
 - top-k, when it is the last warper (`generate()`'s default, k 50), is applied here instead of as a warper: the k-th
   largest score is found among the scores above a threshold read from a strided sample of the row (checked: when
-  fewer than k scores pass it, the whole row is searched), so the vocabulary is not rewritten with -inf.
+  fewer than k scores pass it, the whole row is searched), so the vocabulary is not rewritten with -inf; after a
+  screened LM head (`nndf.export.screened_head`), among its candidates alone (a few hundred of GPT-2's 50257 at
+  top-k 50), which hold every score that can be in the top k: no pass over the vocabulary at all.
 
 A seed S gives the same tokens on every run and every backend whose logits agree, but not `generate()`'s tokens for
 `torch.manual_seed(S)`. Without a seed, the stream's seed is drawn once per generation from PyTorch's global
@@ -53,22 +55,30 @@ class FastDraw:
         generator = self.seed if isinstance(self.seed, torch.Generator) else None  # None: the global generator
         return int(torch.randint(0, 2**62, (1,), generator=generator))
 
-    def __call__(self, scores: torch.Tensor) -> torch.Tensor:
+    def __call__(self, scores: torch.Tensor, candidates: np.ndarray | None = None) -> torch.Tensor:
+        """`candidates`: a screened head's (`nndf.decoder.Decoder.candidates`: (row, column) pairs in row-major
+        order, among which every score that can be in a row's top k is), so that top-k reads them alone; the same
+        tokens and random numbers as without them."""
         if scores.device.type != "cpu" or scores.requires_grad or scores.dtype not in (torch.float32, torch.float64):
             return self._on_device(scores)
         if self.rng is None:
             self.rng = np.random.Generator(np.random.PCG64(self._stream_seed()))
         table = scores.numpy()
         rows, vocab = table.shape
-        best = table.max(axis=-1)  # NaN anywhere in a row makes its max NaN
-        if not np.isfinite(best).all():
-            raise HarnessError("cannot sample: a row's scores hold NaN or +inf, or are all -inf (a probability "
-                               "distribution needs finite scores; torch.multinomial refuses them too)")
-        if not 0 < self.top_k < vocab:  # every finite score can be picked: a number for each
-            keys = table - np.log(self.rng.standard_exponential(table.shape))
-            return torch.from_numpy(keys.argmax(axis=-1))
-        row, column = _top_k(table, self.top_k)
-        keys = table[row, column].astype(np.float64) - np.log(self.rng.standard_exponential(len(row)))
+        kept = None
+        if candidates is not None and 0 < self.top_k < vocab:
+            kept = _top_k_among(table, candidates, self.top_k)
+        if kept is None:
+            best = table.max(axis=-1)  # NaN anywhere in a row makes its max NaN
+            if not np.isfinite(best).all():
+                raise HarnessError("cannot sample: a row's scores hold NaN or +inf, or are all -inf (a probability "
+                                   "distribution needs finite scores; torch.multinomial refuses them too)")
+            if not 0 < self.top_k < vocab:  # every finite score can be picked: a number for each
+                keys = table - np.log(self.rng.standard_exponential(table.shape))
+                return torch.from_numpy(keys.argmax(axis=-1))
+            kept = _top_k(table, self.top_k)
+        row, column, values = kept
+        keys = values.astype(np.float64) - np.log(self.rng.standard_exponential(len(row)))
         counts = np.bincount(row, minlength=rows)  # each row's kept entries are one run, rows in order
         ends = np.cumsum(counts)
         return torch.from_numpy(column[[end - count + keys[end - count: end].argmax()
@@ -81,9 +91,10 @@ class FastDraw:
         return self.generate_draw(scores)
 
 
-def _top_k(table: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """(row, column) of every score at or above its row's k-th largest (ties kept, as TopKLogitsWarper keeps them),
-    rows in order. The k-th largest is searched among the scores above a threshold taken from a strided sample."""
+def _top_k(table: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(row, column, score) of every score at or above its row's k-th largest (ties kept, as TopKLogitsWarper keeps
+    them), rows in order. The k-th largest is searched among the scores above a threshold taken from a strided
+    sample."""
     rows, vocab = table.shape
     stride = max(1, vocab // (SAMPLE_PER_KEPT * k))
     sample = table[:, ::stride]
@@ -93,12 +104,38 @@ def _top_k(table: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     counts = np.bincount(row, minlength=rows)
     if (counts < k).any():  # a threshold above some row's k-th largest: search whole rows
         kth = np.partition(table, vocab - k, axis=-1)[:, vocab - k: vocab - k + 1]
-        return _where(table >= kth)
+        row, column = _where(table >= kth)
+        return row, column, table[row, column]
     values = table[row, column]
-    ends = np.cumsum(counts)
-    kth = np.array([np.partition(values[end - count: end], count - k)[count - k] for count, end in zip(counts, ends)])
+    kth = _kth_largest_of_runs(values, counts, k)
     keep = values >= kth[row]
-    return row[keep], column[keep]
+    return row[keep], column[keep], values[keep]
+
+
+def _kth_largest_of_runs(values: np.ndarray, counts: np.ndarray, k: int) -> np.ndarray:
+    """The k-th largest of each row's run of `values` (rows in order, `counts` of each, every count >= k)."""
+    ends = np.cumsum(counts)
+    return np.array([np.partition(values[end - count: end], count - k)[count - k]
+                     for count, end in zip(counts, ends)])
+
+
+def _top_k_among(table: np.ndarray, candidates: np.ndarray, k: int) \
+        -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """What `_top_k` returns, read from the candidates alone (a screened head's: every score outside them is below
+    the k highest of its row), or None where the whole rows must be read: a row with fewer than k candidates (a
+    batch's rows and the candidates' disagree), a NaN or +inf among them, or a k-th largest of -inf (where top-k
+    keeps every score of the row). Few numpy calls: each costs microseconds right after a decode step, whose
+    stream of weights leaves nothing of them in the caches."""
+    row, column = candidates.T
+    values = table[row, column]
+    counts = np.bincount(row, minlength=len(table))
+    if len(counts) != len(table) or counts.min() < k or not (values < np.inf).all():  # NaN and +inf fail it
+        return None
+    kth = _kth_largest_of_runs(values, counts, k)
+    if kth.min() == -np.inf:
+        return None
+    keep = values >= kth[row]
+    return row[keep], column[keep], values[keep]
 
 
 def _where(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -226,7 +226,9 @@ class TokenChooser:
         self.generator = seed if isinstance(seed, torch.Generator) else None
         self.cpu_draw: CpuDraw | None = None
 
-    def __call__(self, scores: torch.Tensor) -> torch.Tensor:
+    def __call__(self, scores: torch.Tensor, candidates=None) -> torch.Tensor:
+        """`candidates`: a screened head's (`nndf.decoder.Decoder.candidates`), which this draw does not need: it
+        reads every score to advance the random stream as `generate()` does."""
         if not self.samples:
             return last_dim_argmax(scores)
         if self.generator is None and self.seed is not None:

@@ -29,7 +29,8 @@ def test_its_top_k_keeps_what_transformers_keeps(k):
     scores[4] = 0.0  # every score tied
     scores[5, 100:] = -inf
     expected = torch.isfinite(TopKLogitsWarper(top_k=k)(None, scores.clone())).numpy()
-    row, column = _top_k(scores.numpy(), k)
+    row, column, values = _top_k(scores.numpy(), k)
+    assert np.array_equal(values, scores.numpy()[row, column])
     got = np.zeros_like(expected)
     got[row, column] = True
     assert (got & np.isfinite(scores.numpy())).tolist() == expected.tolist()

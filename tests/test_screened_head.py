@@ -10,8 +10,9 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 import nndf
-from nndf import generation
+from nndf import fast_draw, generation
 from nndf.export.cpu_int8 import screen_weight_levels
+from nndf.fast_draw import _top_k_among as fast_draw_top_k_among
 from nndf.export.screened_head import INPUT, screen_constants, screen_head, strip_screen
 from nndf.generation import GenerationOptions
 from nndf.processors import head_screen
@@ -254,10 +255,39 @@ def test_top_k_sampling_on_the_screened_head_samples_like_generate(settings, ask
 
 
 def test_the_fast_stream_draws_the_same_tokens_from_the_screened_head(family_dirs, onnx_work_dir, monkeypatch):
+    """Top-k found among the screened head's candidates alone (the graph's second output) draws the tokens that the
+    full head's whole rows give, with the same random numbers."""
     m, steps = _screened_gpt2(family_dirs, onnx_work_dir)
+    among = []
+    monkeypatch.setattr(fast_draw, "_top_k_among", lambda *args: among.append(fast_draw_top_k_among(*args))
+                        or among[-1])
     ids, mask = _batch([5, 9, 3])
     settings = dict(max_new_tokens=12, do_sample=True, temperature=0.8, sampling_stream="fast", seed=7)
     screened = m.generate(ids, mask, **settings)
     assert set(steps) == {50}
+    # every step's top-k came from the candidates: 3 rows, each with at least 50 of them
+    assert len(among) == 12 and all(kept is not None and set(kept[0].tolist()) == {0, 1, 2} for kept in among)
     monkeypatch.setattr(generation, "head_screen", lambda *args: lambda tokens: 0)
     assert torch.equal(screened, m.generate(ids, mask, **settings)) and steps[-1] == 0
+    assert len(among) == 12  # the full head gives no candidates: the whole rows were read
+
+
+def test_top_k_among_candidates_is_top_k_of_the_rows_or_declines():
+    """The kept (row, column) pairs equal `_top_k`'s over whole rows, in its order; None where the candidates cannot
+    tell (a row with fewer than k, NaN, or a k-th largest of -inf, where top-k keeps the whole row)."""
+    rng = np.random.default_rng(0)
+    table = rng.standard_normal((3, 500)).astype(np.float32)
+    table[1, 7] = np.sort(table[1])[-4]  # a twin of the 4th largest: both kept
+    candidates = np.argwhere(table >= np.sort(table, axis=1)[:, -20:-19])  # row-major, the 20 highest per row
+    kept = fast_draw_top_k_among(table, candidates, 4)
+    assert all(np.array_equal(a, b) for a, b in zip(kept, fast_draw._top_k(table, 4)))
+    assert len(kept[0]) == 3 * 4 + 1
+    assert fast_draw_top_k_among(table, candidates, 21) is None
+    assert fast_draw_top_k_among(table, candidates[candidates[:, 0] < 2], 4) is None  # no candidates for row 2
+    for bad in (np.nan, np.inf):
+        spoiled = table.copy()
+        spoiled[2, candidates[-1, 1]] = bad
+        assert fast_draw_top_k_among(spoiled, candidates, 4) is None
+    banned = table.copy()
+    banned[0, candidates[candidates[:, 0] == 0][:, 1][:18]] = -np.inf  # only 2 finite candidates left in row 0
+    assert fast_draw_top_k_among(banned, candidates, 4) is None

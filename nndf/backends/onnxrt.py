@@ -25,7 +25,7 @@ import torch
 from nndf.backends import BackendOptions
 from nndf.errors import UsageError
 from nndf.export.graph_reads import GraphLoadError, rebuilt_once
-from nndf.export.screened_head import INPUT as SCREEN_INPUT
+from nndf.export.screened_head import CANDIDATES as SCREEN_CANDIDATES, INPUT as SCREEN_INPUT
 from nndf.hugepages import HugePageReport, huge_pages_for_load
 from nndf.backends.ort_cache import PresentCache, SharedBufferCache, SharedStep, as_numpy, ort_module
 from nndf.kvcache import KINDS, past_name, present_name
@@ -33,6 +33,7 @@ from nndf.loading import LoadedModel
 from nndf.spec import BuildSettings, ShapeSpec
 
 OPTIONAL_INPUTS = frozenset({SCREEN_INPUT})
+OPTIONAL_OUTPUTS = frozenset({SCREEN_CANDIDATES})  # returned as numpy arrays, after the role's outputs
 
 DESCRIPTION = "ONNX Runtime on the exported graph (CPU; CUDA with onnxruntime-gpu and a GPU)"
 
@@ -90,7 +91,8 @@ class OrtSession:
         graph_outputs = tuple(o.name for o in self.session.get_outputs())
         # inputs a graph may have beyond its role's: the screened head's choice (`nndf.export.screened_head`)
         optional = tuple(name for name in graph_inputs if name in OPTIONAL_INPUTS and name not in input_names)
-        if set(graph_inputs) != set(input_names) | set(optional) or set(graph_outputs) != set(output_names):
+        extra = tuple(name for name in graph_outputs if name in OPTIONAL_OUTPUTS and name not in output_names)
+        if set(graph_inputs) != set(input_names) | set(optional) or set(graph_outputs) != set(output_names) | set(extra):
             raise UsageError(f"{graph} does not have the {role}'s inputs and outputs: "
                              + _name_difference(set(input_names) | set(output_names),
                                                 set(graph_inputs) | set(graph_outputs)))
@@ -98,7 +100,8 @@ class OrtSession:
         self.device = torch.device("cpu")
         self.dtype = torch.float32
         self.input_names = tuple(input_names) + optional
-        self.output_names = tuple(output_names)
+        self.output_names = tuple(output_names) + extra
+        self.extra_outputs = extra
         # None: bind only on the CUDA provider (where it saves host-device copies); see `open_seq2seq`.
         self.io_binding = io_binding if io_binding is not None else self.provider == "CUDAExecutionProvider"
         self.torch_outputs = torch_outputs  # every output as a torch tensor (graphs whose outputs the loop reads)
@@ -150,10 +153,11 @@ class OrtSession:
             cache = self.shared_caches.get(id(first_past))
             if cache is not None and cache.values[self.first_shared_past] is first_past:
                 if cache.step is None:
-                    cache.step = SharedStep(self.session, cache.values, self.shared_presents)
-                return {"logits": cache.step.run(self.session, feeds)}
+                    cache.step = SharedStep(self.session, cache.values, self.shared_presents,
+                                            SCREEN_CANDIDATES in self.extra_outputs)
+                return cache.step.run(self.session, feeds)
         if not self.io_binding and not self.shared_presents:
-            arrays = self.session.run(None, {name: as_numpy(v) for name, v in feeds.items()})
+            arrays = self.session.run(list(self.output_names), {name: as_numpy(v) for name, v in feeds.items()})
             outputs = dict(zip(self.output_names, arrays))
         else:
             ort = ort_module()
@@ -170,7 +174,7 @@ class OrtSession:
                 if name in self.shared_presents:  # the past's own buffer: written in place
                     binding.bind_ortvalue_output(name, feeds[self.shared_presents[name]])
                     continue
-                on_host = name == "logits" or self.torch_outputs
+                on_host = name == "logits" or name in OPTIONAL_OUTPUTS or self.torch_outputs
                 binding.bind_output(name, "cpu" if on_host else self.output_device)
             self.session.run_with_iobinding(binding)
             outputs = dict(zip(self.output_names, binding.get_outputs()))

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from nndf.errors import HarnessError
+from nndf.export.screened_head import CANDIDATES
 from nndf.kvcache import KINDS, past_name, present_name
 
 
@@ -116,15 +117,22 @@ class SharedStep:
 
     The logits a step returns for one position per row are a view of that buffer: valid until this cache's next
     step, which overwrites them (every loop reads a step's logits before running the next). Logits of several
-    positions (scoring a sequence) come from ONNX Runtime's own allocation, as in the generic path."""
+    positions (scoring a sequence) come from ONNX Runtime's own allocation, as in the generic path. A screened
+    head's candidates (`nndf.export.screened_head.CANDIDATES`), of a size that changes from step to step, come
+    from ONNX Runtime's allocation too."""
 
-    def __init__(self, session, pasts: Mapping[str, object], shared_presents: Mapping[str, str]) -> None:
-        """`pasts`: the cache's OrtValue per past input; `shared_presents`: present output -> its past's name."""
+    def __init__(self, session, pasts: Mapping[str, object], shared_presents: Mapping[str, str],
+                 candidates: bool = False) -> None:
+        """`pasts`: the cache's OrtValue per past input; `shared_presents`: present output -> its past's name;
+        `candidates`: whether the graph gives the screened head's candidates."""
         self.binding = session.io_binding()  # it holds the OrtValues, so the cache's buffers, as long as it lives
         self.binding.bind_output("logits", "cpu")  # bound first, so that get_outputs()[0] is the logits
         for present, past in shared_presents.items():
             self.binding.bind_ortvalue_input(past, pasts[past])
             self.binding.bind_ortvalue_output(present, pasts[past])
+        self.candidates = candidates
+        if candidates:  # bound last, where rebinding keeps it: get_outputs()[-1]
+            self.binding.bind_output(CANDIDATES, "cpu")
         self.pasts = frozenset(shared_presents.values())
         # The value each small input was last bound to, kept alive with its memory: a step that feeds the very same
         # tensor again (a decode step's logits_to_keep, an encoder's fixed inputs) keeps the binding, one bind less.
@@ -133,13 +141,16 @@ class SharedStep:
         self.logits: tuple | None = None  # (OrtValue, torch view) over the one-position logits buffer
         self.logits_bound = False  # whether that buffer is the bound output now (a binding keeps its outputs)
 
-    def run(self, session, feeds: Mapping[str, object]) -> torch.Tensor:
+    def run(self, session, feeds: Mapping[str, object]) -> dict:
+        """The step's logits (and the screened head's candidates, a numpy array, where the graph gives them)."""
         binding = self.binding
         bound = self.bound
         for name, value in feeds.items():
             if name not in self.pasts and bound.get(name) is not value:
                 binding.bind_cpu_input(name, np.ascontiguousarray(as_numpy(value)))
                 bound[name] = value
+        if self.candidates:  # of another size each step: ONNX Runtime allocates them anew, where the binding
+            binding.bind_output(CANDIDATES, "cpu")  # would otherwise keep the last step's
         keep = feeds.get("logits_to_keep")
         one_position = keep is not None and len(keep) == 1
         if one_position and self.logits is not None:
@@ -147,7 +158,7 @@ class SharedStep:
                 binding.bind_ortvalue_output("logits", self.logits[0])
                 self.logits_bound = True
             session.run_with_iobinding(binding)
-            return self.logits[1]
+            return self._outputs(self.logits[1])
         self.logits_bound = False
         binding.bind_output("logits", "cpu")
         session.run_with_iobinding(binding)
@@ -155,4 +166,9 @@ class SharedStep:
         if one_position:  # the shape every later step's logits have: give them a buffer of their own
             buffer = np.empty_like(logits)
             self.logits = (ort_module().OrtValue.ortvalue_from_numpy(buffer), torch.from_numpy(buffer))
-        return torch.from_numpy(logits)
+        return self._outputs(torch.from_numpy(logits))
+
+    def _outputs(self, logits: torch.Tensor) -> dict:
+        if not self.candidates:
+            return {"logits": logits}
+        return {"logits": logits, CANDIDATES: self.binding.get_outputs()[-1].numpy()}

@@ -32,8 +32,8 @@ from nndf.workspace import artifact_lock, artifact_name, build_dir_artifact, rea
 from nndf.progress import say, ticking
 
 # Bump when a change here changes the graphs produced, so that old exports are rebuilt rather than reused.
-EXPORTER_REVISION = 8  # shared layout (ort_fusions): 4 fused normalizations, 5 rotary embeddings, 6 sibling MatMuls,
-# 7 the LM head in chunks, 8 the screened head
+EXPORTER_REVISION = 9  # shared layout (ort_fusions): 4 fused normalizations, 5 rotary embeddings, 6 sibling MatMuls,
+# 7 the LM head in chunks, 8 the screened head, 9 its candidates as an output
 GRAPH_FILE = "decoder.onnx"
 
 

@@ -17,7 +17,10 @@ How, for the rows the graph input `screened_head` asks for:
    the vocabulary), and the lowest of them, which is at or below the row's k-th largest logit. Every column whose
    upper bound reaches it is a candidate; its fp32 dot product is computed exactly from the embedding table's row
    (the head is tied).
-4. The output logits: the candidates' exact values scattered over the int8 ones.
+4. The output logits: the candidates' exact values scattered over the int8 ones; and the candidates themselves, as
+   the output `screened_candidates` ((row, column) pairs, rows in order, columns ascending within a row; rows count
+   the screened (row, position) pairs), so that a draw can pick among them without reading the whole vocabulary
+   (`nndf.fast_draw.FastDraw`). Empty for the full head.
 A column below the threshold is below each of those k columns. So with up to b tokens
 banned after the step (an EOS before min_new_tokens), the k - b highest allowed scores of the output are the fp32
 head's, values included, and every other score is below them: the argmax for k = b + 1, and for k = b + top_k
@@ -47,6 +50,7 @@ import numpy as np
 from nndf.export.cpu_int8 import screen_weight_levels
 
 INPUT = "screened_head"  # int64 [1]: 0 the full head; k >= 1 the k highest scores exact (module docstring)
+CANDIDATES = "screened_candidates"  # int64 [n, 2]: (row, column) of every exact score of the screened rows
 RELATIVE_SLACK = 1e-3  # widens each bound for fp32 rounding in the norms and the scaled int8 logits
 DOT_SLACK = 1e-5  # x |h| |w|: fp32 rounding of a dot product over the hidden size (pairwise sums: ~1e-6)
 PREFIX = "screened_head."  # of every node and initializer the screen adds
@@ -155,6 +159,7 @@ def screen_head(model, weight_levels: int | None = None) -> int:
     exact = tape.op("Reshape", [tape.op("GatherElements", [per_state, tape.op("Unsqueeze", [row_of, last_axis])],
                                         {"axis": 1}), const("flat", np.array([-1], np.int64))])
     screened = tape.op("ScatterND", [approx, candidates, exact])
+    found = tape.op("Identity", [candidates])
     joined = tape.op("Concat", [full, screened], {"axis": 0}, name=JOIN)
     shape = tape.op("Concat", [tape.op("Slice", [tape.op("Shape", [hidden]), zero,
                                                  const("all_but_last", np.array([-1], np.int64))]),
@@ -167,6 +172,8 @@ def screen_head(model, weight_levels: int | None = None) -> int:
         node.name = node.name or f"{PREFIX}{node.op_type}_{index}"
     old = head.outputs[0]
     logits.type, logits.shape = old.type, old.shape
+    found.name, found.type, found.shape = CANDIDATES, ir.TensorType(ir.DataType.INT64), ir.Shape(["candidates", 2])
+    graph.outputs.append(found)
     transposed = head.inputs[1].producer()
     ir.convenience.replace_nodes_and_values(graph, head, [head], list(tape.nodes), [old], [logits])
     if not transposed.outputs[0].uses():  # the table's transposed copy: nothing reads it now
@@ -176,10 +183,10 @@ def screen_head(model, weight_levels: int | None = None) -> int:
 
 def strip_screen(model) -> bool:
     """Take the screen out of a graph (an onnx ModelProto) that has one, in place: every row goes through the full
-    head, and the graph no longer takes `screened_head` (a session feeds it only to graphs that do). For graphs whose
-    head is quantized: screening an int8 or int4 head against the fp32 table would give greedy search another
-    argmax than the head's, and the quantizers would take the screen's lookup for an embedding. Returns whether
-    there was a screen."""
+    head, and the graph no longer takes `screened_head` nor gives `screened_candidates` (a session feeds and reads
+    them only where a graph has them). For graphs whose head is quantized: screening an int8 or int4 head against
+    the fp32 table would give greedy search another argmax than the head's, and the quantizers would take the
+    screen's lookup for an embedding. Returns whether there was a screen."""
     from onnx import helper
 
     graph = model.graph
@@ -197,6 +204,8 @@ def strip_screen(model) -> bool:
     bypass = {join.output[0]: f"{FULL}.logits"}
     for node in graph.node:
         node.input[:] = [bypass.get(name, name) for name in node.input]
+    for value in [value for value in graph.output if value.name == CANDIDATES]:
+        graph.output.remove(value)
     needed = {value.name for value in graph.output}
     kept = []
     for node in reversed(graph.node):  # nodes are in topological order: consumers after producers
