@@ -4,7 +4,8 @@
 
 Runs interleaved rounds of greedy generation (64 + 64 tokens by default, GPT-2 small with random weights):
 - `nndf io-binding`: our generation loop, ONNX Runtime with IO binding, presents fed back as OrtValues;
-- `nndf plain-run`: the same loop through `session.run` with numpy arrays;
+- `nndf plain-run`: the same loop through `session.run` with numpy arrays (graphs with growing pasts only: the
+  shared layout's buffers are always bound);
 - `bare loop`: a minimal greedy loop over `session.run` with numpy on the same graph, no harness at all:
   the floor that our loop's Python overhead is measured against.
 Prints decode ms/step medians and ratios to the bare loop last, then the host's share of our step (issue 21, goal
@@ -29,29 +30,37 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import nndf  # noqa: E402
 from nndf.actions.common import random_input_ids  # noqa: E402
+from nndf.export.screened_head import INPUT as SCREEN_INPUT  # noqa: E402
 from nndf.measure import StepTimer  # noqa: E402
 from harness.cli import parse_checked, positive, run_script  # noqa: E402
 
 
 def bare_loop(session, ids: np.ndarray, new_tokens: int, num_layers: int, kv_heads: int, head_dim: int,
-              on_token) -> np.ndarray:
-    """The least a greedy loop over this graph can do: numpy in, numpy out, presents become pasts."""
+              on_token, shared: bool) -> np.ndarray:
+    """The least a greedy loop over this graph can do: numpy in, numpy out, presents become pasts. `shared`: the
+    graph's pasts are buffers of the whole generation's length (the shared layout), fed whole every step (without
+    IO binding ONNX Runtime writes each step's presents into new buffers); else they grow by a position a step.
+    A screened LM head is asked for the argmax alone (k = 1: no token is banned here)."""
     rows, length = ids.shape
-    past = {f"past_key_values.{i}.{k}": np.zeros((rows, kv_heads, 0, head_dim), np.float32)
+    capacity = length + new_tokens if shared else 0
+    past = {f"past_key_values.{i}.{k}": np.zeros((rows, kv_heads, capacity, head_dim), np.float32)
             for i in range(num_layers) for k in ("key", "value")}
     tokens = ids
     feed_ids = ids
+    inputs = {i.name for i in session.get_inputs()}
+    screen = {SCREEN_INPUT: np.array([1], np.int64)} if SCREEN_INPUT in inputs else {}
     out_names = [o.name for o in session.get_outputs()]
     for step in range(new_tokens):
         total = tokens.shape[1]
         new = feed_ids.shape[1]
         feeds = {"input_ids": feed_ids, "attention_mask": np.ones((rows, total), np.int64),
                  "position_ids": np.tile(np.arange(total - new, total, dtype=np.int64), (rows, 1)),
-                 "logits_to_keep": np.array([new - 1], np.int64), **past}
+                 "logits_to_keep": np.array([new - 1], np.int64), **screen, **past}
         outputs = dict(zip(out_names, session.run(None, feeds)))
         next_tokens = outputs["logits"][:, -1, :].argmax(-1)[:, None].astype(np.int64)
         on_token()
-        past = {name.replace("present", "past_key_values"): v for name, v in outputs.items() if name != "logits"}
+        past = {name.replace("present", "past_key_values"): v for name, v in outputs.items()
+                if name.startswith("present")}
         tokens = np.concatenate([tokens, next_tokens], axis=1)
         feed_ids = next_tokens
     return tokens
@@ -94,7 +103,7 @@ def main() -> None:
     def bare(timer):
         shapes = m.shapes
         return torch.from_numpy(bare_loop(session.session, ids.numpy(), n, shapes.num_layers, shapes.kv_heads,
-                                          shapes.head_dim, timer.mark))
+                                          shapes.head_dim, timer.mark, session.layout == "shared"))
 
     inside_ort = []  # seconds inside ONNX Runtime per call of the io-binding engine, in call order
     run_with_iobinding = session.session.run_with_iobinding
@@ -112,6 +121,8 @@ def main() -> None:
     first_host, first = [], []  # the first token: ms outside ONNX Runtime, and in all
 
     engines = {"nndf io-binding": ours(True), "nndf plain-run": ours(False), "bare loop": bare}
+    if session.layout == "shared":  # its buffers are bound whatever io_binding says: plain run is not a way of it
+        del engines["nndf plain-run"]
     steps = {name: [] for name in engines}
     outputs = {}
     for round_ in range(args.rounds + 1):  # round 0 is the warm-up
@@ -134,7 +145,7 @@ def main() -> None:
         print(f"round {round_}/{args.rounds} done", file=sys.stderr)
     same = all(torch.equal(outputs["bare loop"], o) for o in outputs.values())
     print(f"GPT-2 {args.variant} random weights, batch {args.batch}, {args.input_len}+{n} tokens, "
-          f"{args.rounds} interleaved rounds; tokens identical across engines: {same}")
+          f"{args.rounds} interleaved rounds, KV layout {session.layout}; tokens identical across engines: {same}")
     base = statistics.median(steps["bare loop"])
     print(f"{'engine':<16} {'decode ms/step':>15} {'min':>7} {'max':>7} {'vs bare loop':>13}")
     for name, values in steps.items():

@@ -73,9 +73,7 @@ class Decoder:
         self.use_cache = shapes.use_cache
         self.cache_restart = cache_restart  # FamilyHooks.cache_restart_length of the model's config
         self._screen_feeds: dict[int, torch.Tensor] = {}  # the screened head's input, one tensor per value
-        # The last step's screened candidates (`nndf.export.screened_head.CANDIDATES`, a numpy array) where it
-        # screened, else None: every score that can be among the k highest is among them (`step`'s screen k).
-        self.candidates = None
+        self._candidates = None  # the last step's screened candidates, or a function that reads them: `candidates`
 
     @property
     def device(self) -> torch.device:
@@ -171,8 +169,17 @@ class Decoder:
         outputs = self.session.run({name: feeds[name] for name in self.session.input_names})
         if cache is not None:
             cache.store(outputs, state.tokens.shape[1])
-        self.candidates = outputs.get(SCREEN_CANDIDATES) if screen >= 1 else None
+        self._candidates = outputs.get(SCREEN_CANDIDATES) if screen >= 1 else None
         return outputs["logits"]
+
+    @property
+    def candidates(self):
+        """The last step's screened candidates (`nndf.export.screened_head.CANDIDATES`, a numpy array of (row,
+        column) pairs) where it screened, else None: every score that can be among the k highest of a row is among
+        them (`step`'s screen k). Read from the session on first use (greedy search never asks)."""
+        if callable(self._candidates):
+            self._candidates = self._candidates()
+        return self._candidates
 
     def _screen_feed(self, screen: int) -> torch.Tensor:
         """The screened head's input for `screen`, one tensor per value (a binding that is fed the same tensor

@@ -45,6 +45,7 @@ class FastDraw:
         draws scores this one does not take (on CUDA, or in half precision)."""
         self.seed = seed
         self.top_k = top_k
+        self.reads_candidates = bool(top_k)  # the loop passes a screened head's candidates (`__call__`)
         self.generate_draw = generate_draw
         self.device_top_k = FastTopK(top_k=top_k) if top_k else None
         self.rng: np.random.Generator | None = None

@@ -231,7 +231,7 @@ def greedy_search(decoder, state: TokenState, options, on_token=None, stopping=N
     for generated in range(options.max_new_tokens):
         last = logits.select(1, -1)
         scores = processors(state.tokens, last if last.dtype == torch.float32 else last.float())
-        next_tokens = choose(scores, decoder.candidates)
+        next_tokens = choose(scores, decoder.candidates) if choose.reads_candidates else choose(scores)
         if ends and options.pad is not None and not all_running:
             next_tokens = torch.where(unfinished, next_tokens, torch.full_like(next_tokens, options.pad))
         if eos is not None:

@@ -220,15 +220,15 @@ class TokenChooser:
     the first draw. On the CPU the same draw is made faster (`CpuDraw`).
     """
 
+    reads_candidates = False  # a screened head's candidates would not help: the draw reads every score
+
     def __init__(self, samples: bool, seed: int | torch.Generator | None = None) -> None:
         self.samples = samples
         self.seed = seed
         self.generator = seed if isinstance(seed, torch.Generator) else None
         self.cpu_draw: CpuDraw | None = None
 
-    def __call__(self, scores: torch.Tensor, candidates=None) -> torch.Tensor:
-        """`candidates`: a screened head's (`nndf.decoder.Decoder.candidates`), which this draw does not need: it
-        reads every score to advance the random stream as `generate()` does."""
+    def __call__(self, scores: torch.Tensor) -> torch.Tensor:
         if not self.samples:
             return last_dim_argmax(scores)
         if self.generator is None and self.seed is not None:
