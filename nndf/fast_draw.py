@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from nndf.errors import HarnessError
-from nndf.processors import FastTopK
+from nndf.processors import FastTopK, kth_largest_of_runs, screened_top_k
 
 # The threshold's sample: about this many scores per token kept, and a threshold expected to pass 4 x top-k scores.
 SAMPLE_PER_KEPT = 16
@@ -66,9 +66,7 @@ class FastDraw:
             self.rng = np.random.Generator(np.random.PCG64(self._stream_seed()))
         table = scores.numpy()
         rows, vocab = table.shape
-        kept = None
-        if candidates is not None and 0 < self.top_k < vocab:
-            kept = _top_k_among(table, candidates, self.top_k)
+        kept = None if candidates is None else screened_top_k(table, candidates, self.top_k)
         if kept is None:
             best = table.max(axis=-1)  # NaN anywhere in a row makes its max NaN
             if not np.isfinite(best).all():
@@ -78,7 +76,7 @@ class FastDraw:
                 keys = table - np.log(self.rng.standard_exponential(table.shape))
                 return torch.from_numpy(keys.argmax(axis=-1))
             kept = _top_k(table, self.top_k)
-        row, column, values = kept
+        row, column, values = kept[:3]
         keys = values.astype(np.float64) - np.log(self.rng.standard_exponential(len(row)))
         counts = np.bincount(row, minlength=rows)  # each row's kept entries are one run, rows in order
         ends = np.cumsum(counts)
@@ -108,33 +106,7 @@ def _top_k(table: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarra
         row, column = _where(table >= kth)
         return row, column, table[row, column]
     values = table[row, column]
-    kth = _kth_largest_of_runs(values, counts, k)
-    keep = values >= kth[row]
-    return row[keep], column[keep], values[keep]
-
-
-def _kth_largest_of_runs(values: np.ndarray, counts: np.ndarray, k: int) -> np.ndarray:
-    """The k-th largest of each row's run of `values` (rows in order, `counts` of each, every count >= k)."""
-    ends = np.cumsum(counts)
-    return np.array([np.partition(values[end - count: end], count - k)[count - k]
-                     for count, end in zip(counts, ends)])
-
-
-def _top_k_among(table: np.ndarray, candidates: np.ndarray, k: int) \
-        -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """What `_top_k` returns, read from the candidates alone (a screened head's: every score outside them is below
-    the k highest of its row), or None where the whole rows must be read: a row with fewer than k candidates (a
-    batch's rows and the candidates' disagree), a NaN or +inf among them, or a k-th largest of -inf (where top-k
-    keeps every score of the row). Few numpy calls: each costs microseconds right after a decode step, whose
-    stream of weights leaves nothing of them in the caches."""
-    row, column = candidates.T
-    values = table[row, column]
-    counts = np.bincount(row, minlength=len(table))
-    if len(counts) != len(table) or counts.min() < k or not (values < np.inf).all():  # NaN and +inf fail it
-        return None
-    kth = _kth_largest_of_runs(values, counts, k)
-    if kth.min() == -np.inf:
-        return None
+    kth = kth_largest_of_runs(values, counts, k)
     keep = values >= kth[row]
     return row[keep], column[keep], values[keep]
 

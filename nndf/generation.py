@@ -215,6 +215,8 @@ def greedy_search(decoder, state: TokenState, options, on_token=None, stopping=N
     processors = options.processors(prompt_len, state.mask)
     screen = head_screen(options, processors, stopping)
     choose = options.sampling.chooser()
+    # a screened head's candidates spare top-k a pass over the vocabulary (read only where something reads them)
+    reads_candidates = choose.reads_candidates or processors.reads_candidates
     cache = decoder.new_cache(rows, prompt_len + options.max_new_tokens)
     eos = options.eos_tensor(state.tokens.device)
     eos_ids = frozenset(options.eos_ids)
@@ -230,8 +232,9 @@ def greedy_search(decoder, state: TokenState, options, on_token=None, stopping=N
     logits = decoder.step(state, cache, screen=screen(state.tokens))
     for generated in range(options.max_new_tokens):
         last = logits.select(1, -1)
-        scores = processors(state.tokens, last if last.dtype == torch.float32 else last.float())
-        next_tokens = choose(scores, decoder.candidates) if choose.reads_candidates else choose(scores)
+        candidates = decoder.candidates if reads_candidates else None
+        scores = processors(state.tokens, last if last.dtype == torch.float32 else last.float(), candidates)
+        next_tokens = choose(scores, candidates) if choose.reads_candidates else choose(scores)
         if ends and options.pad is not None and not all_running:
             next_tokens = torch.where(unfinished, next_tokens, torch.full_like(next_tokens, options.pad))
         if eos is not None:

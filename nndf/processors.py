@@ -26,10 +26,19 @@ class PlainProcessors(list):
     per-call `inspect.signature` of every processor (it looks for processors that take extra keywords: none of
     those built here do), which costs more per decode step than most of the processors themselves."""
 
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, candidates=None) -> torch.Tensor:
+        """`candidates`: a screened head's (`nndf.decoder.Decoder.candidates`), for the top-k warper to read."""
         for processor in self:
-            scores = processor(input_ids, scores)
+            if candidates is not None and isinstance(processor, FastTopK):
+                scores = processor(input_ids, scores, candidates)
+            else:
+                scores = processor(input_ids, scores)
         return scores
+
+    @property
+    def reads_candidates(self) -> bool:
+        """Whether a screened head's candidates would spare a warper a pass over the vocabulary (top-k's)."""
+        return any(isinstance(processor, FastTopK) for processor in self)
 
 
 class _EosBan:
@@ -121,16 +130,53 @@ class FastTopK(TopKLogitsWarper):
     The fast stream's search above a sampled threshold (`nndf.fast_draw._top_k`), with the rows then filled and the
     kept scores written back, was tried here: faster warm (77 against 106 us a row, 300 against 550 at batch 4, one
     thread), slower where it runs, right after a decode step, where each of its ten numpy calls meets cold caches
-    (timed inside the loop on the Xeon: 426 against 260 us at batch 1, 812 against 884 at batch 4)."""
+    (timed inside the loop on the Xeon: 426 against 260 us at batch 1, 812 against 884 at batch 4).
 
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    After a screened LM head the k-th largest comes from its candidates (`screened_top_k`: a few hundred scores, not
+    the vocabulary), and only the write of `filter_value` reads whole rows."""
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, candidates=None) -> torch.Tensor:
+        """`candidates`: a screened head's, among which each row's k-th largest is found (`screened_top_k`)."""
         if scores.device.type != "cpu" or scores.requires_grad or scores.dtype not in (torch.float32, torch.float64):
             return super().__call__(input_ids, scores)
         k = min(self.top_k, scores.shape[-1])
         values = scores.numpy()
-        kth = np.partition(values, -k, axis=-1)[..., -k:-k + 1 or None]
+        screened = screened_top_k(values, candidates, k) if candidates is not None and values.ndim == 2 else None
+        if screened is not None:
+            kth = screened[3][:, None]
+        else:
+            kth = np.partition(values, -k, axis=-1)[..., -k:-k + 1 or None]
         values[values < kth] = self.filter_value
         return scores
+
+
+def screened_top_k(table: np.ndarray, candidates: np.ndarray, k: int):
+    """Top-k of each row of `table` read from a screened head's candidates alone (`nndf.export.screened_head`:
+    (row, column) pairs, row-major, among which is every score that can be in a row's top k after the processors
+    `screen_room` counted): (row, column, score) of the candidates at or above their row's k-th largest, rows in
+    order, and that k-th largest per row; None where the whole rows must be read: a row with fewer than k
+    candidates (a batch's rows and the candidates' disagree), a NaN or +inf among them, or a k-th largest of -inf
+    (top-k then keeps every score of the row). Few numpy calls: each costs microseconds right after a decode step,
+    whose stream of weights leaves nothing of them in the caches."""
+    if not 0 < k < table.shape[-1]:
+        return None
+    row, column = candidates.T
+    values = table[row, column]
+    counts = np.bincount(row, minlength=len(table))
+    if len(counts) != len(table) or counts.min() < k or not (values < np.inf).all():  # NaN and +inf fail it
+        return None
+    kth = kth_largest_of_runs(values, counts, k)
+    if kth.min() == -np.inf:
+        return None
+    keep = values >= kth[row]
+    return row[keep], column[keep], values[keep], kth
+
+
+def kth_largest_of_runs(values: np.ndarray, counts: np.ndarray, k: int) -> np.ndarray:
+    """The k-th largest of each row's run of `values` (rows in order, `counts` of each, every count >= k)."""
+    ends = np.cumsum(counts)
+    return np.array([np.partition(values[end - count: end], count - k)[count - k]
+                     for count, end in zip(counts, ends)])
 
 
 class FastTopP(TopPLogitsWarper):

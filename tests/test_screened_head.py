@@ -10,12 +10,11 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 import nndf
-from nndf import fast_draw, generation
+from nndf import fast_draw, generation, processors
 from nndf.export.cpu_int8 import screen_weight_levels
-from nndf.fast_draw import _top_k_among as fast_draw_top_k_among
 from nndf.export.screened_head import INPUT, screen_constants, screen_head, strip_screen
 from nndf.generation import GenerationOptions
-from nndf.processors import head_screen
+from nndf.processors import head_screen, screened_top_k
 from nndf.sampling import Sampling
 from sampling_checks import assert_samples_like_generate
 from test_generation_parity import _batch
@@ -244,14 +243,18 @@ def test_the_tiny_gpt2_screens_greedy_steps_and_nothing_else(family_dirs, onnx_w
     (dict(do_sample=True, seed=3), 51),  # generate()'s top-k 50, and the EOS banned before min_new_tokens
     (dict(do_sample=True, temperature=0.7, top_k=5, top_p=0.9, min_p=0.01, typical_p=0.95, seed=4), 6),
 ], ids=["top-k 50", "every warper after top-k"])
-def test_top_k_sampling_on_the_screened_head_samples_like_generate(settings, asked, family_dirs, onnx_work_dir):
+def test_top_k_sampling_on_the_screened_head_samples_like_generate(settings, asked, family_dirs, onnx_work_dir,
+                                                                    monkeypatch):
     """The k highest scores are exact and every other below them, so the warpers and generate()'s draw see the full
     head's distribution: seeded tokens and streamer calls equal generate()'s, batch 3 with left padding."""
     m, steps = _screened_gpt2(family_dirs, onnx_work_dir)
     ids, mask = _batch([5, 9, 3])
+    found = []  # top-k's k-th largest from the graph's candidates, at every step
+    monkeypatch.setattr(processors, "screened_top_k", lambda *args: found.append(screened_top_k(*args)) or found[-1])
     assert_samples_like_generate(m, max_new_tokens=10, settings=dict(settings, min_new_tokens=10), input_ids=ids,
                                  attention_mask=mask)
     assert set(steps) == {asked}
+    assert found and all(kept is not None for kept in found)
 
 
 def test_the_fast_stream_draws_the_same_tokens_from_the_screened_head(family_dirs, onnx_work_dir, monkeypatch):
@@ -259,8 +262,7 @@ def test_the_fast_stream_draws_the_same_tokens_from_the_screened_head(family_dir
     full head's whole rows give, with the same random numbers."""
     m, steps = _screened_gpt2(family_dirs, onnx_work_dir)
     among = []
-    monkeypatch.setattr(fast_draw, "_top_k_among", lambda *args: among.append(fast_draw_top_k_among(*args))
-                        or among[-1])
+    monkeypatch.setattr(fast_draw, "screened_top_k", lambda *args: among.append(screened_top_k(*args)) or among[-1])
     ids, mask = _batch([5, 9, 3])
     settings = dict(max_new_tokens=12, do_sample=True, temperature=0.8, sampling_stream="fast", seed=7)
     screened = m.generate(ids, mask, **settings)
@@ -273,21 +275,23 @@ def test_the_fast_stream_draws_the_same_tokens_from_the_screened_head(family_dir
 
 
 def test_top_k_among_candidates_is_top_k_of_the_rows_or_declines():
-    """The kept (row, column) pairs equal `_top_k`'s over whole rows, in its order; None where the candidates cannot
-    tell (a row with fewer than k, NaN, or a k-th largest of -inf, where top-k keeps the whole row)."""
+    """The kept (row, column, score) equal the fast stream's `_top_k` over whole rows, in its order, and the k-th
+    largest `TopKLogitsWarper`'s; None where the candidates cannot tell (a row with fewer than k, NaN, or a k-th
+    largest of -inf, where top-k keeps the whole row)."""
     rng = np.random.default_rng(0)
     table = rng.standard_normal((3, 500)).astype(np.float32)
     table[1, 7] = np.sort(table[1])[-4]  # a twin of the 4th largest: both kept
     candidates = np.argwhere(table >= np.sort(table, axis=1)[:, -20:-19])  # row-major, the 20 highest per row
-    kept = fast_draw_top_k_among(table, candidates, 4)
-    assert all(np.array_equal(a, b) for a, b in zip(kept, fast_draw._top_k(table, 4)))
+    kept = screened_top_k(table, candidates, 4)
+    assert all(np.array_equal(a, b) for a, b in zip(kept[:3], fast_draw._top_k(table, 4)))
+    assert np.array_equal(kept[3], torch.topk(torch.from_numpy(table), 4).values[:, -1].numpy())
     assert len(kept[0]) == 3 * 4 + 1
-    assert fast_draw_top_k_among(table, candidates, 21) is None
-    assert fast_draw_top_k_among(table, candidates[candidates[:, 0] < 2], 4) is None  # no candidates for row 2
+    assert screened_top_k(table, candidates, 21) is None
+    assert screened_top_k(table, candidates[candidates[:, 0] < 2], 4) is None  # no candidates for row 2
     for bad in (np.nan, np.inf):
         spoiled = table.copy()
         spoiled[2, candidates[-1, 1]] = bad
-        assert fast_draw_top_k_among(spoiled, candidates, 4) is None
+        assert screened_top_k(spoiled, candidates, 4) is None
     banned = table.copy()
     banned[0, candidates[candidates[:, 0] == 0][:, 1][:18]] = -np.inf  # only 2 finite candidates left in row 0
-    assert fast_draw_top_k_among(banned, candidates, 4) is None
+    assert screened_top_k(banned, candidates, 4) is None
