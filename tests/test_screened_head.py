@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 import nndf
 from nndf import fast_draw, generation, processors
 from nndf.export.cpu_int8 import screen_weight_levels
-from nndf.export.screened_head import INPUT, screen_constants, screen_head, strip_screen
+from nndf.export.screened_head import CANDIDATES, INPUT, screen_constants, screen_head, strip_screen
 from nndf.generation import GenerationOptions
 from nndf.processors import head_screen, screened_top_k
 from nndf.sampling import Sampling
@@ -295,3 +295,24 @@ def test_top_k_among_candidates_is_top_k_of_the_rows_or_declines():
     banned = table.copy()
     banned[0, candidates[candidates[:, 0] == 0][:, 1][:18]] = -np.inf  # only 2 finite candidates left in row 0
     assert screened_top_k(banned, candidates, 4) is None
+
+
+@pytest.mark.parametrize("io_binding", [False, True])
+def test_a_session_returns_the_candidates_as_numpy_beside_its_roles_outputs(io_binding, tmp_path):
+    """OrtSession takes the candidates output as optional (a graph without a screen has none) and returns it as a
+    numpy array of (row, column) pairs, row-major, that hold each row's argmax; torch tensors for the role's own."""
+    from nndf.backends.onnxrt import OrtSession
+
+    table = _table()
+    graph = tmp_path / "screened.onnx"
+    graph.write_bytes(_screened_proto(table).SerializeToString())
+    session = OrtSession(graph, ["ids", "h"], ["embedded", "logits"], io_binding=io_binding)
+    assert session.output_names == ("embedded", "logits", CANDIDATES)
+    h = _hidden(4, seed=5)[:, :1]
+    outputs = session.run({"ids": torch.zeros((1, 1), dtype=torch.int64), "h": torch.from_numpy(h),
+                           INPUT: torch.tensor([1])})
+    assert isinstance(outputs["logits"], torch.Tensor) and isinstance(outputs[CANDIDATES], np.ndarray)
+    found = outputs[CANDIDATES]
+    assert found.shape[1] == 2 and np.array_equal(found, found[np.lexsort((found[:, 1], found[:, 0]))])
+    best = (h[:, 0] @ table.T).argmax(-1)
+    assert all(((found[:, 0] == row) & (found[:, 1] == column)).any() for row, column in enumerate(best))

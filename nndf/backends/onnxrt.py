@@ -178,9 +178,10 @@ class OrtSession:
                 binding.bind_output(name, "cpu" if on_host else self.output_device)
             self.session.run_with_iobinding(binding)
             outputs = dict(zip(self.output_names, binding.get_outputs()))
-        for name in self.output_names if self.torch_outputs else ("logits",):
+        for name in self.output_names if self.torch_outputs else ("logits", *self.extra_outputs):
             value = outputs[name]
-            outputs[name] = torch.from_numpy(value if isinstance(value, np.ndarray) else value.numpy())
+            value = value if isinstance(value, np.ndarray) else value.numpy()
+            outputs[name] = value if name in self.extra_outputs else torch.from_numpy(value)
         return outputs
 
 

@@ -142,7 +142,8 @@ class SharedStep:
         self.logits_bound = False  # whether that buffer is the bound output now (a binding keeps its outputs)
 
     def run(self, session, feeds: Mapping[str, object]) -> dict:
-        """The step's logits (and the screened head's candidates, a numpy array, where the graph gives them)."""
+        """The step's logits (and, where the graph gives them, a function that reads the screened head's
+        candidates)."""
         binding = self.binding
         bound = self.bound
         for name, value in feeds.items():
