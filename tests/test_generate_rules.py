@@ -235,3 +235,24 @@ def test_beams_and_minimum_left_out_are_the_model_generation_configs(tmp_path, t
     assert torch.equal(ours, m.loaded.model.generate(ids, attention_mask=mask, max_new_tokens=NEW, eos_token_id=eos))
     assert not torch.equal(ours, m.generate(ids, mask, max_new_tokens=NEW, eos_token_id=eos, num_beams=1,
                                             min_new_tokens=0))
+
+
+def test_the_generation_config_is_read_once_without_the_weights(tmp_path, tiny_gpt2_dir):
+    """A graph backend never loads the weights, and every `generate` call asks for the model's generation config:
+    it is read from the folder once (building it again cost milliseconds of each first token), and it is the
+    folder's, as the loaded model's would be."""
+    import shutil
+
+    from nndf.loading import load_model
+    from nndf.registry import resolve
+
+    folder = tmp_path / "beamed"
+    shutil.copytree(tiny_gpt2_dir, folder)
+    config = GenerationConfig.from_pretrained(folder)
+    config.update(num_beams=3)
+    config.save_pretrained(folder)
+    spec, variant = resolve("GPT2", None)
+    loaded = load_model(spec, variant, torch_dir=str(folder))
+    first = loaded.generation_config
+    assert first.num_beams == 3 and loaded.generation_config is first and loaded._model is None
+    assert loaded.model.generation_config.num_beams == 3  # the weights' own, once loaded
