@@ -130,6 +130,7 @@ def test_stripping_the_screen_leaves_the_full_head_and_no_input():
     [transpose] = [node for node in proto.graph.node if node.op_type == "Transpose" and "table" in node.input]
     assert [node.op_type for node in proto.graph.node if transpose.output[0] in node.input] == ["MatMul"]
     assert INPUT not in [value.name for value in proto.graph.input]
+    assert CANDIDATES not in [value.name for value in proto.graph.output]
     assert not {"MatMulInteger", "ScatterND", "NonZero"} & {node.op_type for node in proto.graph.node}
     left = {init.name for init in proto.graph.initializer}
     assert not left & {f"screened_head.{name}" for name in ("weight", "scale", "rounded_norm", "error_norm")}
