@@ -72,3 +72,15 @@ def test_the_note_says_seq_ppl_is_over_the_whole_passage(capsys, tmp_path, tiny_
     out, _, _ = accuracy(capsys, tmp_path, tiny_gpt2_dir, "--tokens-to-generate", 2)
     assert ("top-N and token ppl as NVIDIA's demo defines them, over each passage's last 2 token(s), and seq ppl over "
             "the whole passage;") in out
+
+
+@needs_shared(TOKENIZER_DIR)
+def test_more_samples_than_passages_says_all_were_scored(capsys, tmp_path, tiny_gpt2_dir):
+    """--num-samples 50 on a file of fewer passages titled the table "(all)" with nothing to say that fewer than asked
+    for were scored."""
+    out, _, row = accuracy(capsys, tmp_path, tiny_gpt2_dir, "--num-samples", 50)
+    assert row["samples"] == len(PASSAGES) < 50
+    assert (f"--num-samples 50 asked for more passages than the data set's {len(PASSAGES)}: all of them were "
+            "scored") in out
+    out, _, _ = accuracy(capsys, tmp_path, tiny_gpt2_dir, "--num-samples", len(PASSAGES))
+    assert "asked for more passages" not in out

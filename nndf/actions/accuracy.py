@@ -111,6 +111,9 @@ def run(args) -> list[Result]:
     if any("top1_agreement" in row for row in rows):
         columns += [Column("top1_agreement", "top-1 = PyTorch", "{:.2%}"), Column("mean_kl", "KL vs PyTorch", "{:.2e}")]
     notes = [models[0].architecture.lambada_note(args.tokens_to_generate)]
+    if args.num_samples and args.num_samples > len(texts):
+        notes.append(f"--num-samples {args.num_samples} asked for more passages than the data set's {len(texts)}: "
+                     "all of them were scored")
     if all(isinstance(row.get("top1"), float) and math.isnan(row["top1"]) for row in rows):
         notes.append(f"no passage has more than the {args.tokens_to_generate} target token(s) of "
                      "--tokens-to-generate, so the NVIDIA-demo columns (top-N, token and seq ppl) have nothing to "
