@@ -55,6 +55,7 @@ class LambadaMetrics:
     sequence_perplexity: float
     lm_eval_accuracy: float
     lm_eval_perplexity: float
+    cut_passages: int = 0  # longer than the model's positions: cut as each family cuts them (`evaluate_lambada`)
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -89,9 +90,10 @@ def lm_eval_pair(tokenizer, text: str, *, separately: bool = False) -> tuple[lis
     return encode_pair(tokenizer, *lm_eval_context_target(text), separately=separately)
 
 
-def _demo_ids(tokenizer, text: str, max_positions: int) -> list[int]:
-    """The NVIDIA demo's sequence: `tokenizer(text)` with its default special tokens, cut from the right."""
-    return list(tokenizer(text)["input_ids"])[:max_positions]
+def _demo_ids(tokenizer, text: str) -> list[int]:
+    """The NVIDIA demo's sequence, before it is cut from the right: `tokenizer(text)` with its default special
+    tokens."""
+    return list(tokenizer(text)["input_ids"])
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -184,6 +186,7 @@ def evaluate_lambada(
     wanted: dict[tuple[int, ...], list[tuple[int, str]]] = {}
     targets: list[list[int]] = []
     demos: list[list[int] | None] = []
+    cut = 0  # passages longer than max_positions
     for index, text in enumerate(texts):
         ctx, target = lm_eval_pair(tokenizer, text)
         window = causal_window(ctx, target, max_positions)
@@ -192,7 +195,9 @@ def evaluate_lambada(
                 f"max_positions {max_positions} is too small to score passage {index}: its target word alone is "
                 f"{len(target)} tokens; use the model's real maximum sequence length"
             )
-        demo = _demo_ids(tokenizer, text, max_positions)
+        demo = _demo_ids(tokenizer, text)
+        cut += len(demo) > max_positions or len(ctx) + len(target) > max_positions + 1
+        demo = demo[:max_positions]
         demo_usable = len(demo) >= tokens_to_generate + 1
         targets.append(target)
         demos.append(demo if demo_usable else None)
@@ -262,6 +267,7 @@ def evaluate_lambada(
         sequence_perplexity=seq_ppl,
         lm_eval_accuracy=greedy_count / len(texts),
         lm_eval_perplexity=lm_ppl,
+        cut_passages=cut,
     )
 
 

@@ -84,3 +84,17 @@ def test_more_samples_than_passages_says_all_were_scored(capsys, tmp_path, tiny_
             "scored") in out
     out, _, _ = accuracy(capsys, tmp_path, tiny_gpt2_dir, "--num-samples", len(PASSAGES))
     assert "asked for more passages" not in out
+
+
+@needs_shared(TOKENIZER_DIR)
+def test_passages_longer_than_the_positions_are_said_to_be_cut(capsys, tmp_path, tiny_gpt2_dir):
+    """A passage longer than the model's positions was cut (as NVIDIA's demo and lm-eval cut it) without a word."""
+    data = tmp_path / "long.jsonl"
+    long = " ".join(["the cat sat on the mat"] * 40) + " and slept"  # ~240 tokens, the tiny GPT-2 has 128 positions
+    data.write_text("".join(json.dumps({"text": text}) + "\n" for text in (*PASSAGES, long)), encoding="utf-8")
+    out, _, row = accuracy(capsys, tmp_path, tiny_gpt2_dir, data=data)
+    assert row["cut_passages"] == 1
+    assert ("1 of the 3 passages are longer than the model's 128 positions and were cut as each tool cuts them"
+            in out)
+    out, _, row = accuracy(capsys, tmp_path, tiny_gpt2_dir)
+    assert row["cut_passages"] == 0 and "longer than the model's" not in out

@@ -268,7 +268,7 @@ def test_as_dict_and_progress_bar(capsys):
     assert isinstance(m, LambadaMetrics)
     assert list(m.as_dict()) == [
         "samples", "top_n", "top1", "topN", "top10", "token_perplexity", "sequence_perplexity",
-        "lm_eval_accuracy", "lm_eval_perplexity",
+        "lm_eval_accuracy", "lm_eval_perplexity", "cut_passages",
     ]
     assert "LAMBADA" in capsys.readouterr().err
     with pytest.raises(AttributeError):

@@ -111,6 +111,11 @@ def run(args) -> list[Result]:
     if any("top1_agreement" in row for row in rows):
         columns += [Column("top1_agreement", "top-1 = PyTorch", "{:.2%}"), Column("mean_kl", "KL vs PyTorch", "{:.2e}")]
     notes = [models[0].architecture.lambada_note(args.tokens_to_generate)]
+    cut = max((row.get("cut_passages", 0) for row in rows), default=0)
+    if cut:
+        notes.append(f"{cut} of the {len(chosen)} passages are longer than the model's {models[0].max_positions} "
+                     "positions and were cut as each tool cuts them: the NVIDIA-demo columns from the right (so the "
+                     "last tokens they score are not the passage's end), lm-eval's from the start of the context")
     if args.num_samples and args.num_samples > len(texts):
         notes.append(f"--num-samples {args.num_samples} asked for more passages than the data set's {len(texts)}: "
                      "all of them were scored")
