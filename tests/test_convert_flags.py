@@ -191,3 +191,17 @@ def test_transformer_deploy_flags_are_accepted(minilm_dir, tmp_path):
     assert parse([*base, "--generative_model", "gpt"]).model == str(minilm_dir)
     with pytest.raises(UsageError, match="--generative-model t5: convert_model converts decoder-only"):
         parse([*base, "--generative_model", "t5"])
+
+
+def test_transformer_deploy_flags_that_change_nothing_here_say_so(minilm_dir, tmp_path, capsys):
+    """--fast on the CPU and -w without TensorRT were taken without a word, as though they had applied; they stay
+    accepted (transformer-deploy's scripts pass them everywhere) with a line on stderr."""
+    from nndf.convert.options import WORKSPACE_MIB, parse
+
+    base = ["-m", str(minilm_dir), "-o", str(tmp_path / "out"), "-d", "cpu"]
+    opts = parse([*base, "--fast", "-w", "2048"])
+    err = capsys.readouterr().err
+    assert opts.fast and opts.workspace_size == 2048
+    assert "note: --fast skips the PyTorch fp16 benchmark, which runs on a GPU only; on the CPU it changes nothing" in err
+    assert "note: -w/--workspace-size sizes TensorRT's build; without --backend tensorrt it changes nothing" in err
+    assert parse(base).workspace_size == WORKSPACE_MIB and capsys.readouterr().err == ""

@@ -18,9 +18,11 @@ from nndf.backends import usable_cores
 from nndf.convert.tasks import TASKS
 from nndf.errors import OneSentenceParser, UsageError
 from nndf.paths import check_output_file, check_output_folder
+from nndf.progress import say
 
 BACKENDS = ("onnx", "tensorrt", "pytorch")
 INT32_MAX = 2**31 - 1
+WORKSPACE_MIB = 10000  # -w's default, as transformer-deploy's
 WORKSPACE_MAX_MIB = 2**44 - 1
 SEED_MAX = 2**32 - 1  # the usual seed range (numpy's); well within torch's 64 bits for the seed + shape index
 _NAME = re.compile(r"[A-Za-z0-9_-]+")  # a Triton model folder and a URL path segment, as they are
@@ -76,7 +78,7 @@ def parser() -> argparse.ArgumentParser:
                    help="what to convert, check, benchmark and serve; PyTorch is always the reference")
     p.add_argument("-q", "--quantization", action="store_true",
                    help="int8: dynamic quantization on the CPU, static QDQ with calibration on a GPU (TensorRT)")
-    p.add_argument("-w", "--workspace-size", type=int, default=10000, help="TensorRT workspace in MiB")
+    p.add_argument("-w", "--workspace-size", type=int, help=f"TensorRT workspace in MiB (default: {WORKSPACE_MIB})")
     p.add_argument("-o", "--output", default="triton_models", help="folder for the graphs and the Triton repository")
     p.add_argument("-n", "--name", default="transformer", help="model name in Triton")
     p.add_argument("-v", "--verbose", action="store_true", help="show the exporters' and optimizers' logs")
@@ -129,6 +131,16 @@ class ConvertOptions:
     auth_token: str | bool | None = None  # from_pretrained's `token`
 
 
+def say_what_changes_nothing(fast_on_cpu: bool, workspace_without_tensorrt: bool) -> None:
+    """transformer-deploy's scripts pass -w and --fast whatever they convert to, so both are taken everywhere; where
+    one changes nothing in this run, a line on stderr says so rather than leaving it to look applied (after every
+    check: a refusal stays one sentence)."""
+    if fast_on_cpu:
+        say("note: --fast skips the PyTorch fp16 benchmark, which runs on a GPU only; on the CPU it changes nothing")
+    if workspace_without_tensorrt:
+        say("note: -w/--workspace-size sizes TensorRT's build; without --backend tensorrt it changes nothing")
+
+
 def _check_range(flag: str, values: list[int]) -> tuple[int, int, int]:
     lo, opt, hi = values
     if lo < 1:
@@ -151,6 +163,9 @@ def parse(argv: list[str] | None = None) -> ConvertOptions:
     if "tensorrt" in args.backend and device != "cuda":
         raise UsageError("--backend tensorrt builds a TensorRT plan, which needs a CUDA GPU; use --backend onnx "
                          "pytorch on the CPU")
+    workspace_given = args.workspace_size is not None
+    if not workspace_given:
+        args.workspace_size = WORKSPACE_MIB
     for flag, value, least in (("--nb-threads", args.nb_threads, 1), ("--nb-instances", args.nb_instances, 1),
                                ("--warmup", args.warmup, 0), ("--nb-measures", args.nb_measures, 1),
                                ("-w/--workspace-size", args.workspace_size, 1)):
@@ -190,6 +205,7 @@ def parse(argv: list[str] | None = None) -> ConvertOptions:
         _check_local("-t/--tokenizer", args.tokenizer)
     check_output_folder("-o/--output", args.output, into=True)
     check_output_file("--json", args.json, "report.json")
+    say_what_changes_nothing(args.fast and device != "cuda", workspace_given and "tensorrt" not in args.backend)
     return ConvertOptions(
         model=args.model, tokenizer=args.tokenizer or args.model, task=args.task,
         batch_size=batch_size, seq_len=_check_range("-s/--seq-len", args.seq_len),
