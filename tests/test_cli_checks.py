@@ -213,6 +213,21 @@ def test_export_into_a_folder_says_a_missing_tokenizer_before_exporting(capsys, 
     assert not list((tmp_path / "work").glob("*decoder*"))
 
 
+@pytest.mark.parametrize("action", [["triton", "-o", "served"], ["export", "-o", "exported"], ["run"]])
+def test_onnxrt_fp16_on_the_cpu_is_refused_before_the_tokenizer_is_looked_for(capsys, tmp_path, action):
+    """`triton GPT2 onnxrt --fp16` (offline random weights, no --tokenizer-dir) ended with the missing tokenizer
+    (exit 1) where the flag it cannot take here is the first thing to fix (exit 2)."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: onnxrt --fp16 may run here")
+    name, *output = action
+    code, _, err = run_cli(capsys, name, "GPT2", "onnxrt", "--random-weights", "--fp16", "--working-dir",
+                           tmp_path / "work", *[str(tmp_path / value) if value[0] != "-" else value for value in output])
+    assert code == 2 and "--fp16 on the onnxrt backend needs ONNX Runtime's CUDA provider" in err, err
+    assert "tokenizer" not in err and not list(tmp_path.glob("*/*decoder*"))
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["triton", "GPT2", "onnxrt", "--random-weights", "-o", ""], "-o/--output is empty; give a folder name"),
     (["export", "GPT2", "onnxrt", "--random-weights", "-o", ""], "-o/--output is empty; give a folder name"),

@@ -25,10 +25,15 @@ CUDA_GRAPH_NOTE = ("--cuda-graph: decode steps replayed as CUDA graphs, which ne
 
 def check_machine(args, spec, variant, backends: list[str], settings: BuildSettings, options: BackendOptions,
                   shapes: ShapeSpec) -> None:
-    """Refuse what this machine cannot run, after the flags are checked: a backend's own `check_available` (trt:
+    """Refuse what this machine cannot run, after the flags are checked: a backend's `check_settings` (settings it
+    refuses here, before a tokenizer, a load or an export could fail first), then its own `check_available` (trt:
     a GPU and TensorRT), then --cuda-graph without a CUDA GPU. With --info, each refused backend's plan is printed
     first (trt: its engines' profiles and trtexec commands; frameworks with --cuda-graph: its static-cache tensors)
     and the first refusal follows."""
+    for name in backends:  # settings a backend refuses on this machine (onnxrt's --fp16 on the CPU): usage errors
+        check = getattr(backend_module(name), "check_settings", None)
+        if check is not None:
+            check(settings, options)
     refused: list[tuple[str, Exception]] = []
     for name in backends:
         check = getattr(backend_module(name), "check_available", None)

@@ -190,6 +190,11 @@ def _cuda_provider() -> bool:
     return torch.cuda.is_available() and "CUDAExecutionProvider" in ort_module().get_available_providers()
 
 
+def check_settings(settings: BuildSettings, options: BackendOptions) -> None:
+    """What the actions check of this backend's settings before anything loads (`nndf.actions.plans`)."""
+    check_fp16(settings, options)
+
+
 def check_fp16(settings: BuildSettings, options: BackendOptions) -> None:
     """--fp16 runs fp16 graphs on ONNX Runtime's CUDA provider; on the CPU its kernels are fp32."""
     if not settings.fp16:
