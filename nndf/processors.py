@@ -132,16 +132,16 @@ class FastTopK(TopKLogitsWarper):
     thread), slower where it runs, right after a decode step, where each of its ten numpy calls meets cold caches
     (timed inside the loop on the Xeon: 426 against 260 us at batch 1, 812 against 884 at batch 4).
 
-    After a screened LM head the k-th largest comes from its candidates (`screened_top_k`: a few hundred scores, not
+    After a screened LM head the k-th largest comes from its candidates (`screened_kth`: a few hundred scores, not
     the vocabulary), and only the write of `filter_value` reads whole rows."""
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, candidates=None) -> torch.Tensor:
-        """`candidates`: a screened head's, among which each row's k-th largest is found (`screened_top_k`)."""
+        """`candidates`: a screened head's, among which each row's k-th largest is found (`screened_kth`)."""
         if scores.device.type != "cpu" or scores.requires_grad or scores.dtype not in (torch.float32, torch.float64):
             return super().__call__(input_ids, scores)
         k = min(self.top_k, scores.shape[-1])
         values = scores.numpy()
-        screened = screened_top_k(values, candidates, k) if candidates is not None and values.ndim == 2 else None
+        screened = screened_kth(values, candidates, k) if candidates is not None and values.ndim == 2 else None
         if screened is not None:
             kth = screened[3][:, None]
         else:
@@ -150,14 +150,14 @@ class FastTopK(TopKLogitsWarper):
         return scores
 
 
-def screened_top_k(table: np.ndarray, candidates: np.ndarray, k: int):
-    """Top-k of each row of `table` read from a screened head's candidates alone (`nndf.export.screened_head`:
-    (row, column) pairs, row-major, among which is every score that can be in a row's top k after the processors
-    `screen_room` counted): (row, column, score) of the candidates at or above their row's k-th largest, rows in
-    order, and that k-th largest per row; None where the whole rows must be read: a row with fewer than k
-    candidates (a batch's rows and the candidates' disagree), a NaN or +inf among them, or a k-th largest of -inf
-    (top-k then keeps every score of the row). Few numpy calls: each costs microseconds right after a decode step,
-    whose stream of weights leaves nothing of them in the caches."""
+def screened_kth(table: np.ndarray, candidates: np.ndarray, k: int):
+    """Each row's k-th largest score of `table`, read from a screened head's candidates alone
+    (`nndf.export.screened_head`: (row, column) pairs, row-major, among which is every score that can be in a row's
+    top k after the processors `screen_room` counted): (row, column, score) of every candidate and that k-th largest
+    per row; None where the whole rows must be read: a row with fewer than k candidates (a batch's rows and the
+    candidates' disagree), a NaN or +inf among them, or a k-th largest of -inf (top-k then keeps every score of the
+    row). Few numpy calls: each costs microseconds right after a decode step, whose stream of weights leaves nothing
+    of them in the caches."""
     if not 0 < k < table.shape[-1]:
         return None
     row, column = candidates.T
@@ -168,6 +168,16 @@ def screened_top_k(table: np.ndarray, candidates: np.ndarray, k: int):
     kth = kth_largest_of_runs(values, counts, k)
     if kth.min() == -np.inf:
         return None
+    return row, column, values, kth
+
+
+def screened_top_k(table: np.ndarray, candidates: np.ndarray, k: int):
+    """`screened_kth`'s (row, column, score) cut to the candidates at or above their row's k-th largest, rows in
+    order, and the k-th largest per row; None where `screened_kth` gives None."""
+    found = screened_kth(table, candidates, k)
+    if found is None:
+        return None
+    row, column, values, kth = found
     keep = values >= kth[row]
     return row[keep], column[keep], values[keep], kth
 

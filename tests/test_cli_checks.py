@@ -217,13 +217,14 @@ def test_export_into_a_folder_says_a_missing_tokenizer_before_exporting(capsys, 
 def test_onnxrt_fp16_on_the_cpu_is_refused_before_the_tokenizer_is_looked_for(capsys, tmp_path, action):
     """`triton GPT2 onnxrt --fp16` (offline random weights, no --tokenizer-dir) ended with the missing tokenizer
     (exit 1) where the flag it cannot take here is the first thing to fix (exit 2)."""
-    import torch
+    from nndf.backends.onnxrt import _cuda_provider
 
-    if torch.cuda.is_available():
-        pytest.skip("a GPU is visible: onnxrt --fp16 may run here")
+    if _cuda_provider():  # onnxruntime-gpu and a GPU: --fp16 runs there, on the CUDA provider
+        pytest.skip("ONNX Runtime's CUDA provider is here: onnxrt --fp16 runs instead of being refused")
     name, *output = action
+    output = [value if value.startswith("-") else str(tmp_path / value) for value in output]
     code, _, err = run_cli(capsys, name, "GPT2", "onnxrt", "--random-weights", "--fp16", "--working-dir",
-                           tmp_path / "work", *[str(tmp_path / value) if value[0] != "-" else value for value in output])
+                           tmp_path / "work", *output)
     assert code == 2 and "--fp16 on the onnxrt backend needs ONNX Runtime's CUDA provider" in err, err
     assert "tokenizer" not in err and not list(tmp_path.glob("*/*decoder*"))
 

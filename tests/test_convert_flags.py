@@ -202,6 +202,7 @@ def test_transformer_deploy_flags_that_change_nothing_here_say_so(minilm_dir, tm
     opts = parse([*base, "--fast", "-w", "2048"])
     err = capsys.readouterr().err
     assert opts.fast and opts.workspace_size == 2048
-    assert "note: --fast skips the PyTorch fp16 benchmark, which runs on a GPU only; on the CPU it changes nothing" in err
+    assert ("note: --fast skips the PyTorch fp16 benchmark, which runs on a GPU only; on the CPU it changes nothing"
+            in err)
     assert "note: -w/--workspace-size sizes TensorRT's build; without --backend tensorrt it changes nothing" in err
     assert parse(base).workspace_size == WORKSPACE_MIB and capsys.readouterr().err == ""

@@ -14,7 +14,7 @@ from nndf import fast_draw, generation, processors
 from nndf.export.cpu_int8 import screen_weight_levels
 from nndf.export.screened_head import CANDIDATES, INPUT, screen_constants, screen_head, strip_screen
 from nndf.generation import GenerationOptions
-from nndf.processors import head_screen, screened_top_k
+from nndf.processors import head_screen, screened_kth, screened_top_k
 from nndf.sampling import Sampling
 from sampling_checks import assert_samples_like_generate
 from test_generation_parity import _batch
@@ -251,7 +251,7 @@ def test_top_k_sampling_on_the_screened_head_samples_like_generate(settings, ask
     m, steps = _screened_gpt2(family_dirs, onnx_work_dir)
     ids, mask = _batch([5, 9, 3])
     found = []  # top-k's k-th largest from the graph's candidates, at every step
-    monkeypatch.setattr(processors, "screened_top_k", lambda *args: found.append(screened_top_k(*args)) or found[-1])
+    monkeypatch.setattr(processors, "screened_kth", lambda *args: found.append(screened_kth(*args)) or found[-1])
     assert_samples_like_generate(m, max_new_tokens=10, settings=dict(settings, min_new_tokens=10), input_ids=ids,
                                  attention_mask=mask)
     assert set(steps) == {asked}
