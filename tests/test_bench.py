@@ -38,7 +38,7 @@ def test_defaults_are_the_documented_run():
     args = bench.parse_args([])
     assert args.family == "GPT2" and args.variant == "gpt2" and args.random_weights
     assert args.batch_sizes == [1, 4]
-    assert (args.input_len, args.output_len, args.rounds) == (64, 64, 5)
+    assert (args.input_len, args.output_len, args.rounds, args.settle) == (64, 64, 5, 0.5)
     assert args.engines == ["hf", "onnxrt", "onnxrt-int8", "onnxrt-int4", "optimum", "llamacpp-f32", "llamacpp-q8_0",
                             "llamacpp-q4_0", "genai", "genai-int4"]
     assert args.worker is None and args.json is None
@@ -58,6 +58,8 @@ def test_flags_are_parsed_and_duplicates_dropped():
 @pytest.mark.parametrize("script, argv, needle", [
     ("decoder", ["--engines", "hf", "tensorflow"], "unknown engine(s) tensorflow"),
     ("decoder", ["--rounds", "0"], "--rounds"),
+    ("decoder", ["--settle", "-1"], "--settle: -1 must be zero or more seconds"),
+    ("decoder", ["--settle", "soon"], "--settle: 'soon' is not a number of seconds"),
     ("decoder", ["--batch-sizes", "two"], "--batch-sizes"),
     ("decoder", ["--torch-dir", "d", "--hub"], "not allowed with"),
     ("seq2seq", ["--engines", "hf", "onnxrt-int4"],
@@ -304,7 +306,7 @@ def _tiny_run(script, argv, work_dir, tmp_path):
     """The script's whole run in a subprocess (engines hf and onnxrt, 1 round): its output and its JSON report."""
     out_json = tmp_path / "bench.json"
     done = subprocess.run([sys.executable, str(script), *argv, "--engines", "hf", "onnxrt", "--rounds", "1",
-                           "--working-dir", str(work_dir), "--json", str(out_json)],
+                           "--settle", "0.1", "--working-dir", str(work_dir), "--json", str(out_json)],
                           capture_output=True, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"), timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "TOKEN MISMATCH" not in done.stdout and "warm-up batch 1 hf" in done.stderr
@@ -321,6 +323,7 @@ def test_tiny_run_through_the_worker_protocol(tiny_gpt2_dir, bench_work_dir, tmp
     assert "round 1/1 batch 4 onnxrt" in done.stderr
     assert {e: report["engines"][e]["status"] for e in ("hf", "onnxrt")} == {"hf": "ok", "onnxrt": "ok"}
     assert report["engines"]["onnxrt"]["peak_rss_bytes"] > 0
+    assert report["settings"]["settle_s"] == 0.1
     for b in ("1", "4"):
         entry = report["batches"][b]["onnxrt"]
         assert entry["tokens"]["identical"] and entry["marks"] == [5]

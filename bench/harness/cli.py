@@ -9,6 +9,17 @@ import sys
 from typing import Callable
 
 
+def seconds(text: str) -> float:
+    """An argparse type: a time in seconds, zero or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text} must be zero or more seconds")
+    return value
+
+
 def positive(text: str) -> int:
     """An argparse type: a whole number of at least 1 (rounds, batch sizes, lengths, requests)."""
     try:

@@ -7,11 +7,12 @@ import argparse
 import contextlib
 import json
 import os
+import time
 from pathlib import Path
 
 from harness.engines import EngineError, Worker, close_all, elapsed, prepare_weights, say, start_engine
 from harness.inputs import describe, make_inputs
-from harness.cli import check_outputs, positive, run_script
+from harness.cli import check_outputs, positive, run_script, seconds
 from harness.render import render_report
 from harness.stats import CpuWatch, compute_ratios, evaluate_goals, peer_ratios, summarize
 from harness.worker import versions, worker_main
@@ -44,6 +45,9 @@ def build_parser(bench) -> argparse.ArgumentParser:
                         f"(default: {' '.join(bench.default_engines)}{bench.family_defaults('engines')})")
     p.add_argument("--threads", type=positive, default=None,
                    help="intra-op threads of every engine (default: each runtime's own, one per core)")
+    p.add_argument("--settle", type=seconds, default=0.5, metavar="SECONDS",
+                   help="pause before each run (default 0.5), so that no engine runs while the last one's threads "
+                        "still spin: ONNX Runtime's keep spinning about 100 ms after a run by default")
     p.add_argument("--working-dir", default="temp", help="weights, exports, the Optimum venv and logs (default temp)")
     p.add_argument("--json", metavar="FILE", help="also write every figure, raw runs included, as JSON")
     # Worker mode: this same file, started by the main process; not for people.
@@ -139,6 +143,7 @@ def run_benchmark(args, bench) -> dict:
     runs: dict[int, dict] = {b: {} for b in args.batch_sizes}
 
     def generate(engine: str, b: int, what: str) -> dict | None:
+        time.sleep(args.settle)
         try:
             command = {"cmd": "generate", **inputs[b], "new_tokens": args.output_len}
             result = workers[engine].request(command)
@@ -185,7 +190,7 @@ def run_benchmark(args, bench) -> dict:
             else args.variant, "weights": weights_what, "weights_dir": str(weights),
             "inputs": describe(kind, config, args, bench.input_word),
             "input_len": args.input_len if kind == "tokens" else None, "output_len": args.output_len,
-            "rounds": args.rounds,
+            "rounds": args.rounds, "settle_s": args.settle,
             "batch_sizes": args.batch_sizes, "engines": args.engines, "threads": args.threads, "seed": args.seed,
             "working_dir": str(working_dir),
         },

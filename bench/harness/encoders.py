@@ -154,7 +154,8 @@ class PytorchRunner(EncoderRunner):
 
 class OrtRunner(EncoderRunner):
     """ort-*: one of convert_model's graphs in an ONNX Runtime session with numpy inputs, as convert_model's own
-    ort_engine sets it up (CPU provider, --threads intra-op threads) but without importing torch, whose import and
+    ort_engine sets it up (CPU provider, --threads intra-op threads, spinning stopped at the end of each run:
+    `nndf.backends.ort_runtime`) but without importing torch, whose import and
     memory would otherwise count in this worker's start and peak RSS."""
 
     def __init__(self, args, graph: Path) -> None:
@@ -164,6 +165,7 @@ class OrtRunner(EncoderRunner):
         options = onnxruntime.SessionOptions()
         if args.threads:
             options.intra_op_num_threads = args.threads
+        options.add_session_config_entry("session.force_spinning_stop", "1")
         self.session = onnxruntime.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
         self.names = [i.name for i in self.session.get_inputs()]
         self.versions = dict(versions(["onnxruntime", "numpy"]), graph=graph.name)

@@ -27,7 +27,8 @@ from nndf.errors import UsageError
 from nndf.export.graph_reads import GraphLoadError, rebuilt_once
 from nndf.export.screened_head import CANDIDATES as SCREEN_CANDIDATES, INPUT as SCREEN_INPUT
 from nndf.hugepages import HugePageReport, huge_pages_for_load
-from nndf.backends.ort_cache import PresentCache, SharedBufferCache, SharedStep, as_numpy, ort_module
+from nndf.backends.ort_cache import PresentCache, SharedBufferCache, SharedStep, as_numpy
+from nndf.backends.ort_runtime import ort_module, session_options
 from nndf.kvcache import KINDS, past_name, present_name
 from nndf.loading import LoadedModel
 from nndf.spec import BuildSettings, ShapeSpec
@@ -65,11 +66,7 @@ class OrtSession:
                  io_binding: bool | None = True, use_gpu: bool | None = None, torch_outputs: bool = False,
                  role: str = "decoder", layout: str | None = None, layout_note: str | None = None) -> None:
         ort = ort_module()
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        threads = threads or default_threads()
-        if threads:
-            options.intra_op_num_threads = threads
+        options = session_options(threads or default_threads())
         providers = ["CPUExecutionProvider"]
         if use_gpu is None:
             use_gpu = "CUDAExecutionProvider" in ort.get_available_providers() and torch.cuda.is_available()

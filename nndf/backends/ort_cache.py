@@ -17,20 +17,9 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from nndf.errors import HarnessError
+from nndf.backends.ort_runtime import ort_module
 from nndf.export.screened_head import CANDIDATES
 from nndf.kvcache import KINDS, past_name, present_name
-
-
-def ort_module():
-    try:
-        import onnxruntime
-    except ImportError:
-        raise HarnessError(
-            "the onnxrt backend needs ONNX Runtime: pip install -e '.[onnxruntime]' (CPU) or "
-            "'.[onnxruntime-gpu]' (CUDA), never both"
-        ) from None
-    return onnxruntime
 
 
 def as_numpy(value):

@@ -15,6 +15,7 @@ from typing import Callable, Mapping
 import numpy as np
 import torch
 
+from nndf.backends.ort_runtime import session_options
 from nndf.convert.tasks import TaskModule
 from nndf.errors import HarnessError
 
@@ -95,8 +96,7 @@ def ort_engine(name: str, path: Path, device: str, threads: int) -> Engine:
     """An ONNX Runtime session over `path`, on CUDA when asked (and then checked to really be there)."""
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
+    options = session_options(threads)
     providers = (["CUDAExecutionProvider"] if device == "cuda" else []) + ["CPUExecutionProvider"]
     session = ort.InferenceSession(str(path), options, providers=providers)
     if device == "cuda" and session.get_providers()[0] != "CUDAExecutionProvider":
