@@ -150,6 +150,18 @@ def test_the_serve_line_quotes_a_repository_with_a_space(tiny_gpt2_dir, onnx_wor
     assert f"serve it: tritonserver --model-repository '{models}' (its Python" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("flags, rows", [([], 4), (["--max-rows", "6"], 6), (["--scheduler", "sequential"], 4)])
+def test_info_shows_the_rows_the_served_model_runs(tiny_gpt2_dir, onnx_work_dir, tmp_path, capsys, flags, rows):
+    """--info showed one row's shapes and KV cache (--batch-size's default), where the server runs up to --max-rows
+    prompts together (continuous) or a request's --max-batch-size; the graph, reused, is the same."""
+    assert run_py(["triton", "GPT2", "onnxrt", "--torch-dir", str(tiny_gpt2_dir), "--working-dir", str(onnx_work_dir),
+                   "-o", str(tmp_path / "models"), "--max-batch-size", "4", "--info", *flags]) == 0
+    out = capsys.readouterr().out
+    assert f"input_ids                         [1..{rows}, 1..128] int64" in out
+    assert f"at {rows} rows x 128 positions" in out
+    assert f"dynamic_batch=True, min_dynamic_batch=1, max_dynamic_batch={rows}" in out
+
+
 def test_folders_that_are_not_models_are_named_with_the_way_to_serve_it(tiny_gpt2_dir, onnx_work_dir, tmp_path,
                                                                          capsys):
     """A folder without a config.pbtxt in -o (a user's notes, an editor's hidden folder) makes tritonserver refuse to

@@ -193,7 +193,8 @@ def given_images(args, spec) -> list[Path] | None:
 
 def open_models(args, needs_text: bool = False, new_tokens_flag: str | None = None,
                 before_load: Callable[[], None] | None = None,
-                check_inputs: Callable[[LoadedModel, ShapeSpec], None] | None = None) -> list[Model]:
+                check_inputs: Callable[[LoadedModel, ShapeSpec], None] | None = None,
+                info_rows: int | None = None) -> list[Model]:
     """One Model per backend named on the command line, sharing one loaded PyTorch model.
 
     Names, flags, image files and the family are all checked before the (possibly slow) load; with `needs_text`
@@ -204,6 +205,8 @@ def open_models(args, needs_text: bool = False, new_tokens_flag: str | None = No
     typo is told before a data set fails (offline, say), and a data set's failure before the load. `check_inputs`
     checks an action's inputs against the model (run's samples against its positions) from its config and
     tokenizer, before this machine's checks and the weights; what it loads is what the action then uses.
+    `info_rows`: the most prompts the action runs together where that is not --batch-size (a Triton model's batch),
+    for --info's shapes.
     """
     spec, variant = resolve(args.model, args.variant)
     given_images(args, spec)
@@ -257,7 +260,7 @@ def open_models(args, needs_text: bool = False, new_tokens_flag: str | None = No
     for model in models:
         model.forced_bos_token_id = forced_bos
     if getattr(args, "info", False):
-        info = info_result(models[0])
+        info = info_result(models[0], info_rows)
         print(info.render(verbose=True))
         print()
         args.info_context = info.context  # the results below show only what it did not
@@ -301,11 +304,19 @@ def _backend_options(model: Model) -> dict:
     return options
 
 
-def info_result(model: Model) -> Result:
-    """`--info`: the settings and every decoder tensor shape, derived from the one ShapeSpec."""
+def info_result(model: Model, rows: int | None = None) -> Result:
+    """`--info`: the settings and every decoder tensor shape, derived from the one ShapeSpec; with `rows`, those of
+    1 to `rows` prompts at once (an action that batches requests), which the graph's dynamic batch takes as they
+    are: the build's own settings, which name its files, stay as they were."""
     notes = [note for session in model.decoder.sessions for note in getattr(session, "info_notes", [])]
-    return shapes_result(f"{model.spec.family} {model.loaded.name}: tensor shapes", model.shapes, describe(model),
-                         notes, model.settings.fp16)
+    settings, shapes = model.settings, model.shapes
+    if rows is not None and rows != settings.batch_size:
+        settings = dataclasses.replace(settings, dynamic_batch=True, min_dynamic_batch=1, max_dynamic_batch=rows)
+        shapes = architecture(model.spec).derive_shapes(settings, model.spec, model.loaded.config)
+    context = describe(model)
+    context["settings"] = settings.as_dict()
+    return shapes_result(f"{model.spec.family} {model.loaded.name}: tensor shapes", shapes, context, notes,
+                         settings.fp16)
 
 
 def random_input_ids(batch: int, length: int, vocab_size: int, seed: int) -> torch.Tensor:

@@ -90,7 +90,8 @@ def run(args) -> list[Result]:
                   args.max_rows, args.max_queue_delay_us, args.sampling_stream, args.num_beams)  # before the load
     if args.scheduler == "continuous":
         ContinuousBatcher.check_architecture(spec.family, architecture(spec), args.use_cache)
-    model = open_models(args, needs_text=True, new_tokens_flag="--max-new-tokens")[0]
+    served_rows = args.max_rows if args.scheduler == "continuous" and args.max_rows else args.max_batch_size
+    model = open_models(args, needs_text=True, new_tokens_flag="--max-new-tokens", info_rows=served_rows)[0]
     folders = write_generative_repository(args.output, name, model, args.max_batch_size, args.nb_instances,
                                           max_new_tokens=args.max_new_tokens, num_beams=args.num_beams,
                                           scheduler=args.scheduler, streaming=args.streaming,
