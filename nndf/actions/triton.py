@@ -86,11 +86,11 @@ def run(args) -> list[Result]:
     if architecture(spec).takes_images:  # said before the load and the export, which it made first
         raise UsageError(f"triton serves text generation; {spec.family} captions images")
     name = args.name if args.name is not None else default_name(args.torch_dir, variant.name)  # -n '' is refused
-    check_serving(args.output, name, args.max_batch_size, args.nb_instances, args.scheduler, args.streaming,
-                  args.max_rows, args.max_queue_delay_us, args.sampling_stream, args.num_beams)  # before the load
+    served_rows = check_serving(args.output, name, args.max_batch_size, args.nb_instances, args.scheduler,
+                                args.streaming, args.max_rows, args.max_queue_delay_us, args.sampling_stream,
+                                args.num_beams)  # before the load
     if args.scheduler == "continuous":
         ContinuousBatcher.check_architecture(spec.family, architecture(spec), args.use_cache)
-    served_rows = args.max_rows if args.scheduler == "continuous" and args.max_rows else args.max_batch_size
     model = open_models(args, needs_text=True, new_tokens_flag="--max-new-tokens", info_rows=served_rows)[0]
     folders = write_generative_repository(args.output, name, model, args.max_batch_size, args.nb_instances,
                                           max_new_tokens=args.max_new_tokens, num_beams=args.num_beams,
