@@ -134,6 +134,16 @@ class FamilyHooks:
         then the labels shifted right."""
         return [start_token_id, *labels[:-1]]
 
+    def pre_attention(self, layer):
+        """The function from a decoder layer's input to what the layer hands its self-attention, or None where it is
+        not known (the export then runs that layer on every row: nndf.export.kept_rows). In transformers' pre-norm
+        layers it is the layer's first norm: `input_layernorm`, GPT-2's and GPT-J's `ln_1`."""
+        for name in ("input_layernorm", "ln_1"):
+            norm = getattr(layer, name, None)
+            if norm is not None:
+                return norm
+        return None
+
     def fp32_modules(self) -> tuple[str, ...]:
         """Module names (dotted suffixes, e.g. "DenseReluDense.wo") whose layers must stay in fp32 when a backend
         builds in fp16, because their activations overflow fp16's range (T5's feed-forward output)."""

@@ -24,6 +24,7 @@ from nndf.errors import HarnessError
 from nndf.export.cpu_int8 import screen_weight_levels
 from nndf.export.fused_attention import GROWING, LAYOUTS, SHARED, layout_refusal
 from nndf.export.graph_reads import first_line
+from nndf.export.kept_rows import last_layer_on_kept_rows
 from nndf.export.torchlib_registry import torchlib_registry_built_once
 from nndf.export.wrapper import DecoderWrapper, decoder_io
 from nndf.heap import empty_tensors
@@ -32,8 +33,8 @@ from nndf.workspace import artifact_lock, artifact_name, build_dir_artifact, rea
 from nndf.progress import say, ticking
 
 # Bump when a change here changes the graphs produced, so that old exports are rebuilt rather than reused.
-EXPORTER_REVISION = 9  # shared layout (ort_fusions): 4 fused normalizations, 5 rotary embeddings, 6 sibling MatMuls,
-# 7 the LM head in chunks, 8 the screened head, 9 its candidates as an output
+EXPORTER_REVISION = 10  # shared layout (ort_fusions): 4 fused normalizations, 5 rotary embeddings, 6 sibling MatMuls,
+# 7 the LM head in chunks, 8 the screened head, 9 its candidates as an output; 10 the last layer on the kept rows
 GRAPH_FILE = "decoder.onnx"
 
 
@@ -344,7 +345,8 @@ def export_decoder(loaded: LoadedModel, use_cache: bool, working_dir: str | Path
         if folder.exists():
             say(f"rebuilding {folder}: {reason}")
         hooks = loaded.spec.hooks
-        with fp32_cpu_model(loaded.model) as model:  # the graph is exported in fp32 from the CPU
+        with fp32_cpu_model(loaded.model) as model, \
+                last_layer_on_kept_rows(model, hooks.num_layers(model.config), hooks.pre_attention):
             wrapper = DecoderWrapper(model, hooks.num_layers(model.config), use_cache, layout=layout)
             args, dynamic = _example_inputs(wrapper, model.config, hooks)
             cache = f"with {'a shared-buffer' if layout == SHARED else 'a'} KV cache" if use_cache else \

@@ -24,6 +24,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer, StaticLayer
 
+from nndf.export.kept_rows import kept_rows
 from nndf.kvcache import KINDS, PAST_LENGTH, past_names, present_names
 
 
@@ -200,7 +201,7 @@ class DecoderWrapper(StepWrapper):
         keep, rest = rest[0], rest[1:]
         extra.update(self.keep_kwargs(keep))
         cache = self.self_attention_cache(rest, input_ids, attention_mask.shape[1]) if self.use_cache else None
-        with self.attention_over(cache):
+        with self.attention_over(cache), kept_rows(keep):
             out = self.model(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
