@@ -8,6 +8,7 @@ from pathlib import Path
 
 from nndf.spec import FamilyHooks, ModelSpec, Variant
 
+
 class OPTHooks(FamilyHooks):
     def pre_attention(self, layer):
         """`self_attn_layer_norm` comes before the attention where `do_layer_norm_before`, else after it (opt-350m):
