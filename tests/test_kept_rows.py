@@ -64,6 +64,7 @@ def test_last_layer_runs_past_its_attention_on_the_kept_rows(case, tmp_path):
     seen = _rows_past_attention(layer, self_attention(layer), before)
     with last_layer_on_kept_rows(model, layers, hooks.pre_attention) as trimmed:
         assert trimmed
+        wrapper.keeps_rows = trimmed  # as the export sets it
         kept_last = _step(wrapper, ids, last)
         assert seen and set(seen) == {2 * 1}  # two rows, one position each
         seen.clear()

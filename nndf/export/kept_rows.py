@@ -81,7 +81,8 @@ def _first(output, replace: Callable[[torch.Tensor], torch.Tensor]):
 @contextlib.contextmanager
 def last_layer_on_kept_rows(model: torch.nn.Module, num_layers: int, pre_attention) -> Iterator[bool]:
     """While exporting: the hooks above on the model's last layer (yields whether it has them; they are removed
-    after). They act only inside `kept_rows(keep)`, which the decoder wrapper's forward enters."""
+    after). They act only inside `kept_rows(keep)`, which the decoder wrapper's forward enters where the export set
+    its `keeps_rows`."""
     found = trimmed_layer(model, num_layers, pre_attention)
     if found is None:
         yield False

@@ -346,8 +346,9 @@ def export_decoder(loaded: LoadedModel, use_cache: bool, working_dir: str | Path
             say(f"rebuilding {folder}: {reason}")
         hooks = loaded.spec.hooks
         with fp32_cpu_model(loaded.model) as model, \
-                last_layer_on_kept_rows(model, hooks.num_layers(model.config), hooks.pre_attention):
+                last_layer_on_kept_rows(model, hooks.num_layers(model.config), hooks.pre_attention) as keeps_rows:
             wrapper = DecoderWrapper(model, hooks.num_layers(model.config), use_cache, layout=layout)
+            wrapper.keeps_rows = keeps_rows
             args, dynamic = _example_inputs(wrapper, model.config, hooks)
             cache = f"with {'a shared-buffer' if layout == SHARED else 'a'} KV cache" if use_cache else \
                 "without KV cache"

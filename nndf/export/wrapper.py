@@ -192,6 +192,9 @@ class DecoderWrapper(StepWrapper):
         super().__init__(model, num_layers, use_cache, static, layout)
         self.with_position_ids = accepts(type(model), "position_ids")
         self.input_names, self.output_names = self.step_io(decoder_io(type(model), num_layers, use_cache))
+        # set by the export while its last layer has the kept-rows hooks (nndf.export.kept_rows); a frameworks
+        # step, which has none, does not enter their context
+        self.keeps_rows = False
         self.eval()
 
     def forward(self, input_ids, attention_mask, *rest):
@@ -201,7 +204,7 @@ class DecoderWrapper(StepWrapper):
         keep, rest = rest[0], rest[1:]
         extra.update(self.keep_kwargs(keep))
         cache = self.self_attention_cache(rest, input_ids, attention_mask.shape[1]) if self.use_cache else None
-        with self.attention_over(cache), kept_rows(keep):
+        with self.attention_over(cache), kept_rows(keep) if self.keeps_rows else contextlib.nullcontext():
             out = self.model(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
