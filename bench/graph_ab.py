@@ -30,6 +30,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=positive, default=5)
     parser.add_argument("--steps", type=positive, default=32, help="decode steps timed per generation")
     parser.add_argument("--prompt-len", type=positive, default=64)
+    parser.add_argument("--batch", type=positive, default=1, help="prompts per generation")
     parser.add_argument("--working-dir", default="temp")
     args = parse_checked(parser, None)
     models, loaded = {}, None
@@ -37,7 +38,7 @@ def main() -> None:
         models[graph] = nndf.load(args.family, backend="onnxrt", torch_dir=args.torch_dir, decoder_onnx=graph,
                                   working_dir=args.working_dir, device="cpu", loaded=loaded)
         loaded = models[graph].loaded
-    ids = torch.randint(0, 1000, (1, args.prompt_len), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, 1000, (args.batch, args.prompt_len), generator=torch.Generator().manual_seed(0))
     timed = {graph: [] for graph in args.graphs}
 
     def seconds(model, new: int) -> float:

@@ -12,7 +12,8 @@ from onnx import TensorProto, helper, numpy_helper
 import nndf
 from nndf import fast_draw, generation, processors
 from nndf.export.cpu_int8 import screen_weight_levels
-from nndf.export.screened_head import CANDIDATES, INPUT, screen_constants, screen_head, strip_screen
+from nndf.export.screened_head import (BLOCK, CANDIDATES, INPUT, THRESHOLD, UPPER, screen_constants, screen_head,
+                                       strip_screen)
 from nndf.generation import GenerationOptions
 from nndf.processors import head_screen, screened_kth, screened_top_k
 from nndf.sampling import Sampling
@@ -113,6 +114,41 @@ def test_an_empty_batch_and_one_row_run_either_way():
             assert _run(session, h, k).shape == (rows, 1, VOCAB)
 
 
+def _search_outputs(proto):
+    """The screened graph, also giving out each column's upper bound and each row's threshold (their node names)."""
+    names = []
+    for name in (UPPER, THRESHOLD):
+        [node] = [node for node in proto.graph.node if node.name == name]
+        proto.graph.output.append(helper.make_tensor_value_info(node.output[0], TensorProto.FLOAT, None))
+        names.append(node.output[0])
+    return proto, names
+
+
+def test_the_candidates_are_every_column_whose_bound_reaches_the_threshold():
+    """The blocked search (`_columns_reaching`) finds what a NonZero over whole rows would: every (row, column)
+    whose upper bound reaches its row's threshold, row-major, none past the vocabulary (whose last block is padded
+    with -inf), also in that partial block, where a whole row reaches it (a -inf threshold) and where none does."""
+    from onnx.utils import Extractor
+
+    proto, (upper_name, threshold_name) = _search_outputs(_screened_proto(_table()))
+    session = _session(proto)
+    h = _hidden(6, seed=7)[:, :2]  # 12 screened rows
+    for k in (1, 4, 51):
+        feed = {"ids": np.zeros((1, 1), np.int64), "h": h, INPUT: np.array([k], np.int64)}
+        found, upper, threshold = session.run([CANDIDATES, upper_name, threshold_name], feed)
+        assert threshold.shape == (12, 1) and len(found) >= 12 * k
+        assert np.array_equal(found, np.argwhere(upper >= threshold))
+    assert VOCAB % BLOCK  # the synthetic graph's last block is partial
+    search = _session(Extractor(proto).extract_model([upper_name, threshold_name], [CANDIDATES]))
+    upper[0, -3:] = threshold[0] + 1  # the partial last block
+    upper[1, :BLOCK + 1] = threshold[1]  # ties, across a block's edge
+    threshold[2] = -np.inf  # every column of row 2, none past the vocabulary
+    upper[3] = np.nan  # none of row 3
+    found = search.run([CANDIDATES], {upper_name: upper, threshold_name: threshold})[0]
+    assert np.array_equal(found, np.argwhere(upper >= threshold))
+    assert (found[:, 0] == 2).sum() == VOCAB and not (found[:, 0] == 3).any()
+
+
 def test_an_untied_head_is_not_screened():
     """Its exact dot products would need a second copy of the head in rows: the graph is left as it is."""
     model = _tied_model(_table(), tied=False)
@@ -131,9 +167,10 @@ def test_stripping_the_screen_leaves_the_full_head_and_no_input():
     assert [node.op_type for node in proto.graph.node if transpose.output[0] in node.input] == ["MatMul"]
     assert INPUT not in [value.name for value in proto.graph.input]
     assert CANDIDATES not in [value.name for value in proto.graph.output]
-    assert not {"MatMulInteger", "ScatterND", "NonZero"} & {node.op_type for node in proto.graph.node}
+    screen_ops = {"MatMulInteger", "ScatterND", "NonZero", "ReduceMax", "Pad"}
+    assert not screen_ops & {node.op_type for node in proto.graph.node}
     left = {init.name for init in proto.graph.initializer}
-    assert not left & {f"screened_head.{name}" for name in ("weight", "scale", "rounded_norm", "error_norm")}
+    assert not left & {f"screened_head.{name}" for name in ("weight", "scale", "norms")}
     h = _hidden(3, seed=3)
     out = _session(proto).run(["logits"], {"ids": np.zeros((1, 1), np.int64), "h": h})[0]
     np.testing.assert_allclose(out, h @ table.T, rtol=1e-5, atol=1e-5)

@@ -33,8 +33,9 @@ from nndf.workspace import artifact_lock, artifact_name, build_dir_artifact, rea
 from nndf.progress import say, ticking
 
 # Bump when a change here changes the graphs produced, so that old exports are rebuilt rather than reused.
-EXPORTER_REVISION = 10  # shared layout (ort_fusions): 4 fused normalizations, 5 rotary embeddings, 6 sibling MatMuls,
-# 7 the LM head in chunks, 8 the screened head, 9 its candidates as an output; 10 the last layer on the kept rows
+EXPORTER_REVISION = 11  # shared layout (ort_fusions): 4 fused normalizations, 5 rotary embeddings, 6 sibling MatMuls,
+# 7 the LM head in chunks, 8 the screened head, 9 its candidates as an output; 10 the last layer on the kept rows;
+# 11 the screen's candidates found block by block
 GRAPH_FILE = "decoder.onnx"
 
 
