@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
+from nndf.page_cache import drop_folder_from_page_cache
+
 
 def _umask() -> int:
     """The process's umask (read by setting it, the only way, and setting it back)."""
@@ -363,7 +365,9 @@ def file_stale_reason(artifact: str | os.PathLike, expected: Mapping[str, object
 
 def build_dir_artifact(artifact_dir: str | os.PathLike, build: Callable[[Path], None],
                        metadata: Mapping[str, object]) -> Path:
-    """Build a folder artifact through `build(tmp_folder)`; publish it, then its metadata (with file sizes)."""
+    """Build a folder artifact through `build(tmp_folder)`; publish it, then its metadata (with file sizes). Its files
+    go to disk and leave the page cache before they are published (`nndf.page_cache`: a session maps them then as
+    it maps them in every later run)."""
     artifact_dir = Path(artifact_dir)
     meta_file = metadata_path(artifact_dir)
     if meta_file.exists():
@@ -371,5 +375,6 @@ def build_dir_artifact(artifact_dir: str | os.PathLike, build: Callable[[Path], 
     with atomic_dir(artifact_dir) as tmp:
         build(tmp)
         files = folder_sizes(tmp)
+        drop_folder_from_page_cache(tmp)
     atomic_write_json(meta_file, dict(metadata, files=files))
     return artifact_dir

@@ -23,14 +23,16 @@ import torch
 from nndf.errors import HarnessError
 from nndf.export.cpu_int8 import screen_weight_levels
 from nndf.export.fused_attention import GROWING, LAYOUTS, SHARED, layout_refusal
+from nndf.export.graph_files import external_data_files
 from nndf.export.graph_reads import first_line
 from nndf.export.kept_rows import last_layer_on_kept_rows
 from nndf.export.torchlib_registry import torchlib_registry_built_once
 from nndf.export.wrapper import DecoderWrapper, decoder_io
 from nndf.heap import empty_tensors
 from nndf.loading import LoadedModel
-from nndf.workspace import artifact_lock, artifact_name, build_dir_artifact, read_metadata, stale_reason
+from nndf.page_cache import drop_from_page_cache
 from nndf.progress import say, ticking
+from nndf.workspace import artifact_lock, artifact_name, build_dir_artifact, read_metadata, stale_reason
 
 # Bump when a change here changes the graphs produced, so that old exports are rebuilt rather than reused.
 EXPORTER_REVISION = 11  # shared layout (ort_fusions): 4 fused normalizations, 5 rotary embeddings, 6 sibling MatMuls,
@@ -384,6 +386,8 @@ def derived_graph(export: DecoderExport, label: str, settings: dict, working_dir
         started = time.perf_counter()
         with ticking(f"building the {label} graph"):
             build_dir_artifact(folder, lambda tmp: build(tmp / graph_file), metadata)
+        # the source was read whole by the build (`nndf.page_cache`)
+        drop_from_page_cache([export.graph, *external_data_files(export.graph).values()])
         size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file()) / 2**20
         say(f"done in {time.perf_counter() - started:.1f} s: {folder} ({size:.0f} MiB)")
         return folder / graph_file
