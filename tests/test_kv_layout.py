@@ -134,6 +134,12 @@ def test_default_layout_is_shared_and_info_says_so(family_dirs, onnx_work_dir):
     assert m.decoder.session.layout == "shared"
     assert any(note.startswith("KV layout: shared") for note in info_result(m).notes)
     assert any(note.startswith("decoder huge pages: ") for note in info_result(m).notes)  # nndf.hugepages
+    # its last layer runs past the attention on the kept rows (nndf.export.kept_rows), recorded with the export and
+    # read back where a later load finds it built (`built_export`)
+    again = nndf.load("GPT2", backend="onnxrt", torch_dir=str(family_dirs["GPT2"]), working_dir=str(onnx_work_dir))
+    for model in (m, again):
+        assert any(note.startswith("last layer: past its attention, only the rows whose logits are kept")
+                   for note in info_result(model).notes)
     growing = nndf.load("GPT2", backend="onnxrt", loaded=m.loaded, working_dir=str(onnx_work_dir), kv_layout="growing")
     assert any(note.startswith("KV layout: growing") for note in info_result(growing).notes)
     assert growing.decoder.session.artifacts[0].parent != m.decoder.session.artifacts[0].parent  # two artifacts

@@ -64,7 +64,8 @@ class OrtSession:
 
     def __init__(self, graph: Path, input_names, output_names, threads: int | None = None,
                  io_binding: bool | None = True, use_gpu: bool | None = None, torch_outputs: bool = False,
-                 role: str = "decoder", layout: str | None = None, layout_note: str | None = None) -> None:
+                 role: str = "decoder", layout: str | None = None, layout_note: str | None = None,
+                 notes: tuple[str, ...] = ()) -> None:
         ort = ort_module()
         options = session_options(threads or default_threads())
         providers = ["CPUExecutionProvider"]
@@ -123,7 +124,7 @@ class OrtSession:
             self.info_notes.append("LM head: screened for greedy search and top-k sampling (int8 logits, exact fp32 "
                                    "dot products for the columns that can be among the highest: fp32's tokens from "
                                    "a quarter of the head's bytes)")
-        self.info_notes.append(f"{role} {self.huge_pages.describe()}")
+        self.info_notes += [*notes, f"{role} {self.huge_pages.describe()}"]
 
     def _describe_layout(self) -> str:
         if self.layout == "shared":
@@ -291,8 +292,10 @@ def _open_exported(loaded: LoadedModel, settings: BuildSettings, options: Backen
                                           "fp16/bf16")
         export = export_decoder(loaded, settings.use_cache, options.working_dir, layout)
     graph = runnable_graph(export, loaded, settings, options)
+    notes = ("last layer: past its attention, only the rows whose logits are kept (the last position while "
+             "generating), as llama.cpp's output ids",) if export.kept_rows else ()
     return OrtSession(graph, export.input_names, export.output_names, options.threads, options.io_binding,
-                      layout=export.layout, layout_note=refusal)
+                      layout=export.layout, layout_note=refusal, notes=notes)
 
 
 SEQ2SEQ_OVERRIDES = {"encoder": "encoder_onnx", "cross": "cache_generator_onnx", "decoder": "decoder_onnx"}

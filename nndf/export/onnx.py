@@ -9,12 +9,12 @@ file, so the 2 GB protobuf limit never matters: gpt2-xl is 6 GB in fp32), and ti
 from __future__ import annotations
 
 import contextlib
-import logging
 import copy
+import dataclasses
+import logging
 import sys
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -49,7 +49,7 @@ def _versions() -> dict[str, str]:
             "exporter_revision": str(EXPORTER_REVISION)}
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class DecoderExport:
     """Where an exported graph lives (a file in a folder artifact) and what it takes and returns."""
 
@@ -58,6 +58,7 @@ class DecoderExport:
     output_names: tuple[str, ...]
     graph_file: str = GRAPH_FILE
     layout: str = GROWING  # the KV layout (nndf.export.fused_attention): growing pasts, or shared whole-length buffers
+    kept_rows: bool = False  # its last layer past the attention runs on the kept rows only (nndf.export.kept_rows)
 
     @property
     def graph(self) -> Path:
@@ -328,7 +329,8 @@ def built_export(loaded: LoadedModel, use_cache: bool, working_dir: str | Path, 
     meta = read_metadata(folder)
     if not isinstance(meta.get("input_names"), list) or not isinstance(meta.get("output_names"), list):
         return None
-    return DecoderExport(folder, tuple(meta["input_names"]), tuple(meta["output_names"]), layout=layout)
+    return DecoderExport(folder, tuple(meta["input_names"]), tuple(meta["output_names"]), layout=layout,
+                         kept_rows=meta.get("kept_rows") is True)
 
 
 def export_decoder(loaded: LoadedModel, use_cache: bool, working_dir: str | Path,
@@ -344,7 +346,7 @@ def export_decoder(loaded: LoadedModel, use_cache: bool, working_dir: str | Path
     with artifact_lock(folder, say):  # another process may be building it: wait, then reuse it
         reason = stale_reason(folder, dict(settings, **io))
         if reason is None:
-            return location
+            return dataclasses.replace(location, kept_rows=read_metadata(folder).get("kept_rows") is True)
         if folder.exists():
             say(f"rebuilding {folder}: {reason}")
         hooks = loaded.spec.hooks
@@ -361,9 +363,9 @@ def export_decoder(loaded: LoadedModel, use_cache: bool, working_dir: str | Path
             def build(tmp: Path) -> None:
                 trace_to_onnx(wrapper, args, dynamic, io, tmp / GRAPH_FILE, model, loaded.name)
 
-            build_dir_artifact(folder, build, dict(settings, **io))
+            build_dir_artifact(folder, build, dict(settings, **io, kept_rows=keeps_rows))
         say(f"exported in {time.perf_counter() - started:.1f} s to {folder}")
-        return location
+        return dataclasses.replace(location, kept_rows=keeps_rows)
 
 
 def derived_graph(export: DecoderExport, label: str, settings: dict, working_dir: str | Path,
