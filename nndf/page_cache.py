@@ -2,12 +2,13 @@
 maps files it finds on disk.
 
 Why: ONNX Runtime maps a graph's external data file, and a decoder's embedding table stays mapped (its Gather reads
-rows of it as tokens come). On Linux with large page-cache folios (ext4 from 6.16, XFS, the 6.18 kernel measured
-here), pages that entered the cache through `write` or `read` (an export writing the file, a quantizer loading it
-with `onnx.load`, a `cp`) came back mapped far beyond the rows touched: a GPT-2 small session on a graph whose data
-file had just been written or read counted 254-257 MiB of it resident (peak 830-832 MiB), against 132 MiB (peak 708)
+rows of it as tokens come). On the Linux 6.18 / ext4 machine measured, pages that entered the cache through `write`
+or `read` (an export writing the file, a quantizer loading it with `onnx.load`, a `cp`) came back mapped far beyond
+the rows touched (likely the large page-cache folios such writes and reads make, ext4 has them since 6.16, mapped
+whole on a fault; what was measured is the effect): a GPT-2 small session on a graph whose data
+file had just been written or read counted 248-251 MiB of it resident (peak 810-813 MiB), against 129 MiB (peak 691)
 once the file was dropped from the cache and read back through the mapping, as every later run reads it. So a run's
-first load after an export, and a benchmark right after one, peaked 15% higher than every later run. Dropping the
+first load after an export, and a benchmark right after one, peaked 17% higher than every later run. Dropping the
 files we have just written, and the graph a derived graph was just read from, makes the first run the same as the
 rest; loading a dropped GPT-2 graph took 2.67 s against 2.57-2.90 s from the cache (measured 2026-11-29).
 """
