@@ -19,16 +19,21 @@ that shows only across processes.
 
 from __future__ import annotations
 
-import sys
 import argparse
 import json
 import statistics
 import subprocess
+import sys
 import time
+from pathlib import Path
 
-import torch
+BENCH = Path(__file__).resolve().parent
+if str(BENCH) not in sys.path:  # its harness package, also where the script is loaded as a module (the tests)
+    sys.path.insert(0, str(BENCH))
 
-import nndf
+import torch  # noqa: E402
+
+import nndf  # noqa: E402
 from harness.cli import parse_checked, positive, run_script  # noqa: E402
 
 RESULT = "graph_ab result: "  # the line a child process reports its rounds on
