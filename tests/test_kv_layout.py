@@ -243,7 +243,7 @@ def test_a_built_export_loads_without_the_models_code(family_dirs, onnx_work_dir
 
 @pytest.mark.parametrize("family, fused", [("Llama", {"SkipSimplifiedLayerNormalization", "RotaryEmbedding"}),
                                            ("Qwen3", {"SkipSimplifiedLayerNormalization", "RotaryEmbedding"}),
-                                           ("GPT2", {"SkipLayerNormalization"})])
+                                           ("GPT2", set())])
 def test_the_shared_graph_has_onnxruntimes_fused_kernels(family, fused, family_dirs, onnx_work_dir):
     """The shared layout's graph (ONNX Runtime's alone) carries its fused normalizations and rotary embeddings
     (nndf.export.ort_fusions; its tokens are checked against generate() above): no rotate-half (Neg) is left,
@@ -267,3 +267,30 @@ def test_the_shared_graph_has_onnxruntimes_fused_kernels(family, fused, family_d
         # layer's query, key and value projections are one MatMul, and its gate and up projections another
         assert ops(shared).count("Transpose") < ops(growing).count("Transpose") - 8
         assert ops(shared).count("MatMul") == 2 * 4  # (qkv, o, gate-up, down) per layer (the LM head is screened)
+
+
+def test_layer_norms_stay_apart_from_their_residual_add(family_dirs, onnx_work_dir, tmp_path, monkeypatch):
+    """GPT-2's LayerNorms: the shared graph keeps each residual `Add` and `LayerNormalization` apart, and ONNX
+    Runtime's optimizers do not fuse them into SkipLayerNormalization at load either, whose CPU kernel is the slower
+    (nndf.export.ort_fusions); the graph ONNX Runtime optimized shows what it runs."""
+    import onnx
+
+    import nndf.backends.onnxrt as backend
+
+    shared = _shared("GPT2", family_dirs, onnx_work_dir)
+    graph = shared.decoder.session.artifacts[0]
+    exported = {node.op_type for node in onnx.load(str(graph), load_external_data=False).graph.node}
+    assert "LayerNormalization" in exported and "SkipLayerNormalization" not in exported
+    optimized = tmp_path / "optimized.onnx"
+    real = backend.session_options
+
+    def dumping(threads=None):
+        options = real(threads)
+        options.optimized_model_filepath = str(optimized)
+        return options
+
+    monkeypatch.setattr(backend, "session_options", dumping)
+    session = backend.OrtSession(graph, shared.decoder.session.input_names, shared.decoder.session.output_names)
+    assert session.provider == "CPUExecutionProvider"
+    ran = [node.op_type for node in onnx.load(str(optimized), load_external_data=False).graph.node]
+    assert "LayerNormalization" in ran and "SkipLayerNormalization" not in ran
