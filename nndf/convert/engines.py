@@ -15,7 +15,7 @@ from typing import Callable, Mapping
 import numpy as np
 import torch
 
-from nndf.backends.ort_runtime import session_options
+from nndf.backends.ort_runtime import CPU_DISABLED_OPTIMIZERS, session_options
 from nndf.convert.tasks import TaskModule
 from nndf.errors import HarnessError
 
@@ -98,7 +98,8 @@ def ort_engine(name: str, path: Path, device: str, threads: int) -> Engine:
 
     options = session_options(threads)
     providers = (["CUDAExecutionProvider"] if device == "cuda" else []) + ["CPUExecutionProvider"]
-    session = ort.InferenceSession(str(path), options, providers=providers)
+    session = ort.InferenceSession(str(path), options, providers=providers,
+                                   disabled_optimizers=None if device == "cuda" else CPU_DISABLED_OPTIMIZERS)
     if device == "cuda" and session.get_providers()[0] != "CUDAExecutionProvider":
         raise HarnessError(f"{name}: ONNX Runtime has no CUDA provider here (install the onnxruntime-gpu extra, "
                            "not onnxruntime), so it cannot run on the GPU")

@@ -2,7 +2,8 @@
 
 - `export_graph`: torch's TorchScript exporter (`dynamo=False`) over eager attention, dynamic batch and sequence.
   That combination is what ONNX Runtime's transformer optimizer recognises: on all-MiniLM-L6-v2 it fuses the
-  embeddings (EmbedLayerNormalization), all 6 attentions (Attention), 12 SkipLayerNormalization and 6 BiasGelu;
+  embeddings (EmbedLayerNormalization), all 6 attentions (Attention), 12 SkipLayerNormalization (on a GPU: on the
+  CPU each residual Add and LayerNorm stay apart, `optimize_graph`) and 6 BiasGelu;
   the dynamo exporter's graph (SDPA or eager) gets no attention fusion at all (measured here, ORT 1.32).
 - `optimize_graph`: `onnxruntime.transformers.optimizer.optimize_model` (model type from the config, "bert" for
   the BERT-like families it does not list), converted to fp16 on a GPU with fp32 inputs and outputs kept.
@@ -114,6 +115,9 @@ def optimize_graph(source: Path, target: Path, config, use_gpu: bool, fp16: bool
     kind = optimizer_model_type(config)
     options = FusionOptions(kind)
     options.enable_gelu_approximation = False  # exact GELU: the outputs stay PyTorch's
+    # SkipLayerNormalization's CPU kernel is slower than the Add and LayerNormalization it fuses
+    # (`nndf.backends.ort_runtime`): on the CPU they stay apart, and the sessions do not fuse them at load either
+    options.enable_skip_layer_norm = use_gpu
     heads, hidden = attention_sizes(config)
     with quiet(verbose):
         model = optimizer.optimize_model(str(source), model_type=kind, num_heads=heads, hidden_size=hidden,
