@@ -40,6 +40,19 @@ def load_bench(name: str):
     return module
 
 
+def dump_optimized_graph(monkeypatch, module, path: Path) -> None:
+    """Make the sessions `module` opens write the graph ONNX Runtime optimized (what they run) to `path`, through
+    its `session_options`."""
+    real = module.session_options
+
+    def dumping(threads=None):
+        options = real(threads)
+        options.optimized_model_filepath = str(path)
+        return options
+
+    monkeypatch.setattr(module, "session_options", dumping)
+
+
 def needs_shared(path: Path):
     """Skip (with the reason) when ../shared/data is not beside the checkout, as in a user's clone."""
     return pytest.mark.skipif(not path.exists(), reason=f"{path} is absent (../shared/data is not beside this checkout)")

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import LAMBADA_FILE, TOKENIZER_DIR, needs_shared
+from conftest import LAMBADA_FILE, TOKENIZER_DIR, dump_optimized_graph, needs_shared
 from fake_tensorrt import fake_gpu  # noqa: F401  (a fixture)
 
 from nndf.cli import main as run_py
@@ -385,14 +385,7 @@ def test_a_cpu_session_leaves_residual_adds_and_layer_norms_apart(minilm_convert
 
     repo, _ = minilm_converted
     optimized = tmp_path / "optimized.onnx"
-    real = engines.session_options
-
-    def dumping(threads=None):
-        options = real(threads)
-        options.optimized_model_filepath = str(optimized)
-        return options
-
-    monkeypatch.setattr(engines, "session_options", dumping)
+    dump_optimized_graph(monkeypatch, engines, optimized)
     engines.ort_engine("ONNX Runtime (optimized)", repo / "model.onnx", "cpu", 1)
     ran = [node.op_type for node in onnx.load(str(optimized), load_external_data=False).graph.node]
     assert ran.count("LayerNormalization") == 12 and "SkipLayerNormalization" not in ran

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import nndf
-from conftest import decoder_only_families
+from conftest import decoder_only_families, dump_optimized_graph
 from nndf.actions.common import describe
 from nndf.backends import BackendOptions
 from nndf.errors import UsageError
@@ -282,14 +282,7 @@ def test_layer_norms_stay_apart_from_their_residual_add(family_dirs, onnx_work_d
     exported = {node.op_type for node in onnx.load(str(graph), load_external_data=False).graph.node}
     assert "LayerNormalization" in exported and "SkipLayerNormalization" not in exported
     optimized = tmp_path / "optimized.onnx"
-    real = backend.session_options
-
-    def dumping(threads=None):
-        options = real(threads)
-        options.optimized_model_filepath = str(optimized)
-        return options
-
-    monkeypatch.setattr(backend, "session_options", dumping)
+    dump_optimized_graph(monkeypatch, backend, optimized)
     session = backend.OrtSession(graph, shared.decoder.session.input_names, shared.decoder.session.output_names)
     assert session.provider == "CPUExecutionProvider"
     ran = [node.op_type for node in onnx.load(str(optimized), load_external_data=False).graph.node]
