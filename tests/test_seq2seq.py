@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import nndf
-from conftest import build_tiny, copy_artifact
+from conftest import build_tiny, copy_artifact, dump_optimized_graph
 from family_examples import SEQ2SEQ_EXAMPLES
 from sampling_checks import assert_samples_like_generate
 from nndf.errors import UsageError
@@ -194,6 +194,30 @@ def test_given_graphs_are_checked_by_tensor_names(seq2seq_dirs, onnx_work_dir):
         Model(m.loaded, "onnxrt", m.settings, swapped)
     with pytest.raises(UsageError, match="--cache-generator-onnx /missing.onnx does not exist"):
         Model(m.loaded, "onnxrt", m.settings, BackendOptions(cache_generator_onnx="/missing.onnx"))
+
+
+def test_bart_sessions_leave_residual_adds_and_layer_norms_apart_on_the_cpu(seq2seq_dirs, onnx_work_dir, tmp_path,
+                                                                         monkeypatch):
+    """BART's post-norm layers end in a residual Add and a LayerNormalization, which ONNX Runtime's
+    SkipLayerNormFusion fuses at load into SkipLayerNormalization, whose CPU kernel is the slower
+    (nndf.backends.ort_runtime): on the CPU our sessions keep them apart; the graph ONNX Runtime optimized shows what
+    each session runs."""
+    import onnx
+
+    from nndf.seq2seq.export import export_seq2seq
+
+    m = _load("bart", "frameworks", seq2seq_dirs, onnx_work_dir)
+    optimized = tmp_path / "optimized.onnx"
+    dump_optimized_graph(monkeypatch, onnxrt, optimized)
+    for name, graph in export_seq2seq(m.loaded, True, onnx_work_dir).graphs.items():
+        model = onnx.load(str(graph.graph), load_external_data=False)
+        if not any(node.op_type == "LayerNormalization" for node in model.graph.node):
+            continue  # the cache generator: projections only
+        session = onnxrt.OrtSession(graph.graph, [i.name for i in model.graph.input],
+                                    [o.name for o in model.graph.output], role=name)
+        assert session.provider == "CPUExecutionProvider"
+        ran = [node.op_type for node in onnx.load(str(optimized), load_external_data=False).graph.node]
+        assert "LayerNormalization" in ran and "SkipLayerNormalization" not in ran, name
 
 
 @pytest.mark.parametrize("kind", ["int8", "int4"])

@@ -28,7 +28,7 @@ from nndf.export.graph_reads import GraphLoadError, rebuilt_once
 from nndf.export.screened_head import CANDIDATES as SCREEN_CANDIDATES, INPUT as SCREEN_INPUT
 from nndf.hugepages import HugePageReport, huge_pages_for_load
 from nndf.backends.ort_cache import PresentCache, SharedBufferCache, SharedStep, as_numpy
-from nndf.backends.ort_runtime import ort_module, session_options
+from nndf.backends.ort_runtime import CPU_DISABLED_OPTIMIZERS, ort_module, session_options
 from nndf.kvcache import KINDS, past_name, present_name
 from nndf.loading import LoadedModel
 from nndf.spec import BuildSettings, ShapeSpec
@@ -77,7 +77,9 @@ class OrtSession:
         state = ort.capi.onnxruntime_pybind11_state
         with huge_pages_for_load(self.huge_pages):  # the weights ONNX Runtime holds, on 2 MiB pages
             try:
-                self.session = ort.InferenceSession(str(graph), options, providers=providers)
+                # on the CPU alone, residual Adds and LayerNorms stay apart (ort_runtime: its fused kernel is slower)
+                self.session = ort.InferenceSession(str(graph), options, providers=providers,
+                                                    disabled_optimizers=None if use_gpu else CPU_DISABLED_OPTIMIZERS)
             except (state.InvalidProtobuf, state.InvalidGraph, state.NoSuchFile, state.Fail) as exc:
                 raise GraphLoadError(Path(graph), exc) from exc
         self.artifacts = [Path(graph)]

@@ -12,8 +12,8 @@ exported decode step had 1739 nodes where GPT-2 small's has 474.
   kernel for SkipLayerNormalization is 3-5x slower than the two nodes on a prompt (64 rows of GPT-2's 768, 2
   threads: 170 against 51 us; one thread 330 against 64) and no faster on a decode step (18.7 against 15.2 us), so
   GPT-2 small's first token is 3-5% shorter without it (0.966x at batch 1, 0.954x at batch 4; decode steps 0.989x
-  and 1.000x: bench/README.md). ONNX Runtime's own SkipLayerNormFusion leaves our graphs' pairs as they are
-  (checked). The RMS norm's fused kernel is as fast as its two nodes (27.8 against 26.4 us at 64 rows of 576).
+  and 1.000x: bench/README.md). ONNX Runtime's own SkipLayerNormFusion, which would fuse some pairs at load,
+  is off in our CPU sessions (`nndf.backends.ort_runtime.CPU_DISABLED_OPTIMIZERS`). The RMS norm's fused kernel is as fast as its two nodes (27.8 against 26.4 us at 64 rows of 576).
 - Rotary embeddings: the rules below, as ONNX Runtime's RotaryEmbedding (com.microsoft). onnxscript's rotary rule
   matches our graphs, but its cos/sin cache rule, which makes the kernel's inputs, needs the tables to be computed
   from constant frequencies and does not match; its intermediate op is inlined back into the same small ops. Here
