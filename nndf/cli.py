@@ -317,8 +317,12 @@ def build_parser() -> argparse.ArgumentParser:
     # listed in the help only: `main` hands `convert` and its own flags to nndf.convert.cli before parsing
     sub.add_parser("convert", add_help=False, help="encoder models (BERT, MiniLM, RoBERTa...) to ONNX Runtime and "
                    "TensorRT, checked and timed, with a Triton repository, as transformer-deploy's convert_model "
-                   "(run.py convert --help)")
+                   "(run.py convert --help; `convert_model` is the same action)")
     return parser
+
+
+# `main` hands these to nndf.convert.cli: `convert`, and transformer-deploy's own name for it, as its users type it
+CONVERT_ACTIONS = ("convert", "convert_model")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -327,13 +331,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    if argv and argv[0] == "convert":  # transformer-deploy's convert_model, with its own flags
+    if argv and argv[0] in CONVERT_ACTIONS:  # transformer-deploy's convert_model, with its own flags
         from nndf.convert.cli import main as convert_main
 
         return convert_main(argv[1:])
     parser = build_parser()
     if argv and argv[0] not in ACTIONS and not argv[0].startswith("-"):
-        raise UsageError(f"unknown action '{argv[0]}'; allowed: {', '.join([*ACTIONS, 'convert'])}")
+        raise UsageError(f"unknown action '{argv[0]}'; allowed: {', '.join([*ACTIONS, *CONVERT_ACTIONS])}")
     args = parser.parse_args(argv)
     check_unused_flags(args)
     check_given_paths(args)

@@ -34,6 +34,7 @@ from test_cli import run_cli
      "-o/--output /proc: nothing can be written in /proc ("),
     (["export", "GPT2", "onnxrt", "--random-weights", "-o", "/proc"], "-o/--output /proc: nothing can be written in"),
     (["convert", "-m", "/nonexistent-model"], "-m/--model /nonexistent-model does not exist"),
+    (["convert_model", "-m", "/nonexistent-model"], "-m/--model /nonexistent-model does not exist"),  # its alias
     (["convert", "-m", "a-hub-id", "--json", "/tmp"], "--json /tmp is a folder; give a file name such as report.json"),
     (["convert", "-m", "a-hub-id", "-o", "/etc/hostname/repo"],
      "-o/--output /etc/hostname/repo is inside /etc/hostname"),
