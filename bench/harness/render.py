@@ -66,17 +66,19 @@ def _header(report: dict, bench) -> list[str]:
 
 
 def cpu_note(report: dict) -> str | None:
-    """CpuWatch's figure (report["machine"]), with a WARNING when other processes used BUSY_CORES or more."""
+    """The CPU (report["machine"]["cpu"], `cpu_description`) and CpuWatch's figure, with a WARNING when other
+    processes used BUSY_CORES or more."""
     machine = report.get("machine") or {}
     foreign, cores = machine.get("foreign_cores"), machine.get("cores")
+    cpu = f"cpu: {machine['cpu']}" if machine.get("cpu") else None
     if foreign is None:
-        return None
+        return cpu
     note = f"other processes used {foreign:.2f} of {cores} cores on average while we measured"
     if foreign >= BUSY_CORES:
         note = ("WARNING: " + note + ": absolute figures are inflated and ratios skewed (a runtime whose step waits"
                 " for all of its threads, like PyTorch's, loses more to a busy core"
                 + ("" if report["settings"].get("threads") == 1 else "; try --threads 1") + ")")
-    return note
+    return f"{cpu}\n{note}" if cpu else note
 
 
 def _batch_table(report: dict, bench, b: int) -> list[str]:
