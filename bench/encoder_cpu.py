@@ -43,7 +43,7 @@ from harness.driver import _rounds, write_json  # noqa: E402
 from harness.encoders import GRAPHS, make_feeds, make_runner, minilm_folder  # noqa: E402
 from harness.engines import EngineError, close_all, elapsed, say, start_engine  # noqa: E402
 from harness.encoder_report import evaluate_goals, key, render_report, summarize  # noqa: E402
-from harness.stats import CpuWatch, cpu_description  # noqa: E402
+from harness.stats import CpuWatch, machine_cpu  # noqa: E402
 from harness.worker import versions, worker_main  # noqa: E402
 
 ENGINE_HELP = {
@@ -174,7 +174,7 @@ def run_benchmark(args) -> dict:
         "settings": {"model": str(weights), "inputs": inputs_what, "shapes": [key(s) for s in args.shapes],
                      "rounds": args.rounds, "seconds": args.seconds, "engines": args.engines, "threads": args.threads,
                      "working_dir": str(working_dir)},
-        "machine": {"cores": os.cpu_count(), "foreign_cores": foreign, "cpu": cpu_description()},
+        "machine": {"cores": os.cpu_count(), "foreign_cores": foreign, "cpu": machine_cpu()},
         "environment": env_info, "engines": engines,
         "batches": summarize(args, warm, runs),  # by shape ("16x128"), the key harness.stats.ratio reads
         "raw": {"warm_up": warm, "rounds": runs},

@@ -42,7 +42,7 @@ import torch  # noqa: E402
 
 import nndf  # noqa: E402
 from harness.render import format_table  # noqa: E402
-from harness.stats import CpuWatch, cpu_description  # noqa: E402
+from harness.stats import CpuWatch, machine_cpu  # noqa: E402
 from nndf.actions.common import random_input_ids  # noqa: E402
 from nndf.measure import StepTimer  # noqa: E402
 from nndf.streaming import ReplyStreamer  # noqa: E402
@@ -183,7 +183,7 @@ def report(args, figures: dict) -> tuple[str, dict]:
         lines.append(format_table(["engine", "first token ms (plain run)", "first text shown ms", "ratio",
                                    "ratio to its own first token"], rows))
     lines.append("")
-    foreign, cpu = figures["foreign_cores"], cpu_description()
+    foreign, cpu = figures["foreign_cores"], machine_cpu()
     if cpu:
         lines.append(f"cpu: {cpu}")
     if foreign is not None:

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from conftest import REPO
+from nndf.machine import cpu_description
 
 SCRIPT = REPO / "bench" / "decoder_cpu.py"
 SEQ2SEQ_SCRIPT = REPO / "bench" / "seq2seq_cpu.py"
@@ -243,7 +244,7 @@ ARM = "processor\t: 0\nBogoMIPS\t: 2000.00\nFeatures\t: fp asimd asimddp sve\nCP
 def test_reports_name_the_cpu_and_the_flags_that_choose_the_kernels(cpuinfo, expected):
     """The same code passed and failed different goals on three kinds of 2-core machine: every report's header says
     which kind it ran on (the first processor's name and numbers, and the flags MLAS and llama.cpp choose by)."""
-    assert stats.cpu_description(cpuinfo, cores=2) == expected
+    assert cpu_description(cpuinfo, cores=2) == expected
     report = _report({1: {"hf": (40.0, 25.0), "onnxrt": (34.0, 29.0)}}, memory={"hf": 1, "onnxrt": 1})
     report["machine"] = {"cores": 2, "foreign_cores": 0.05, "cpu": expected}
     lines = bench.render_report(report).splitlines()

@@ -13,6 +13,7 @@ import torch
 import nndf
 from conftest import LAMBADA_FILE, REPO, TINY_GPT2, TOKENIZER_DIR, build_tiny, needs_shared
 from nndf.cli import main
+from nndf.machine import cpu_description
 from nndf.errors import UsageError
 
 FAST = ["--iterations", "2", "--warmup", "1"]
@@ -66,6 +67,8 @@ def test_benchmark_table_and_json(capsys, tiny_gpt2_dir, tmp_path):
     # how tokens were picked and the prompts' seed are in the JSON too, not only in the title
     assert data["context"]["decoding"] == "greedy" and data["context"]["input_seed"] == 0
     assert [row["runs"] for row in data["rows"]] == [2, 2]
+    # the machine too: figures carry over only between CPUs that agree on the kernels' flags (nndf.machine)
+    assert data["context"]["cpu"] == cpu_description() and "gpu" not in data["context"]
 
 
 def test_info_prints_shapes(capsys, tiny_gpt2_dir):

@@ -14,7 +14,7 @@ from harness.engines import EngineError, Worker, close_all, elapsed, prepare_wei
 from harness.inputs import describe, make_inputs
 from harness.cli import check_outputs, positive, run_script, seconds
 from harness.render import render_report
-from harness.stats import CpuWatch, compute_ratios, cpu_description, evaluate_goals, peer_ratios, summarize
+from harness.stats import CpuWatch, compute_ratios, evaluate_goals, machine_cpu, peer_ratios, summarize
 from harness.worker import versions, worker_main
 
 
@@ -194,7 +194,7 @@ def run_benchmark(args, bench) -> dict:
             "batch_sizes": args.batch_sizes, "engines": args.engines, "threads": args.threads, "seed": args.seed,
             "working_dir": str(working_dir),
         },
-        "machine": {"cores": os.cpu_count(), "foreign_cores": foreign, "cpu": cpu_description()},
+        "machine": {"cores": os.cpu_count(), "foreign_cores": foreign, "cpu": machine_cpu()},
         "environment": env_info,
         "engines": engines,
         "batches": summarize(runs, warm, args),

@@ -9,46 +9,12 @@ import time
 from harness.bench import METRIC_LABELS, REFERENCES
 
 
-# The x86 / ARM flags that decide which of ONNX Runtime's (MLAS) and llama.cpp's kernels run, as a report names them:
-# figures, and ratios between engines, carry over only between machines that agree on these (bench/README.md: the
-# same code measured on three kinds of 2-core guest passed and failed different goals).
-KERNEL_FLAGS = (("avx2", "AVX2"), ("avx512f", "AVX-512"), ("avx512_vnni", "VNNI"), ("avx_vnni", "AVX-VNNI"),
-                ("avx512_bf16", "BF16"), ("amx_int8", "AMX"), ("asimddp", "dot product"), ("sve", "SVE"))
+def machine_cpu() -> str | None:
+    """This machine's CPU for a report's header (`nndf.machine.cpu_description`), imported only when a report is
+    made: the scripts are also the workers of venvs without nndf (Optimum's, GenAI's)."""
+    from nndf.machine import cpu_description
 
-
-def cpu_description(cpuinfo: str | None = None, cores: int | None = None) -> str | None:
-    """This machine's CPU in one line for a report's header: its model name (with x86's family and model numbers,
-    which tell one generation from the next where the name does not), its cores, and which of the `KERNEL_FLAGS` it
-    has, with "no AMX" said on x86 (the flag that most changes int8 prompts). `cpuinfo` defaults to /proc/cpuinfo;
-    None where it cannot be read."""
-    from nndf.export.cpu_int8 import cpu_flags
-
-    if cpuinfo is None:
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-                cpuinfo = f.read()
-        except OSError:
-            return None
-    fields: dict[str, str] = {}
-    for line in cpuinfo.splitlines():
-        key, sep, value = line.partition(":")
-        if not sep and fields:  # the first processor's block ends at its blank line
-            break
-        if sep:
-            fields.setdefault(key.strip(), value.strip())
-    flags = cpu_flags(cpuinfo) or set()
-    name = fields.get("model name") or fields.get("Hardware") or "unknown CPU"
-    if "cpu family" in fields and "model" in fields:
-        name += f" (family {fields['cpu family']}, model {fields['model']})"
-    cores = cores if cores is not None else os.cpu_count()
-    has = [label for flag, label in KERNEL_FLAGS if flag in flags]
-    x86 = "cpu family" in fields
-    text = f"{name}, {cores} core{'s' if cores != 1 else ''}"
-    if has:
-        text += ": " + ", ".join(has)
-    if x86 and "amx_int8" not in flags:
-        text += ("; " if has else ": ") + "no AMX"
-    return text
+    return cpu_description()
 
 
 class CpuWatch:

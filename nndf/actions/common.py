@@ -21,6 +21,7 @@ from nndf.option_checks import check_kv_layout
 from nndf.actions.plans import check_machine, shapes_result
 from nndf.progress import say  # noqa: F401 - the actions' progress lines
 from nndf.loading import LoadedModel, load_config, load_model
+from nndf.machine import cpu_description, gpu_description
 from nndf.registry import resolve
 from nndf.results import Result
 from nndf.sampling import SAMPLING_KEYWORDS, Sampling, check_repetition_penalty
@@ -287,8 +288,12 @@ def describe(model: Model, *others: Model) -> dict:
         "variant": model.loaded.name,  # a --torch-dir model is named after its folder
         "weights": model.loaded.source,
         "device": str(model.decoder.device),
+        "cpu": cpu_description(),  # figures carry over only between machines that agree on it (nndf.machine)
         "settings": model.settings.as_dict(),
     }
+    gpu = gpu_description(model.decoder.device)
+    if gpu:
+        context["gpu"] = gpu
     if others:
         context["backends"] = {label(m): _backend_options(m) for m in (model, *others)}
     return context
