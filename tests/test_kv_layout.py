@@ -287,3 +287,22 @@ def test_layer_norms_stay_apart_from_their_residual_add(family_dirs, onnx_work_d
     assert session.provider == "CPUExecutionProvider"
     ran = [node.op_type for node in onnx.load(str(optimized), load_external_data=False).graph.node]
     assert "LayerNormalization" in ran and "SkipLayerNormalization" not in ran
+
+
+def test_gpt2s_attention_takes_its_projection_whole_as_packed_qkv(family_dirs, onnx_work_dir):
+    """GPT-2's one qkv projection: its GroupQueryAttention reads the projection's output as packed QKV (key and value
+    inputs empty), with no Split copying it into three first (nndf.export.ort_fusions.pack_attention_inputs); its
+    tokens against generate() are the parity tests'. Llama's queries and keys are rotated after their split, so its
+    nodes keep three inputs."""
+    import onnx
+
+    def attention(family):
+        graph = onnx.load(str(_shared(family, family_dirs, onnx_work_dir).decoder.session.artifacts[0]),
+                          load_external_data=False).graph
+        made_by = {output: node.op_type for node in graph.node for output in node.output}
+        return [(made_by.get(node.input[0]), list(node.input[1:3]))
+                for node in graph.node if node.op_type == "GroupQueryAttention"]
+
+    gpt2 = attention("GPT2")
+    assert len(gpt2) == 2 and all(producer != "Split" and rest == ["", ""] for producer, rest in gpt2)
+    assert all(rest[0] and rest[1] for _, rest in attention("Llama"))
