@@ -14,10 +14,10 @@ KERNEL_FLAGS = (("avx2", "AVX2"), ("avx512f", "AVX-512"), ("avx512_vnni", "VNNI"
 
 
 def cpu_description(cpuinfo: str | None = None, cores: int | None = None) -> str | None:
-    """This machine's CPU in one line, for a report's header and a result's context: its model name (with x86's family and model numbers,
-    which tell one generation from the next where the name does not), its cores, and which of the `KERNEL_FLAGS` it
-    has, with "no AMX" said on x86 (the flag that most changes int8 prompts). `cpuinfo` defaults to /proc/cpuinfo;
-    None where it cannot be read."""
+    """This machine's CPU in one line, for a report's header and a result's context: its model name (with x86's
+    family and model numbers, which tell one generation from the next where the name does not), its cores, and
+    which of the `KERNEL_FLAGS` it has, with "no AMX" said on x86 (the flag that most changes int8 prompts).
+    `cpuinfo` defaults to /proc/cpuinfo; None where it cannot be read."""
     if cpuinfo is None:
         try:
             with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:

@@ -228,9 +228,12 @@ def test_a_busy_machine_is_reported():
     assert "WARNING: other processes used 0.93 of 2 cores" in bench.render_report(report)
 
 
-XEON = "processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\nmodel name\t: Intel(R) Xeon(R) Platinum 8480+\n" \
-    "flags\t\t: fpu sse avx2 avx512f avx512_vnni avx512_bf16 amx_tile amx_int8 amx_bf16\n\nprocessor\t: 1\nmodel name\t: other\n"
-ZEN4 = "processor\t: 0\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512f avx512_vnni avx512_bf16\n"
+XEON = ("processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\n"
+        "model name\t: Intel(R) Xeon(R) Platinum 8480+\n"
+        "flags\t\t: fpu sse avx2 avx512f avx512_vnni avx512_bf16 amx_tile amx_int8 amx_bf16\n\n"
+        "processor\t: 1\nmodel name\t: other\n")
+ZEN4 = ("processor\t: 0\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\n"
+        "flags\t\t: fpu avx2 avx512f avx512_vnni avx512_bf16\n")
 AVX2_ONLY = "processor\t: 0\ncpu family\t: 23\nmodel\t\t: 49\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse avx avx2 fma\n"
 ARM = "processor\t: 0\nBogoMIPS\t: 2000.00\nFeatures\t: fp asimd asimddp sve\nCPU implementer\t: 0x41\n"
 

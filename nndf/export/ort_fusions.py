@@ -13,7 +13,8 @@ exported decode step had 1739 nodes where GPT-2 small's has 474.
   threads: 170 against 51 us; one thread 330 against 64) and no faster on a decode step (18.7 against 15.2 us), so
   GPT-2 small's first token is 3-5% shorter without it (0.966x at batch 1, 0.954x at batch 4; decode steps 0.989x
   and 1.000x: bench/README.md). ONNX Runtime's own SkipLayerNormFusion, which would fuse some pairs at load,
-  is off in our CPU sessions (`nndf.backends.ort_runtime.CPU_DISABLED_OPTIMIZERS`). The RMS norm's fused kernel is as fast as its two nodes (27.8 against 26.4 us at 64 rows of 576).
+  is off in our CPU sessions (`nndf.backends.ort_runtime.CPU_DISABLED_OPTIMIZERS`). The RMS norm's fused kernel
+  is as fast as its two nodes (27.8 against 26.4 us at 64 rows of 576).
 - Rotary embeddings: the rules below, as ONNX Runtime's RotaryEmbedding (com.microsoft). onnxscript's rotary rule
   matches our graphs, but its cos/sin cache rule, which makes the kernel's inputs, needs the tables to be computed
   from constant frequencies and does not match; its intermediate op is inlined back into the same small ops. Here
@@ -202,8 +203,8 @@ def pack_attention_inputs(model) -> int:
     """A GroupQueryAttention whose query, key and value are the three parts of one Split along the last axis (a
     projection's output with no rotary between: GPT-2's) takes that output whole as its packed QKV input, and the
     Split goes: the kernel reads the numbers in place where the Split copied them. GPT-2 small on Zen 4, ONNX
-    Runtime's profile of 126 decode steps: GroupQueryAttention and the Splits 2.03 -> 1.59 ms a step at batch 4,
-    0.80 -> 0.61 at batch 1; whole steps 0.997x and 0.988x (bench/README.md). The parts must be in the kernel's
+    Runtime's profile of 126 decode steps: GroupQueryAttention and the Splits 2.03 -> 1.57 ms a step at batch 4,
+    0.80 -> 0.59 at batch 1; whole steps 0.997x and 0.988x (bench/README.md). The parts must be in the kernel's
     order and sizes, (heads + 2 kv_heads) x head size: query, key, value. Returns how many nodes were packed."""
     packed = 0
     for node in list(model.graph):
