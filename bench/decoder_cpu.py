@@ -26,6 +26,8 @@ How it measures (see bench/README.md):
   sources with cmake, measured by its llama-batched-bench (harness/llamacpp.py); ONNX Runtime GenAI in its own venv
   with its model builder, timed per token like our loop (harness/genai.py). A peer that cannot be built (no cmake,
   no network, a model its builder refuses) shows why in its rows; the rest runs.
+- The memory floor (harness/floor.py) is an engine too: in its turn of each round it times how fast the cores read
+  a fresh 1 GiB, and its decode step is the fp32 weights' bytes at that speed.
 - Ratios last: each engine against hf and against optimum, ours against the peers at the same precision, then the
   goals as PASS / FAIL / SKIP lines.
 
@@ -49,11 +51,11 @@ from harness.bench import Bench  # noqa: E402
 from harness.render import format_table  # noqa: E402,F401
 from harness.stats import stat, token_agreement  # noqa: E402,F401
 from harness.worker import NndfRunner, optimum_runner  # noqa: E402
-from harness import genai, llamacpp  # noqa: E402
+from harness import floor, genai, llamacpp  # noqa: E402
 from harness.peers import SETUPS  # noqa: E402
 
 DEFAULT_ENGINES = ("hf", "onnxrt", "onnxrt-int8", "onnxrt-int4", "optimum", "llamacpp-f32", "llamacpp-q8_0",
-                   "llamacpp-q4_0", "genai", "genai-int4")
+                   "llamacpp-q4_0", "genai", "genai-int4", floor.ENGINE)
 ENGINE_HELP = {
     "hf": "Hugging Face eager generate() with KV cache (PyTorch, transformers 5.x)",
     "nndf-frameworks": "our generation loop on PyTorch",
@@ -70,6 +72,7 @@ ENGINE_HELP = {
     "llamacpp-q4_0": "the same on a Q4_0 GGUF (llama-quantize from the F32 file)",
     "genai": "ONNX Runtime GenAI (its model builder, fp32; Llama-class models only), in its own virtual environment",
     "genai-int4": "the same, built with -p int4 (MatMulNBits)",
+    floor.ENGINE: floor.HELP,
 }
 # Our engine and the peer at its precision: the RATIOS against the peers and the peers' goals pair them so.
 PEERS = (("onnxrt", "llamacpp-f32"), ("onnxrt-int8", "llamacpp-q8_0"), ("onnxrt-int4", "llamacpp-q4_0"),
@@ -92,6 +95,7 @@ GOALS = (
     # issue 21: faster per token than llama.cpp and ONNX Runtime GenAI on the same weights, at the same precision
     *((ours, 1, "step_ms", peer, "<=", 0.85) for ours, peer in PEERS),
     *((ours, 1, "ttft_ms", peer, "<=", 0.7) for ours, peer in PEERS if peer.startswith("llamacpp")),
+    ("onnxrt", 1, "step_ms", floor.ENGINE, "<=", 1.25),  # issue 21: within 1.25x of the memory floor
 )
 
 
@@ -103,6 +107,8 @@ def make_runner(args):
         return llamacpp.LlamaCppRunner(args)
     if args.worker in genai.ENGINES:
         return genai.GenaiRunner(args)
+    if args.worker == floor.ENGINE:
+        return floor.FloorRunner(args)
     if args.worker in SMALL_PAGES:
         os.environ["NNDF_HUGE_PAGES"] = "0"
     return NndfRunner(args, QUANTIZE, kv_layouts=KV_LAYOUTS)
@@ -132,7 +138,8 @@ BENCH = Bench(
     default_family="GPT2",
     default_variant="gpt2",
     quantize=QUANTIZE,
-    unprepared=("hf", "nndf-frameworks", *llamacpp.ENGINES, *genai.ENGINES),  # the peers' setups build their files
+    # nothing to export or quantize first (the peers' setups build their own files)
+    unprepared=("hf", "nndf-frameworks", *llamacpp.ENGINES, *genai.ENGINES, floor.ENGINE),
     peers=PEERS,
     setups=SETUPS,
 )

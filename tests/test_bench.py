@@ -40,7 +40,7 @@ def test_defaults_are_the_documented_run():
     assert args.batch_sizes == [1, 4]
     assert (args.input_len, args.output_len, args.rounds, args.settle) == (64, 64, 5, 0.5)
     assert args.engines == ["hf", "onnxrt", "onnxrt-int8", "onnxrt-int4", "optimum", "llamacpp-f32", "llamacpp-q8_0",
-                            "llamacpp-q4_0", "genai", "genai-int4"]
+                            "llamacpp-q4_0", "genai", "genai-int4", "floor"]
     assert args.worker is None and args.json is None
 
 
@@ -158,6 +158,7 @@ def test_goals_pass_and_fail_on_made_up_numbers():
         "onnxrt peak memory / hf": "FAIL",                     # 1.5 > 1.0
         "onnxrt fp32 tokens equal hf's": "PASS",
         **{label: "SKIP" for label in _PEER_GOALS},           # no peer ran
+        "batch 1 onnxrt decode ms/step / floor": "SKIP",       # nor the memory floor (tests/test_bench_floor.py)
     }
     by_label = {g["label"]: g for g in report["goals"]}
     assert by_label["batch 4 onnxrt tok/s / hf"]["ratio"] == pytest.approx(85.0 / 36.0)
@@ -308,10 +309,10 @@ def bench_work_dir(request, tmp_path):
         return tmp_path
 
 
-def _tiny_run(script, argv, work_dir, tmp_path):
-    """The script's whole run in a subprocess (engines hf and onnxrt, 1 round): its output and its JSON report."""
+def _tiny_run(script, argv, work_dir, tmp_path, engines=("hf", "onnxrt")):
+    """The script's whole run in a subprocess (1 round): its output and its JSON report."""
     out_json = tmp_path / "bench.json"
-    done = subprocess.run([sys.executable, str(script), *argv, "--engines", "hf", "onnxrt", "--rounds", "1",
+    done = subprocess.run([sys.executable, str(script), *argv, "--engines", *engines, "--rounds", "1",
                            "--settle", "0.1", "--working-dir", str(work_dir), "--json", str(out_json)],
                           capture_output=True, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"), timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -321,13 +322,16 @@ def _tiny_run(script, argv, work_dir, tmp_path):
 
 def test_tiny_run_through_the_worker_protocol(tiny_gpt2_dir, bench_work_dir, tmp_path):
     done, report = _tiny_run(SCRIPT, ["--torch-dir", str(tiny_gpt2_dir), "--batch-sizes", "1", "4", "--input-len", "6",
-                                      "--output-len", "5"], bench_work_dir, tmp_path)
+                                      "--output-len", "5"], bench_work_dir, tmp_path, ("hf", "onnxrt", "floor"))
     for needle in ("\nbatch 1\n", "\nbatch 4\n", "decode ms/step", "RATIOS", "batch 1: decode ms/step",
                    "batch 4: tok/s", "peak memory of each worker", "GOALS", "onnxrt: batch 1: identical; batch 4: "
-                   "identical", "PASS  onnxrt fp32 tokens equal hf's at batch 1, 4"):
+                   "identical", "PASS  onnxrt fp32 tokens equal hf's at batch 1, 4", " MB of fp32 weights per step at ",
+                   "batch 1 onnxrt decode ms/step / floor = "):  # its bytes and bandwidth, and the goal (not SKIP)
         assert needle in done.stdout, done.stdout
     assert "round 1/1 batch 4 onnxrt" in done.stderr
-    assert {e: report["engines"][e]["status"] for e in ("hf", "onnxrt")} == {"hf": "ok", "onnxrt": "ok"}
+    assert {e: report["engines"][e]["status"] for e in ("hf", "onnxrt", "floor")} == dict.fromkeys(
+        ("hf", "onnxrt", "floor"), "ok")
+    assert report["engines"]["floor"]["peak_rss_bytes"] is None  # its buffer is no model's memory
     assert report["engines"]["onnxrt"]["peak_rss_bytes"] > 0
     assert report["settings"]["settle_s"] == 0.1
     for b in ("1", "4"):
