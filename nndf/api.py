@@ -52,7 +52,11 @@ def _argv(flags: dict, options: dict, action: str, parsers: dict) -> list[str]:
 def _elsewhere(flag: str, options: dict, action: str, parsers: dict) -> str:
     """What to suggest for a flag `action` lacks: the actions that have it, else a close name among its own."""
     from nndf.cli import actions_with_flag
+    from nndf.demo_flags import SYNONYMS
 
+    target = SYNONYMS.get(flag, (None,))[0]
+    if target in options:  # max_new_tokens=: what the action calls it, as NVIDIA's demo does
+        return f" (write {target[2:].replace('-', '_')}= here: {flag[2:].replace('-', '_')} is its name in generate())"
     others = actions_with_flag(flag, parsers, action)
     if others:
         return f" (it is a flag of {', '.join(others)})"

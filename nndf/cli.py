@@ -48,7 +48,7 @@ class _Parser(OneSentenceParser):
         return namespace
 
     def _elsewhere(self, extras: list[str], namespace) -> str:
-        from nndf.demo_flags import REPLACED  # a flag of NVIDIA's demo gets its own hint (`error`)
+        from nndf.demo_flags import REPLACED, synonym  # a flag of NVIDIA's demo gets its own hint (`error`)
 
         action = getattr(namespace, "action", None)
         parsers = getattr(self, "action_parsers", {})
@@ -57,6 +57,10 @@ class _Parser(OneSentenceParser):
         notes = []
         for flag in dict.fromkeys(word.split("=")[0] for word in extras if word.startswith("-")):
             if flag in REPLACED:
+                continue
+            same = synonym(flag, parsers[action]._option_string_actions)
+            if same:
+                notes.append(same)
                 continue
             others = actions_with_flag(flag, parsers, action)
             if others:

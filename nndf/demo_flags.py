@@ -1,4 +1,5 @@
-"""NVIDIA TensorRT demo/HuggingFace flags that have no flag of their own here, and what replaces them.
+"""NVIDIA TensorRT demo/HuggingFace flags that have no flag of their own here, and what replaces them; and Hugging
+Face generate()'s names for flags that keep the demo's name here.
 
 The demo's flags that mean the same thing here are aliases of ours (`-wd`, `-b`, `-m`, `-kv`, `--enable-kv-cache`,
 `--use-cuda-graph`, `--compare/-c`: `nndf.cli`). For the others, argparse's bare "unrecognized arguments" would leave
@@ -23,6 +24,21 @@ REPLACED = {
     "--use-timing-cache": "the trt backend always keeps a timing cache per GPU in the working dir",
     "--nvtx-verbose": "NVTX ranges are not built; profile with nsys around the run",
 }
+
+
+# Hugging Face generate()'s names for what a flag here calls as NVIDIA's demo does: a user of generate() types these
+SYNONYMS = {
+    "--max-new-tokens": ("--output-seq-len", "generate()'s max_new_tokens"),
+}
+
+
+def synonym(flag: str, options) -> str | None:
+    """What to say of `flag` where the action lacks it but takes its synonym (`options`: the action's option
+    strings): "--max-new-tokens, generate()'s max_new_tokens, is --output-seq-len here, ..."; None otherwise."""
+    target, what = SYNONYMS.get(flag, (None, None))
+    if target is None or target not in options:
+        return None
+    return f"{flag}, {what}, is {target} here, as NVIDIA's demo names it"
 
 
 def hint(message: str) -> str:

@@ -37,6 +37,9 @@ def test_chat_from_python_answers_the_given_lines(tiny_gpt2_dir, capsys):
      r"^bogus= is not a flag of benchmark; see python run.py benchmark --help$"),
     (lambda: nndf.run("benchmark", "GPT2", "frameworks", output_len=8),
      r"output_len= is not a flag of benchmark \(did you mean output_seq_len=\?\)"),
+    (lambda: nndf.run("chat", "GPT2", "frameworks", max_new_tokens=8),  # generate()'s name, not triton's flag
+     r"^max_new_tokens= is not a flag of chat \(write output_seq_len= here: max_new_tokens is its name in "
+     r"generate\(\)\); "),
     (lambda: nndf.run("benchmark", "GPT2", "frameworks", topN=8), r"topN= is not a flag of benchmark \(it is a flag "
                                                                   r"of accuracy\)"),
     (lambda: nndf.run("benchmark", "GPT2", "frameworks", iterations=True),

@@ -67,6 +67,9 @@ from test_cli import run_cli
     (["evaluate", "GPT2", "frameworks", "--random-weights", "--tasks", "x", "--num-samples", "20"],
      "unrecognized arguments: --num-samples 20 (--num-samples is a flag of accuracy; see python run.py evaluate "
      "--help)"),
+    (["chat", "GPT2", "frameworks", "--random-weights", "--max-new-tokens", "20"],  # generate()'s name for it
+     "unrecognized arguments: --max-new-tokens 20 (--max-new-tokens, generate()'s max_new_tokens, is "
+     "--output-seq-len here, as NVIDIA's demo names it; see python run.py chat --help)"),
     (["benchmark", "GPT2", "frameworks", "onnxrt", "frameworks", "--random-weights"],
      "backend frameworks is named twice; name each backend once"),
     (["chat", "GPT2", "frameworks", "--random-weights", "--input-seq-len", "8"],
