@@ -27,7 +27,7 @@ How it measures (see bench/README.md):
   with its model builder, timed per token like our loop (harness/genai.py). A peer that cannot be built (no cmake,
   no network, a model its builder refuses) shows why in its rows; the rest runs.
 - The memory floor (harness/floor.py) is an engine too: in its turn of each round it times how fast the cores read
-  a fresh 1 GiB, and its decode step is the fp32 weights' bytes at that speed.
+  1 GiB, and its decode step is the fp32 weights' bytes at that speed.
 - Ratios last: each engine against hf and against optimum, ours against the peers at the same precision, then the
   goals as PASS / FAIL / SKIP lines.
 

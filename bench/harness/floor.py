@@ -2,14 +2,14 @@
 
 A batch-1 decode step reads every weight once, so it takes at least the fp32 weights' bytes over the bandwidth at
 which the cores read memory. Issue 21's goal puts GPT-2's fp32 step within 1.25x of that floor ("497 MB of weights
-at the 33 GB/s that two threads read here"). The bandwidth moves with the machine and with its neighbours (on the
-2-core Zen 4 guest one process summed a fresh 1 GiB buffer at 66 GB/s, and a second fresh one a moment later at
-36: where the host placed its memory), so it is measured here in the same rounds as the engines, turn by turn with
-them: each `generate` request fills a fresh `BUFFER_BYTES` float32 buffer (a new placement each round; the median
-over rounds is the machine's, not one allocation's), times `PASSES` sums of it with the bench's threads
-(`torch.sum`: one streaming pass, no writes) and answers with the fastest, as a decode step of bytes / bandwidth;
-first token and tokens are left empty. The buffer lies on 2 MiB pages as our onnxrt weights do (`nndf.hugepages`;
-on 4 KiB pages the prefetchers stop at every page boundary: 4% slower there, alternating the two 12 times).
+at the 33 GB/s that two threads read here"). That bandwidth moves while we measure (on the 2-core Zen 4 guest the
+same sum of the same 1 GiB read 31-37 GB/s in most rounds and 65-68 in a few, the cause outside the guest's
+view), so it is measured here in the same rounds as the engines, turn by turn with them: each `generate` request
+times `PASSES` sums of a `BUFFER_BYTES` float32 buffer with the bench's threads (`torch.sum`: one streaming pass, no
+writes) and answers with the fastest, as a decode step of bytes / bandwidth; first token and tokens are left empty;
+the report takes the median over rounds, as for every engine. The buffer lies on 2 MiB pages as our onnxrt weights
+do (`nndf.hugepages`; on 4 KiB pages the prefetchers stop at every page boundary: 4% slower there, alternating the
+two 12 times).
 
 The bytes are the weights folder's: 4 bytes for every element of every tensor in its safetensors files (stored
 in whatever dtype), a tied head counted once, as `save_pretrained` stores it. Standard library only at import time.
@@ -25,7 +25,7 @@ from pathlib import Path
 
 ENGINE = "floor"
 HELP = ("the memory floor: the fp32 weights' bytes over the read bandwidth of this machine, timed in every round "
-        "beside the engines (the fastest of 3 torch.sum passes over a fresh 1 GiB on 2 MiB pages, the bench's threads)")
+        "beside the engines (the fastest of 3 torch.sum passes over 1 GiB on 2 MiB pages, the bench's threads)")
 BUFFER_BYTES = 1 << 30  # far beyond any CPU's last-level cache
 PASSES = 3
 
@@ -55,27 +55,23 @@ class FloorRunner:
 
         if args.threads:
             torch.set_num_threads(args.threads)
-        self.torch = torch
-        self.hugepages = hugepages
         self.bytes = weight_bytes(Path(args.weights_dir))
-        self.elements = buffer_bytes // 4
+        pages = hugepages.HugePageReport()
+        with hugepages.huge_pages_for_load(pages):
+            self.buffer = torch.ones(buffer_bytes // 4, dtype=torch.float32)
+        self.buffer.sum()  # the first pass pays for anything left lazy
         self.versions = {"weights_mb": round(self.bytes / 1e6, 1), "buffer_mib": buffer_bytes >> 20,
-                         "torch_threads": torch.get_num_threads()}
+                         "torch_threads": torch.get_num_threads(), "pages": pages.describe()}
         self.commands = {"generate": self.generate, "memory": self.memory}
 
     def read_gb_s(self) -> float:
-        """The fastest of `PASSES` sums of a fresh buffer (on huge pages where the kernel gives them), in GB/s."""
-        pages = self.hugepages.HugePageReport()
-        with self.hugepages.huge_pages_for_load(pages):
-            buffer = self.torch.ones(self.elements, dtype=self.torch.float32)
-        self.versions["pages"] = pages.describe()
-        buffer.sum()  # the first pass pays for anything left lazy
+        """The fastest of `PASSES` sums of the buffer, in GB/s."""
         best = math.inf
         for _ in range(PASSES):
             started = time.perf_counter()
-            buffer.sum()
+            self.buffer.sum()
             best = min(best, time.perf_counter() - started)
-        return self.elements * 4 / best / 1e9
+        return self.buffer.numel() * 4 / best / 1e9
 
     def generate(self, command: dict) -> dict:
         """A decode step at the floor: the weights' bytes at this round's bandwidth; as many steps as asked, so
@@ -99,4 +95,4 @@ def note(report: dict, batch: int) -> str | None:
     if not read or weights is None:
         return None
     return (f"  {ENGINE}: {weights:.1f} MB of fp32 weights per step at {read['median']:.1f} GB/s (median over rounds of "
-            f"each round's fastest of {PASSES} sums of a fresh buffer; {read['min']:.1f} to {read['max']:.1f})")
+            f"each round's fastest of {PASSES} sums of 1 GiB; {read['min']:.1f} to {read['max']:.1f})")
