@@ -4,10 +4,13 @@ A batch-1 decode step reads every weight once, so it takes at least the fp32 wei
 which the cores read memory. Issue 21's goal puts GPT-2's fp32 step within 1.25x of that floor ("497 MB of weights
 at the 33 GB/s that two threads read here"). That bandwidth moves while we measure (on the 2-core Zen 4 guest the
 same sum of the same 1 GiB read 31-37 GB/s in most rounds and 65-68 in a few, the cause outside the guest's
-view), so it is measured here in the same rounds as the engines, turn by turn with them: each `generate` request
-times `PASSES` sums of a `BUFFER_BYTES` float32 buffer with the bench's threads (`torch.sum`: one streaming pass, no
-writes) and answers with the fastest, as a decode step of bytes / bandwidth; first token and tokens are left empty;
-the report takes the median over rounds, as for every engine. The buffer lies on 2 MiB pages as our onnxrt weights
+view, and switching within seconds), so it is measured here in the same rounds as the engines, turn by turn with
+them: each `generate` request times `PASSES` sums of a `BUFFER_BYTES` float32 buffer with the bench's threads
+(`torch.sum`: one streaming pass, no writes), about half a second in all, and answers with their median, as a
+decode step of bytes / bandwidth (first token and tokens left empty): a median over a stretch as long as an
+engine's decode, as an engine's step is. The fastest pass would catch the fast moments alone (a first version took
+it: in one run the floor read 61 GB/s where the engines in the same rounds ran at the slow speed). The report takes
+the median over rounds, as for every engine. The buffer lies on 2 MiB pages as our onnxrt weights
 do (`nndf.hugepages`; on 4 KiB pages the prefetchers stop at every page boundary: 4% slower there, alternating the
 two 12 times).
 
@@ -19,15 +22,16 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import struct
 import time
 from pathlib import Path
 
 ENGINE = "floor"
 HELP = ("the memory floor: the fp32 weights' bytes over the read bandwidth of this machine, timed in every round "
-        "beside the engines (the fastest of 3 torch.sum passes over 1 GiB on 2 MiB pages, the bench's threads)")
+        "beside the engines (the median of 15 torch.sum passes over 1 GiB on 2 MiB pages, the bench's threads)")
 BUFFER_BYTES = 1 << 30  # far beyond any CPU's last-level cache
-PASSES = 3
+PASSES = 15  # about half a second at 33 GB/s
 
 
 def weight_bytes(folder: Path) -> int:
@@ -65,13 +69,13 @@ class FloorRunner:
         self.commands = {"generate": self.generate, "memory": self.memory}
 
     def read_gb_s(self) -> float:
-        """The fastest of `PASSES` sums of the buffer, in GB/s."""
-        best = math.inf
+        """The median of `PASSES` sums of the buffer, in GB/s."""
+        times = []
         for _ in range(PASSES):
             started = time.perf_counter()
             self.buffer.sum()
-            best = min(best, time.perf_counter() - started)
-        return self.buffer.numel() * 4 / best / 1e9
+            times.append(time.perf_counter() - started)
+        return self.buffer.numel() * 4 / statistics.median(times) / 1e9
 
     def generate(self, command: dict) -> dict:
         """A decode step at the floor: the weights' bytes at this round's bandwidth; as many steps as asked, so
@@ -95,4 +99,4 @@ def note(report: dict, batch: int) -> str | None:
     if not read or weights is None:
         return None
     return (f"  {ENGINE}: {weights:.1f} MB of fp32 weights per step at {read['median']:.1f} GB/s (median over rounds of "
-            f"each round's fastest of {PASSES} sums of 1 GiB; {read['min']:.1f} to {read['max']:.1f})")
+            f"each round's median of {PASSES} sums of 1 GiB; {read['min']:.1f} to {read['max']:.1f})")
