@@ -2,20 +2,22 @@
 
 A batch-1 decode step reads every weight once, so it takes at least the fp32 weights' bytes over the bandwidth at
 which the cores read memory. Issue 21's goal puts GPT-2's fp32 step within 1.25x of that floor ("497 MB of weights
-at the 33 GB/s that two threads read here"). That bandwidth moves while we measure (on the 2-core Zen 4 guest the
-same sum of the same 1 GiB read 31-37 GB/s in most rounds and 65-68 in a few, the cause outside the guest's
-view, and switching within seconds), so it is measured here in the same rounds as the engines, turn by turn with
-them: each `generate` request times `PASSES` sums of a `BUFFER_BYTES` float32 buffer with the bench's threads
-(`torch.sum`: one streaming pass, no writes), about half a second in all, and answers with their median, as a
-decode step of bytes / bandwidth (first token and tokens left empty): a median over a stretch as long as an
-engine's decode, as an engine's step is. The fastest pass would catch the fast moments alone (a first version took
-it: in one run the floor read 61 GB/s where the engines in the same rounds ran at the slow speed). The report takes
-the median over rounds, as for every engine. The buffer lies on 2 MiB pages as our onnxrt weights
-do (`nndf.hugepages`; on 4 KiB pages the prefetchers stop at every page boundary: 4% slower there, alternating the
-two 12 times).
+at the 33 GB/s that two threads read here").
 
-The bytes are the weights folder's: 4 bytes for every element of every tensor in its safetensors files (stored
-in whatever dtype), a tied head counted once, as `save_pretrained` stores it. Standard library only at import time.
+That bandwidth moves while we measure: on the 2-core Zen 4 guest the same sum of the same 1 GiB read 31-37 GB/s in
+most rounds and 65-68 in a few, switching within seconds, for reasons outside the guest's view. So it is measured
+in the same rounds as the engines, turn by turn with them. Each `generate` request times `PASSES` sums of a
+`BUFFER_BYTES` float32 buffer with the bench's threads (`torch.sum`: one streaming pass, no writes), about half a
+second in all, and answers with their median as a decode step of bytes / bandwidth; first token and tokens stay
+empty. A median over a stretch as long as an engine's decode is what an engine's step is too. The fastest pass would
+catch the fast moments alone: a first version took it, and in one run the floor read 61 GB/s while the engines in
+the same rounds ran at the usual speed. The report then takes the median over rounds, as for every engine.
+
+The buffer lies on 2 MiB pages, as our onnxrt weights do (`nndf.hugepages`): on 4 KiB pages the prefetchers stop at
+every page boundary, and the same sum read 4% slower (alternating the two 12 times).
+
+The bytes are the weights folder's: 4 bytes for every element of every tensor in its safetensors files (stored in
+whatever dtype), a tied head counted once, as `save_pretrained` stores it. Standard library only at import time.
 """
 
 from __future__ import annotations
