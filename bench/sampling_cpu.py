@@ -13,6 +13,9 @@ greedily, then sampled as `generate(do_sample=True)` samples by default (tempera
 
 - overhead: per round, a mode's decode ms/step (the median step of that run) over greedy's from the same round,
   minus 1; the report shows the median over rounds. Goal: default sampling within 3% of greedy.
+- where it goes, onnxrt: each step split into its ONNX Runtime run and the rest (the host's processors, warpers
+  and draw, and the loop), as bench/onnxrt_io.py splits it: sampling with top-k asks the screened LM head for more
+  exact scores (inside the run), the draw and the warpers cost on the host (outside it).
 - streamed first text, batch 1, our engines: a text prompt through `ReplyStreamer` (what `chat` prints with),
   from before tokenizing the prompt to the first text written, over the first-token time of a plain run of the same
   prompt in the same round (what `benchmark` reports as "first token"; made before the streamed run in odd rounds,
@@ -88,14 +91,33 @@ def load(args) -> dict:
     return {name: models[name] for name in args.engines}
 
 
-def timed_run(engine: str, model, ids, new_tokens: int, mode: dict) -> tuple[float, float]:
-    """(decode ms/step median, first token ms) of one generation of exactly `new_tokens` tokens."""
+def timed_run(engine: str, model, ids, new_tokens: int, mode: dict) -> tuple[float, float, float | None]:
+    """(decode ms/step median, first token ms, and for onnxrt the median ms of a decode step's ONNX Runtime run,
+    else None) of one generation of exactly `new_tokens` tokens."""
     generate = model.hf_generate if engine == "hf" else model.generate
     timer = StepTimer()
-    timer.start()
-    generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, on_token=timer.mark,
-             **(dict(mode, seed=0) if mode else {}))
-    return timer.decode_step_median * 1e3, timer.time_to_first_token * 1e3
+    session = model.decoder.session.session if engine == "onnxrt" else None
+    runs: list[float] = []
+    if session is not None:  # timed as bench/onnxrt_io.py times it, on this instance only
+        run = session.run_with_iobinding
+
+        def timed(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return run(*args, **kwargs)
+            finally:
+                runs.append(time.perf_counter() - started)
+
+        session.run_with_iobinding = timed
+    try:
+        timer.start()
+        generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, on_token=timer.mark,
+                 **(dict(mode, seed=0) if mode else {}))
+    finally:
+        if session is not None:
+            del session.run_with_iobinding  # the class's own again
+    inside = statistics.median(runs[1:]) * 1e3 if len(runs) > 1 else None  # runs[0]: the prompt's
+    return timer.decode_step_median * 1e3, timer.time_to_first_token * 1e3, inside
 
 
 def streamed_first_text(model, new_tokens: int, plain_first: bool) -> tuple[float, float, float]:
@@ -133,6 +155,7 @@ def measure(args, models: dict) -> dict:
     cases = [(engine, b, mode) for engine in models for b in args.batch_sizes for mode in MODES
              if runs(engine, mode)]
     steps = {case: [] for case in cases}
+    inside: dict[tuple, list[float]] = {case: [] for case in cases if case[0] == "onnxrt"}
     firsts: dict[str, list[tuple[float, float, float]]] = {e: [] for e in models if e != "hf" and args.tokenizer_dir}
     watch = CpuWatch()
     for round_ in range(args.rounds + 1):  # round 0 warms every path up
@@ -142,33 +165,45 @@ def measure(args, models: dict) -> dict:
         order = [(engine, b, mode) for engine in models for b in args.batch_sizes
                  for mode in list(MODES)[turn:] + list(MODES)[:turn] if runs(engine, mode)]
         for engine, b, mode in order:
-            step, _ = timed_run(engine, models[engine], prompts[b], args.output_len, MODES[mode])
+            step, _, in_runtime = timed_run(engine, models[engine], prompts[b], args.output_len, MODES[mode])
             if round_:
                 steps[(engine, b, mode)].append(step)
+                if in_runtime is not None:
+                    inside[(engine, b, mode)].append(in_runtime)
         for engine in firsts:
             shown = streamed_first_text(models[engine], args.output_len, plain_first=bool(round_ % 2))
             if round_:
                 firsts[engine].append(shown)
         print(f"round {round_}/{args.rounds} done", file=sys.stderr, flush=True)
-    return {"steps": steps, "firsts": firsts, "foreign_cores": watch.foreign_cores()}
+    return {"steps": steps, "inside": inside, "firsts": firsts, "foreign_cores": watch.foreign_cores()}
 
 
 def report(args, figures: dict) -> tuple[str, dict]:
-    steps, lines, goals = figures["steps"], [], []
-    rows, raw = [], {"steps": {}, "first_text": {}}
+    steps, inside, lines, goals = figures["steps"], figures.get("inside", {}), [], []
+    rows, raw = [], {"steps": {}, "inside_runtime": {}, "first_text": {}}
     for engine, b, mode in steps:
+        case = (engine, b, mode)
         greedy = steps[(engine, b, "greedy")]
-        ratios = [s / g - 1 for s, g in zip(steps[(engine, b, mode)], greedy)]
+        ratios = [s / g - 1 for s, g in zip(steps[case], greedy)]
         overhead = statistics.median(ratios)
-        rows.append([engine, str(b), mode, f"{statistics.median(steps[(engine, b, mode)]):.2f}",
+        split = ["-", "-"]
+        if inside.get(case):  # the step's ONNX Runtime run, and the rest: the host's share
+            split = [f"{statistics.median(inside[case]):.2f}",
+                     f"{statistics.median(s - i for s, i in zip(steps[case], inside[case])):.2f}"]
+            raw["inside_runtime"][f"{engine} b{b} {mode}"] = inside[case]
+        rows.append([engine, str(b), mode, f"{statistics.median(steps[case]):.2f}", *split,
                      "-" if mode == "greedy" else f"{overhead:+.1%}",
                      "-" if mode == "greedy" else f"{min(ratios):+.1%} .. {max(ratios):+.1%}"])
-        raw["steps"][f"{engine} b{b} {mode}"] = steps[(engine, b, mode)]
+        raw["steps"][f"{engine} b{b} {mode}"] = steps[case]
         if mode in ("sample", "sample, fast stream") and engine != "hf":
             what = "default sampling" + (", fast stream," if mode != "sample" else "")
             goals.append((f"{engine} b{b}: {what} overhead {overhead:+.1%} per decode step",
                           overhead <= GOAL_OVERHEAD, f"<= {GOAL_OVERHEAD:.0%}"))
-    lines.append(format_table(["engine", "batch", "mode", "decode ms/step", "overhead", "rounds"], rows))
+    lines.append(format_table(["engine", "batch", "mode", "decode ms/step", "in the runtime", "outside", "overhead",
+                               "rounds"], rows))
+    if inside:
+        lines.append("in the runtime: the median of a decode step's ONNX Runtime run; outside: the step less that "
+                     "(the host's processors, warpers and draw, and the loop), medians over rounds")
     if figures["firsts"]:
         lines.append("")
         rows = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 
 from conftest import REPO, TOKENIZER_DIR, needs_shared
 
@@ -19,7 +20,14 @@ def test_overhead_is_the_median_of_per_round_ratios_and_goals_pass_or_fail():
              ("onnxrt", 4, "sample top-p 0.9"): [22.0, 22.0, 22.0],
              ("onnxrt", 4, "sample, fast stream"): [20.2, 20.0, 19.8]}
     firsts = {"onnxrt": [(11.0, 10.0, 10.0), (13.0, 10.0, 10.0), (12.0, 10.0, 10.0)]}
-    text, raw = bench.report(bench.parse_args([]), {"steps": steps, "firsts": firsts, "foreign_cores": 0.5})
+    inside = {("onnxrt", 4, "greedy"): [19.5, 19.5, 19.5], ("onnxrt", 4, "sample"): [20.0, 19.8, 20.2]}
+    text, raw = bench.report(bench.parse_args([]), {"steps": steps, "inside": inside, "firsts": firsts,
+                                                    "foreign_cores": 0.5})
+    cells = [re.split(r"\s{2,}", line.strip()) for line in text.splitlines() if line.startswith("onnxrt ")]
+    rows = {tuple(row[:3]): row[3:6] for row in cells}  # engine, batch, mode: step, in the runtime, outside
+    assert rows[("onnxrt", "4", "sample")] == ["21.00", "20.00", "1.00"]
+    assert rows[("onnxrt", "4", "greedy")] == ["20.00", "19.50", "0.50"]
+    assert rows[("onnxrt", "1", "greedy")] == ["10.00", "-", "-"]  # no split measured
     assert "GOAL PASS: onnxrt b1: default sampling overhead +2.0% per decode step (goal <= 3%)" in text
     assert "GOAL FAIL: onnxrt b4: default sampling overhead +5.0% per decode step (goal <= 3%)" in text
     assert "GOAL PASS: onnxrt b4: default sampling, fast stream, overhead +0.0% per decode step (goal <= 3%)" in text
@@ -38,3 +46,7 @@ def test_tiny_run(tiny_gpt2_dir, onnx_work_dir, capsys):
             shown = any(line.split()[:len(words)] == words for line in out.splitlines())
             assert shown == (engine != "hf" or "fast" not in mode), (engine, mode)  # generate() has no fast stream
     assert out.count("GOAL ") == 6 and "streamed first text" in out
+    onnxrt = [re.split(r"\s{2,}", line.strip()) for line in out.splitlines() if line.startswith("onnxrt ")]
+    steps = [row for row in onnxrt if row[2:3] and row[2] in bench.MODES]  # the first-text table's row is not one
+    assert len(steps) == 4 and all(float(row[4]) > 0 for row in steps)  # every mode's runtime share timed
+    assert "in the runtime: the median of a decode step's ONNX Runtime run" in out
