@@ -78,6 +78,8 @@ class FastDraw:
             kept = _top_k(table, self.top_k)
         row, column, values = kept[:3]
         keys = values.astype(np.float64) - np.log(self.rng.standard_exponential(len(row)))
+        if rows == 1:  # one run: no counts to take
+            return torch.from_numpy(column[[int(keys.argmax())]])
         counts = np.bincount(row, minlength=rows)  # each row's kept entries are one run, rows in order
         ends = np.cumsum(counts)
         return torch.from_numpy(column[[end - count + keys[end - count: end].argmax()

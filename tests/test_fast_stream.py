@@ -50,6 +50,19 @@ def test_draws_follow_the_softmax_of_what_top_k_keeps(top_k):
     assert frequency[expected == 0].sum() == 0
 
 
+def test_a_single_row_drawn_among_a_screened_heads_candidates_follows_the_same_softmax():
+    """Batch 1 takes a path of its own (one run of kept scores, no counts): 6000 draws of one row, one call each,
+    given the screened head's candidates (every column at or above the 6th largest), within 0.02 of softmax over
+    the top 4."""
+    row = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -float("inf"), -3.0, 1.5]])
+    candidates = np.array([[0, 0], [0, 1], [0, 2], [0, 3], [0, 4], [0, 7]])
+    draw = FastDraw(11, None, top_k=4)
+    draws = np.array([int(draw(row.clone(), candidates)[0]) for _ in range(6000)])
+    expected = torch.softmax(TopKLogitsWarper(top_k=4)(None, row.clone())[0], dim=-1).numpy()
+    frequency = np.bincount(draws, minlength=row.shape[1]) / len(draws)
+    assert np.abs(frequency - expected).max() < 0.02 and frequency[expected == 0].sum() == 0
+
+
 def test_a_seed_repeats_its_draws_and_an_invalid_row_is_refused():
     scores = torch.randn(4, 3000, generator=torch.Generator().manual_seed(1))
     first = [FastDraw(5, None, 50)(scores) for _ in range(3)]

@@ -335,6 +335,31 @@ def test_top_k_among_candidates_is_top_k_of_the_rows_or_declines():
     assert screened_top_k(banned, candidates, 4) is None
 
 
+def test_one_row_is_read_as_a_batch_of_rows_is_and_declines_alike():
+    """Batch 1 takes a path of its own (fewer numpy calls right after a step): each row alone keeps what it keeps in
+    the batch, with the same k-th largest, and declines where the batch path declines."""
+    rng = np.random.default_rng(1)
+    table = rng.standard_normal((3, 500)).astype(np.float32)
+    table[1, 7] = np.sort(table[1])[-4]  # a twin of the 4th largest
+    candidates = np.argwhere(table >= np.sort(table, axis=1)[:, -20:-19])
+    batch = screened_top_k(table, candidates, 4)
+    for r in range(3):
+        alone = candidates[candidates[:, 0] == r] * [0, 1]  # its row numbered 0
+        row, column, values, kth = screened_top_k(table[r:r + 1], alone, 4)
+        mine = batch[0] == r
+        assert np.array_equal(column, batch[1][mine]) and np.array_equal(values, batch[2][mine])
+        assert not row.any() and kth.shape == (1,) and kth[0] == batch[3][r]
+    one, alone = table[:1].copy(), candidates[candidates[:, 0] == 0]
+    assert screened_top_k(one, alone, 21) is None  # fewer than k
+    assert screened_top_k(one, candidates[candidates[:, 0] < 2], 4) is None  # a second row's candidates
+    for bad in (np.nan, np.inf):
+        spoiled = one.copy()
+        spoiled[0, alone[-1, 1]] = bad
+        assert screened_top_k(spoiled, alone, 4) is None
+    one[0, alone[:, 1][:18]] = -np.inf  # a k-th largest of -inf: top-k keeps the whole row
+    assert screened_top_k(one, alone, 4) is None
+
+
 @pytest.mark.parametrize("io_binding", [False, True])
 def test_a_session_returns_the_candidates_as_numpy_beside_its_roles_outputs(io_binding, tmp_path):
     """OrtSession takes the candidates output as optional (a graph without a screen has none) and returns it as a
