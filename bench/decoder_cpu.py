@@ -142,6 +142,7 @@ BENCH = Bench(
     unprepared=("hf", "nndf-frameworks", *llamacpp.ENGINES, *genai.ENGINES, floor.ENGINE),
     peers=PEERS,
     setups=SETUPS,
+    table_notes=(floor.note,),
 )
 
 build_parser = partial(driver.build_parser, BENCH)

@@ -33,6 +33,7 @@ from nndf.actions.common import random_input_ids  # noqa: E402
 from nndf.export.screened_head import INPUT as SCREEN_INPUT  # noqa: E402
 from nndf.measure import StepTimer  # noqa: E402
 from harness.cli import parse_checked, positive, run_script  # noqa: E402
+from harness.worker import CallTimer  # noqa: E402
 
 
 def bare_loop(session, ids: np.ndarray, new_tokens: int, num_layers: int, kv_heads: int, head_dim: int,
@@ -105,17 +106,8 @@ def main() -> None:
         return torch.from_numpy(bare_loop(session.session, ids.numpy(), n, shapes.num_layers, shapes.kv_heads,
                                           shapes.head_dim, timer.mark, session.layout == "shared"))
 
-    inside_ort = []  # seconds inside ONNX Runtime per call of the io-binding engine, in call order
-    run_with_iobinding = session.session.run_with_iobinding
-
-    def timed_run(binding, *args, **kwargs):
-        started = time.perf_counter()
-        try:
-            return run_with_iobinding(binding, *args, **kwargs)
-        finally:
-            inside_ort.append(time.perf_counter() - started)
-
-    session.session.run_with_iobinding = timed_run
+    runtime = CallTimer()  # seconds inside ONNX Runtime per call of the io-binding engine, in call order
+    runtime.wrap(session.session, "run_with_iobinding")
     host = []  # ms per decode step outside ONNX Runtime
     host_share = []
     first_host, first = [], []  # the first token: ms outside ONNX Runtime, and in all
@@ -128,9 +120,10 @@ def main() -> None:
     for round_ in range(args.rounds + 1):  # round 0 is the warm-up
         for name, run in engines.items():
             timer = MarkTimes()
-            inside_ort.clear()
+            runtime.reset()
             timer.start()
             outputs[name] = run(timer)
+            inside_ort = runtime.calls
             marks = timer.times
             if round_:
                 steps[name].append(timer.decode_step_median * 1e3)

@@ -50,6 +50,7 @@ from nndf.actions.common import random_input_ids  # noqa: E402
 from nndf.measure import StepTimer  # noqa: E402
 from nndf.streaming import ReplyStreamer  # noqa: E402
 from harness.cli import parse_checked, positive, run_script  # noqa: E402
+from harness.worker import CallTimer  # noqa: E402
 
 MODES = {"greedy": {}, "sample": dict(do_sample=True), "sample top-p 0.9": dict(do_sample=True, top_p=0.9),
          "sample, fast stream": dict(do_sample=True, sampling_stream="fast")}
@@ -91,32 +92,19 @@ def load(args) -> dict:
     return {name: models[name] for name in args.engines}
 
 
-def timed_run(engine: str, model, ids, new_tokens: int, mode: dict) -> tuple[float, float, float | None]:
-    """(decode ms/step median, first token ms, and for onnxrt the median ms of a decode step's ONNX Runtime run,
-    else None) of one generation of exactly `new_tokens` tokens."""
+def timed_run(engine: str, model, ids, new_tokens: int, mode: dict, runtime: CallTimer | None = None
+              ) -> tuple[float, float, float | None]:
+    """(decode ms/step median, first token ms, and where `runtime` times the model's ONNX Runtime runs the median
+    ms of a decode step's run, else None) of one generation of exactly `new_tokens` tokens."""
     generate = model.hf_generate if engine == "hf" else model.generate
     timer = StepTimer()
-    session = model.decoder.session.session if engine == "onnxrt" else None
-    runs: list[float] = []
-    if session is not None:  # timed as bench/onnxrt_io.py times it, on this instance only
-        run = session.run_with_iobinding
-
-        def timed(*args, **kwargs):
-            started = time.perf_counter()
-            try:
-                return run(*args, **kwargs)
-            finally:
-                runs.append(time.perf_counter() - started)
-
-        session.run_with_iobinding = timed
-    try:
-        timer.start()
-        generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, on_token=timer.mark,
-                 **(dict(mode, seed=0) if mode else {}))
-    finally:
-        if session is not None:
-            del session.run_with_iobinding  # the class's own again
-    inside = statistics.median(runs[1:]) * 1e3 if len(runs) > 1 else None  # runs[0]: the prompt's
+    if runtime is not None:
+        runtime.reset()
+    timer.start()
+    generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, on_token=timer.mark,
+             **(dict(mode, seed=0) if mode else {}))
+    calls = runtime.calls[1:] if runtime is not None else []  # calls[0]: the prompt's
+    inside = statistics.median(calls) * 1e3 if calls else None
     return timer.decode_step_median * 1e3, timer.time_to_first_token * 1e3, inside
 
 
@@ -156,6 +144,10 @@ def measure(args, models: dict) -> dict:
              if runs(engine, mode)]
     steps = {case: [] for case in cases}
     inside: dict[tuple, list[float]] = {case: [] for case in cases if case[0] == "onnxrt"}
+    runtime = None
+    if "onnxrt" in models:  # its steps split into ONNX Runtime's run and the rest, as bench/onnxrt_io.py splits them
+        runtime = CallTimer()
+        runtime.wrap(models["onnxrt"].decoder.session.session, "run_with_iobinding")
     firsts: dict[str, list[tuple[float, float, float]]] = {e: [] for e in models if e != "hf" and args.tokenizer_dir}
     watch = CpuWatch()
     for round_ in range(args.rounds + 1):  # round 0 warms every path up
@@ -165,7 +157,8 @@ def measure(args, models: dict) -> dict:
         order = [(engine, b, mode) for engine in models for b in args.batch_sizes
                  for mode in list(MODES)[turn:] + list(MODES)[:turn] if runs(engine, mode)]
         for engine, b, mode in order:
-            step, _, in_runtime = timed_run(engine, models[engine], prompts[b], args.output_len, MODES[mode])
+            step, _, in_runtime = timed_run(engine, models[engine], prompts[b], args.output_len, MODES[mode],
+                                            runtime if engine == "onnxrt" else None)
             if round_:
                 steps[(engine, b, mode)].append(step)
                 if in_runtime is not None:

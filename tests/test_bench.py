@@ -284,9 +284,9 @@ def test_worker_inputs_new_tokens_and_the_encoder_timer(tmp_path):
     timer.wrap(encoder, "forward")
     assert timer.seconds is None
     assert encoder.forward(1) == 2 and encoder.forward(2) == 3
-    assert timer.seconds > 0
+    assert timer.seconds > 0 and len(timer.calls) == 2 and sum(timer.calls) == pytest.approx(timer.seconds)
     timer.reset()
-    assert timer.seconds is None
+    assert timer.seconds is None and timer.calls == []
 
     args = driver.parse_args(seq2seq.BENCH, ["--family", "BLIP", "--seed", "3"])
     config = {"vision_config": {"image_size": 8}, "text_config": {"max_position_embeddings": 512}}

@@ -67,6 +67,7 @@ class Bench:
     peers: (ours, peer) pairs whose ratios the report shows side by side (same weights, same precision);
     setups: engine -> setup(engine, args, weights, working_dir, logs, env_info) returning the worker's python and
     its extra arguments, for engines with an environment or files of their own (Optimum's is built in).
+    table_notes: what an engine's row measured, said under each batch's table (harness.floor.note).
     family: the script's own family data (inputs "tokens" unless it says otherwise); families: the families that
     change it (name -> Family), applied by for_family().
     """
@@ -91,6 +92,7 @@ class Bench:
     default_output_len: int = 64
     peers: tuple[tuple[str, str], ...] = ()  # (our engine, a peer at its precision), for the RATIOS against peers
     setups: Mapping[str, Callable] = field(default_factory=dict)  # engine -> its setup (harness.engines.start_engine)
+    table_notes: tuple[Callable, ...] = ()  # (report, batch) -> a line under that batch's table, or None
     family: Family = Family(inputs="tokens")
     families: Mapping[str, Family] = field(default_factory=dict)
 

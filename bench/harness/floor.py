@@ -94,11 +94,12 @@ class FloorRunner:
 
 
 def note(report: dict, batch: int) -> str | None:
-    """The line under a batch's table that says what the floor row is: the bytes and the bandwidth measured."""
-    entry = report["batches"].get(batch, {}).get(ENGINE) or {}
-    read = entry.get("read_gb_s")
+    """The line under a batch's table that says what the floor row is: the bytes, and the bandwidth its rounds read
+    (a `Bench.table_notes` hook)."""
+    reads = [run["read_gb_s"] for run in report.get("raw", {}).get("rounds", {}).get(batch, {}).get(ENGINE, [])
+             if run.get("read_gb_s")]
     weights = report["engines"].get(ENGINE, {}).get("versions", {}).get("weights_mb")
-    if not read or weights is None:
+    if not reads or weights is None:
         return None
-    return (f"  {ENGINE}: {weights:.1f} MB of fp32 weights per step at {read['median']:.1f} GB/s (median over rounds of "
-            f"each round's median of {PASSES} sums of 1 GiB; {read['min']:.1f} to {read['max']:.1f})")
+    return (f"  {ENGINE}: {weights:.1f} MB of fp32 weights per step at {statistics.median(reads):.1f} GB/s (median "
+            f"over rounds of each round's median of {PASSES} sums of 1 GiB; {min(reads):.1f} to {max(reads):.1f})")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from harness import floor
 from harness.bench import BUSY_CORES, METRIC_LABELS, METRICS
 from harness.stats import metric
 
@@ -102,9 +101,7 @@ def _batch_table(report: dict, bench, b: int) -> list[str]:
         info = report["engines"].get(e, {})
         if not report["batches"].get(b, {}).get(e):
             out.append(f"  {e}: not run: {info.get('reason') or 'no result'}")
-    what = floor.note(report, b)
-    if what:
-        out.append(what)
+    out += [line for line in (note(report, b) for note in bench.table_notes) if line]
     return out
 
 

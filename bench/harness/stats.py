@@ -108,9 +108,6 @@ def summarize(runs: dict, warm: dict, args) -> dict:
             encoder = stat([r["encoder_s"] * 1e3 for r in results if r.get("encoder_s") is not None])
             if encoder is not None:
                 entry["encoder_ms"] = encoder
-            read = stat([r["read_gb_s"] for r in results if r.get("read_gb_s") is not None])  # the floor's
-            if read is not None:
-                entry["read_gb_s"] = read
             if reference is not None and all(r.get("tokens") is not None for r in [warm[b][engine], *results]):
                 outputs = [warm[b][engine]["tokens"]] + [r["tokens"] for r in results]
                 entry["tokens"] = token_agreement(reference, outputs)

@@ -52,7 +52,8 @@ class Ticks:
 
 
 class CallTimer:
-    """Time spent in one callable attribute of an object (an encoder's forward), summed until reset().
+    """Time spent in one callable attribute of an object (an encoder's forward, ONNX Runtime's run), summed until
+    reset(), and each call's in `calls`, in call order.
 
     `wrap(obj, name)` replaces obj.name by a timed wrapper on that instance; for a torch module, wrap "forward"
     (nn.Module.__call__ calls self.forward). `seconds` is None until a wrapped call happened.
@@ -60,9 +61,11 @@ class CallTimer:
 
     def __init__(self) -> None:
         self.seconds: float | None = None
+        self.calls: list[float] = []
 
     def reset(self) -> None:
         self.seconds = None
+        self.calls = []
 
     def wrap(self, obj, name: str) -> None:
         inner = getattr(obj, name)
@@ -72,7 +75,8 @@ class CallTimer:
             try:
                 return inner(*args, **kwargs)
             finally:
-                self.seconds = (self.seconds or 0.0) + time.perf_counter() - started
+                self.calls.append(time.perf_counter() - started)
+                self.seconds = (self.seconds or 0.0) + self.calls[-1]
 
         setattr(obj, name, timed)
 
