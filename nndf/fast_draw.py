@@ -9,11 +9,12 @@ distribution (softmax of the processed scores, top-k applied) without that cost:
 - the Gumbel-max trick: the row's argmax of `score - log(E)`, E ~ Exp(1), is a draw from softmax(scores); random
   numbers are drawn only for the tokens that can be picked (top-k's few dozen, or every finite score), from numpy's
   PCG64 seeded with the seed;
-- top-k, when it is the last warper (`generate()`'s default, k 50), is applied here instead of as a warper: the k-th
-  largest score is found among the scores above a threshold read from a strided sample of the row (checked: when
-  fewer than k scores pass it, the whole row is searched), so the vocabulary is not rewritten with -inf; after a
-  screened LM head (`nndf.export.screened_head`), among its candidates alone (a few hundred of GPT-2's 50257 at
-  top-k 50), which hold every score that can be in the top k: no pass over the vocabulary at all.
+- top-k, when it is the last warper (`generate()`'s default, k 50), is applied here instead of as a warper, as
+  the default stream's draw applies it too (`nndf.kept_tokens`): the k-th largest score is found among the scores
+  above a threshold read from a strided sample of the row (checked: when fewer than k scores pass it, the whole
+  row is searched), so the vocabulary is not rewritten with -inf; after a screened LM head
+  (`nndf.export.screened_head`), among its candidates alone (a few hundred of GPT-2's 50257 at top-k 50), which
+  hold every score that can be in the top k: no pass over the vocabulary at all.
 
 A seed S gives the same tokens on every run and every backend whose logits agree, but not `generate()`'s tokens for
 `torch.manual_seed(S)`. Without a seed, the stream's seed is drawn once per generation from PyTorch's global
@@ -23,17 +24,12 @@ way. On CUDA, where the draw costs the device little, scores are drawn as `gener
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 
 from nndf.errors import HarnessError
-from nndf.processors import FastTopK, kth_largest_of_runs, screened_top_k
-
-# The threshold's sample: about this many scores per token kept, and a threshold expected to pass 4 x top-k scores.
-SAMPLE_PER_KEPT = 16
-MARGIN = 4
+from nndf.kept_tokens import first_max_of_runs, sampled_top_k
+from nndf.processors import screened_top_k
 
 
 class FastDraw:
@@ -41,13 +37,12 @@ class FastDraw:
     with `top_k` > 0 it applies top-k itself (a warper `Sampling.warpers` then leaves out)."""
 
     def __init__(self, seed: int | torch.Generator | None, generate_draw, top_k: int = 0) -> None:
-        """`generate_draw`: the default stream's chooser for the same seed (`nndf.sampling.TokenChooser`), which
-        draws scores this one does not take (on CUDA, or in half precision)."""
+        """`generate_draw`: the default stream's chooser for the same seed and top-k (`nndf.sampling.TokenChooser`),
+        which draws scores this one does not take (on CUDA, or in half precision)."""
         self.seed = seed
         self.top_k = top_k
         self.reads_candidates = bool(top_k)  # the loop passes a screened head's candidates (`__call__`)
         self.generate_draw = generate_draw
-        self.device_top_k = FastTopK(top_k=top_k) if top_k else None
         self.rng: np.random.Generator | None = None
 
     def _stream_seed(self) -> int:
@@ -75,44 +70,16 @@ class FastDraw:
             if not 0 < self.top_k < vocab:  # every finite score can be picked: a number for each
                 keys = table - np.log(self.rng.standard_exponential(table.shape))
                 return torch.from_numpy(keys.argmax(axis=-1))
-            kept = _top_k(table, self.top_k)
+            kept = sampled_top_k(table, self.top_k)
         row, column, values = kept[:3]
         keys = values.astype(np.float64) - np.log(self.rng.standard_exponential(len(row)))
-        if rows == 1:  # one run: no counts to take
-            return torch.from_numpy(column[[int(keys.argmax())]])
-        counts = np.bincount(row, minlength=rows)  # each row's kept entries are one run, rows in order
-        ends = np.cumsum(counts)
-        return torch.from_numpy(column[[end - count + keys[end - count: end].argmax()
-                                        for count, end in zip(counts, ends)]])
+        return torch.from_numpy(column[first_max_of_runs(keys, row, rows)])
+
+    def warped(self, scores: torch.Tensor) -> torch.Tensor:
+        """The scores as `generate()`'s warpers leave them (top-k applied, in place), for stopping criteria."""
+        return self.generate_draw.warped(scores)
 
     def _on_device(self, scores: torch.Tensor) -> torch.Tensor:
-        """generate()'s own draw: top-k as its warper, then the default stream's chooser (`generate_draw`)."""
-        if self.top_k:
-            scores = self.device_top_k(None, scores)
+        """generate()'s own draw, top-k included: the default stream's chooser (`generate_draw`)."""
         return self.generate_draw(scores)
 
-
-def _top_k(table: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(row, column, score) of every score at or above its row's k-th largest (ties kept, as TopKLogitsWarper keeps
-    them), rows in order. The k-th largest is searched among the scores above a threshold taken from a strided
-    sample."""
-    rows, vocab = table.shape
-    stride = max(1, vocab // (SAMPLE_PER_KEPT * k))
-    sample = table[:, ::stride]
-    rank = min(sample.shape[1], math.ceil(MARGIN * k / stride))  # the sample's rank-th largest: ~MARGIN*k above it
-    threshold = np.partition(sample, sample.shape[1] - rank, axis=-1)[:, -rank:][:, :1]
-    row, column = _where(table >= threshold)
-    counts = np.bincount(row, minlength=rows)
-    if (counts < k).any():  # a threshold above some row's k-th largest: search whole rows
-        kth = np.partition(table, vocab - k, axis=-1)[:, vocab - k: vocab - k + 1]
-        row, column = _where(table >= kth)
-        return row, column, table[row, column]
-    values = table[row, column]
-    kth = kth_largest_of_runs(values, counts, k)
-    keep = values >= kth[row]
-    return row[keep], column[keep], values[keep]
-
-
-def _where(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """`np.nonzero(mask)` of a 2-D mask, row-major: through `flatnonzero`, ten times faster on a vocabulary's row."""
-    return np.divmod(np.flatnonzero(mask), mask.shape[1])

@@ -244,7 +244,8 @@ def greedy_search(decoder, state: TokenState, options, on_token=None, stopping=N
                 all_running = False
         state.append(next_tokens)
         if stopping is not None:
-            done = torch.as_tensor(stopping(state.tokens, scores), dtype=torch.bool, device=device)
+            # generate() gives stopping criteria the scores its warpers left: top-k too, which the draw applied
+            done = torch.as_tensor(stopping(state.tokens, choose.warped(scores)), dtype=torch.bool, device=device)
             unfinished &= ~done
             all_running = False
         if on_token is not None:

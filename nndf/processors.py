@@ -127,7 +127,7 @@ class FastTopK(TopKLogitsWarper):
     of GPT-2's 50257 on the AVX2 machine, about the draw's own cost (`bench/sampling_cpu.py`). Elsewhere (CUDA,
     half precision) it is the parent's.
 
-    The fast stream's search above a sampled threshold (`nndf.fast_draw._top_k`), with the rows then filled and the
+    The draws' search above a sampled threshold (`nndf.kept_tokens.sampled_top_k`), with the rows then filled and the
     kept scores written back, was tried here: faster warm (77 against 106 us a row, 300 against 550 at batch 4, one
     thread), slower where it runs, right after a decode step, where each of its ten numpy calls meets cold caches
     (timed inside the loop on the Xeon: 426 against 260 us at batch 1, 812 against 884 at batch 4).
@@ -195,6 +195,26 @@ def kth_largest_of_runs(values: np.ndarray, counts: np.ndarray, k: int) -> np.nd
                      for count, end in zip(counts, ends)])
 
 
+class VerifiedRows:
+    """Per vocabulary width, whether a shortcut has given what it stands for, bit for bit, on the first `needed`
+    rows of that width in this process (the caller computes both ways until then and returns the original's
+    result): None while checking, True once it has, False for good after one difference. For shortcuts that rely
+    on how PyTorch's kernels round (the order of a softmax's sums), which a build or a CPU could change."""
+
+    def __init__(self, needed: int = 16) -> None:
+        self.needed = needed
+        self.seen: dict[int, int | bool] = {}  # vocabulary width -> rows found equal so far, or False
+
+    def trusted(self, width: int) -> bool | None:
+        seen = self.seen.get(width, 0)
+        return False if seen is False else (True if seen >= self.needed else None)
+
+    def record(self, width: int, equal: bool, rows: int) -> None:
+        seen = self.seen.get(width, 0)
+        if seen is not False:
+            self.seen[width] = seen + rows if equal else False
+
+
 class FastTopP(TopPLogitsWarper):
     """`TopPLogitsWarper` over the finite scores alone, where few are finite (after top-k, `generate()`'s default
     when sampling): the same scores set to `filter_value`, in place.
@@ -206,25 +226,24 @@ class FastTopP(TopPLogitsWarper):
     the softmax and the cumulative sum then round exactly as transformers' do (the -inf add exact zeros). Without
     that alignment the sums differed in the last bit in 1 row in 10.
 
-    The first `VERIFIED_ROWS` rows of each vocabulary width in a process are computed both ways and the parent's
+    The first rows of each vocabulary width in a process (`VERIFIED`) are computed both ways and the parent's
     result returned; one difference makes that width the parent's for good. It is the parent's own too where its
     order would decide (two equal finite scores in a row), where a score is NaN or +inf, where a row has no finite
     score or more than an eighth of the vocabulary, and on another device or dtype."""
 
     ALIGN = 1024
-    VERIFIED_ROWS = 16
-    _verified: dict[int, int | bool] = {}  # vocabulary width -> rows found equal so far, or False
+    VERIFIED = VerifiedRows()
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if scores.device.type != "cpu" or scores.requires_grad or scores.dtype != torch.float32 or scores.dim() != 2:
             return super().__call__(input_ids, scores)
-        verified = self._verified.get(scores.shape[-1], 0)
-        if verified is False:
+        trusted = self.VERIFIED.trusted(scores.shape[-1])
+        if trusted is False:
             return super().__call__(input_ids, scores)
-        if verified < self.VERIFIED_ROWS:
+        if trusted is None:
             expected, ours = super().__call__(input_ids, scores), scores.clone()
             if self._in_place(ours):
-                self._verified[scores.shape[-1]] = torch.equal(ours, expected) and verified + len(ours)
+                self.VERIFIED.record(scores.shape[-1], torch.equal(ours, expected), len(ours))
             return expected
         return scores if self._in_place(scores) else super().__call__(input_ids, scores)
 

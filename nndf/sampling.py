@@ -29,6 +29,8 @@ import torch
 
 from nndf.errors import UsageError
 from nndf.fast_draw import FastDraw
+from nndf.kept_tokens import first_max_of_runs, kept_softmax, kept_top_k, masked_softmax
+from nndf.processors import FastTopK, FastTopP
 
 # generate()'s keywords that choose how the next token is picked, in the order its flags are listed.
 SAMPLING_KEYWORDS = ("do_sample", "temperature", "top_k", "top_p", "min_p", "typical_p")
@@ -132,17 +134,16 @@ class Sampling:
 
     def warpers(self, device: torch.device | None = None) -> list:
         """`generate()`'s warpers for these settings, in its order (nothing when not sampling), less the top-k that
-        the fast stream's draw applies itself (`drawn_top_k`)."""
+        the draw applies itself (`drawn_top_k`)."""
         warpers = self._generate_warpers(device)
         return warpers[:-1] if self.drawn_top_k(warpers) else warpers
 
     def drawn_top_k(self, warpers: list | None = None) -> int:
-        """The k the fast stream's draw applies itself, else 0: on the fast stream, where top-k is the last of
-        `generate()`'s warpers (as in its defaults), the draw finds the kept tokens without rewriting the vocabulary."""
-        from nndf.processors import FastTopK
-
+        """The k the draw applies itself, else 0: where top-k is the last of `generate()`'s warpers (as in its
+        defaults), either stream's draw finds the kept tokens without rewriting the vocabulary
+        (`nndf.kept_tokens`)."""
         warpers = self._generate_warpers() if warpers is None else warpers
-        if self.stream == "fast" and warpers and isinstance(warpers[-1], FastTopK):
+        if warpers and isinstance(warpers[-1], FastTopK):
             return warpers[-1].top_k
         return 0
 
@@ -151,8 +152,6 @@ class Sampling:
             EpsilonLogitsWarper, EtaLogitsWarper, MinPLogitsWarper, TemperatureLogitsWarper, TopHLogitsWarper,
             TypicalLogitsWarper,
         )
-
-        from nndf.processors import FastTopK, FastTopP
 
         if not self.samples:
             return []
@@ -178,9 +177,10 @@ class Sampling:
     def chooser(self):
         """What picks each row's token from the processed scores: `TokenChooser`, or on the fast stream when
         sampling, `nndf.fast_draw.FastDraw`."""
+        top_k = self.drawn_top_k()
         if self.samples and self.stream == "fast":
-            return FastDraw(self.seed, TokenChooser(True, self.seed), self.drawn_top_k())
-        return TokenChooser(self.samples, self.seed)
+            return FastDraw(self.seed, TokenChooser(True, self.seed, top_k), top_k)
+        return TokenChooser(self.samples, self.seed, top_k)
 
     def describe(self) -> str:
         """One phrase for a table's title or a chat's banner: "greedy", or the settings that shape the draw."""
@@ -217,28 +217,59 @@ class TokenChooser:
 
     The draw is `torch.multinomial(softmax(scores), 1)`, made once per step for every row (finished rows too), so
     the random stream advances exactly as `generate()`'s does. A seeded generator is made on the scores' device at
-    the first draw. On the CPU the same draw is made faster (`CpuDraw`).
+    the first draw. On the CPU the same draw is made faster (`CpuDraw`). With `top_k`, the chooser applies
+    `generate()`'s last warper, top-k, itself (`Sampling.drawn_top_k`): on the CPU it weighs and draws among the
+    kept tokens alone (`nndf.kept_tokens`, from a screened head's candidates where the loop passes them), the
+    same probabilities and tokens without writing -inf over the vocabulary; elsewhere it is the warper.
     """
 
-    reads_candidates = False  # a screened head's candidates would not help: the draw reads every score
-
-    def __init__(self, samples: bool, seed: int | torch.Generator | None = None) -> None:
+    def __init__(self, samples: bool, seed: int | torch.Generator | None = None, top_k: int = 0) -> None:
         self.samples = samples
         self.seed = seed
         self.generator = seed if isinstance(seed, torch.Generator) else None
         self.cpu_draw: CpuDraw | None = None
+        self.top_k = top_k if samples else 0
+        self.top_k_warper = FastTopK(top_k=self.top_k) if self.top_k else None
+        self.reads_candidates = bool(self.top_k)  # the loop then passes a screened head's candidates
 
-    def __call__(self, scores: torch.Tensor) -> torch.Tensor:
+    def __call__(self, scores: torch.Tensor, candidates=None) -> torch.Tensor:
         if not self.samples:
             return last_dim_argmax(scores)
         if self.generator is None and self.seed is not None:
             self.generator = torch.Generator(device=scores.device).manual_seed(self.seed)
+        if self.top_k_warper is not None:
+            drawn = self._draw_kept(scores, candidates)
+            if drawn is not None:
+                return drawn
+            scores = self.top_k_warper(None, scores, candidates)
         probs = torch.nn.functional.softmax(scores, dim=-1)
         if probs.device.type == "cpu" and probs.dtype == torch.float32 and CpuDraw.is_exact():
-            if self.cpu_draw is None or self.cpu_draw.shape != probs.shape:
-                self.cpu_draw = CpuDraw(probs.shape)
-            return self.cpu_draw(probs, self.generator)
+            return self._cpu_draw(probs.shape)(probs, self.generator)
         return torch.multinomial(probs, num_samples=1, generator=self.generator).squeeze(1)
+
+    def warped(self, scores: torch.Tensor) -> torch.Tensor:
+        """The scores as `generate()`'s warpers leave them (the top-k this chooser applies itself, in place), for
+        stopping criteria, which `generate()` gives the processed scores."""
+        return scores if self.top_k_warper is None else self.top_k_warper(None, scores)
+
+    def _cpu_draw(self, shape: torch.Size) -> CpuDraw:
+        if self.cpu_draw is None or self.cpu_draw.shape != shape:
+            self.cpu_draw = CpuDraw(shape)
+        return self.cpu_draw
+
+    def _draw_kept(self, scores: torch.Tensor, candidates) -> torch.Tensor | None:
+        """The draw among top-k's kept tokens alone (CPU float32 rows); None where the whole rows must be taken."""
+        if scores.device.type != "cpu" or scores.dtype != torch.float32 or scores.dim() != 2 \
+                or scores.requires_grad or not CpuDraw.is_exact():
+            return None
+        table = scores.numpy()
+        kept = kept_top_k(table, self.top_k, candidates)
+        if kept is None:
+            return None
+        row, column, values = kept
+        probs = kept_softmax(row, column, values, table.shape)
+        return self._cpu_draw(scores.shape).among(
+            row, column, probs, lambda: masked_softmax(row, column, values, table.shape), self.generator)
 
 
 class CpuDraw:
@@ -273,6 +304,22 @@ class CpuDraw:
 
     def __call__(self, probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         self.uniform.uniform_(generator=generator)
+        return self._pick(probs, generator)
+
+    def among(self, row: np.ndarray, column: np.ndarray, probs: np.ndarray, whole, generator=None) -> torch.Tensor:
+        """The draw for a probability table that is `probs` at (row, column) (rows in order, columns ascending,
+        every row present) and 0 elsewhere: the same uniforms drawn, the logarithm and ratio taken at those entries
+        alone, each row's first largest ratio. `whole()` gives the table itself (a tensor), for the draw where some
+        uniform is exactly 0 (torch's ratio is then 0/0 = NaN at a probability-0 element, which argmax takes)."""
+        self.uniform.uniform_(generator=generator)
+        uniform = self.uniform.numpy()
+        if not uniform.all():
+            return self._pick(whole(), generator)
+        ratio = probs / (-np.log1p(-uniform[row, column])).astype(np.float32)
+        return torch.from_numpy(column[first_max_of_runs(ratio, row, len(uniform))])
+
+    def _pick(self, probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        """The draw from `probs` with the uniforms already drawn (`self.uniform`)."""
         uniform, table = self.uniform.numpy(), probs.numpy()
         live = table != 0
         if np.count_nonzero(live) * 8 > live.size or (uniform == 0.0).any():

@@ -66,7 +66,7 @@ def test_fast_top_k_equals_transformers(k):
     ranks them, strided rows (the last position of (rows, positions, vocab) logits) and float64 too."""
     from transformers import TopKLogitsWarper
 
-    from nndf.fast_draw import SAMPLE_PER_KEPT
+    from nndf.kept_tokens import SAMPLE_PER_KEPT
     from nndf.processors import FastTopK
 
     nan, inf = float("nan"), float("inf")
@@ -116,15 +116,15 @@ def test_fast_top_p_equals_transformers(vocabulary, monkeypatch):
     have been checked against the parent, and it takes its own path in most of these cases."""
     from transformers import TopPLogitsWarper
 
-    from nndf.processors import FastTopP
+    from nndf.processors import FastTopP, VerifiedRows
 
-    monkeypatch.setattr(FastTopP, "_verified", {})
+    monkeypatch.setattr(FastTopP, "VERIFIED", VerifiedRows())
     parent_calls = []
     parent = TopPLogitsWarper.__call__
     monkeypatch.setattr(TopPLogitsWarper, "__call__", lambda self, ids, s: parent_calls.append(1) or parent(self, ids, s))
     FastTopP(top_p=0.9)(None, _top_p_cases(vocabulary)[0][0].clone())
-    assert FastTopP._verified[vocabulary] == 3  # its 3 rows computed both ways: equal
-    monkeypatch.setattr(FastTopP, "VERIFIED_ROWS", 3)
+    assert FastTopP.VERIFIED.seen[vocabulary] == 3  # its 3 rows computed both ways: equal
+    monkeypatch.setattr(FastTopP.VERIFIED, "needed", 3)
     parent_calls.clear()
     for scores, top_p in _top_p_cases(vocabulary):
         expected = parent(TopPLogitsWarper(top_p=top_p), None, scores.clone())
@@ -140,9 +140,9 @@ def test_fast_top_p_is_the_parents_for_good_once_a_row_differs(monkeypatch):
     changed) leaves every result the parent's, and that vocabulary width to the parent from then on."""
     from transformers import TopPLogitsWarper
 
-    from nndf.processors import FastTopK, FastTopP
+    from nndf.processors import FastTopK, FastTopP, VerifiedRows
 
-    monkeypatch.setattr(FastTopP, "_verified", {})
+    monkeypatch.setattr(FastTopP, "VERIFIED", VerifiedRows())
     ours, calls = FastTopP._in_place, []
 
     def differing(self, scores):
@@ -156,7 +156,7 @@ def test_fast_top_p_is_the_parents_for_good_once_a_row_differs(monkeypatch):
     for rows in FastTopK(top_k=50)(None, logits).split(4):
         expected = TopPLogitsWarper(top_p=0.9)(None, rows.clone())
         assert torch.equal(FastTopP(top_p=0.9)(None, rows.clone()), expected)
-    assert FastTopP._verified[50257] is False and len(calls) == 1
+    assert FastTopP.VERIFIED.seen[50257] is False and len(calls) == 1
 
 
 @pytest.mark.parametrize("eos", [[7], [3, 99, 7], [-1, 5, 5000]])  # several, one outside the vocabulary

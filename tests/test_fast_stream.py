@@ -10,7 +10,8 @@ from transformers import TopKLogitsWarper
 
 import nndf
 from nndf.errors import HarnessError
-from nndf.fast_draw import SAMPLE_PER_KEPT, FastDraw, _top_k
+from nndf.fast_draw import FastDraw
+from nndf.kept_tokens import SAMPLE_PER_KEPT, sampled_top_k
 from nndf.sampling import Sampling
 from test_generation_parity import _batch
 
@@ -29,7 +30,7 @@ def test_its_top_k_keeps_what_transformers_keeps(k):
     scores[4] = 0.0  # every score tied
     scores[5, 100:] = -inf
     expected = torch.isfinite(TopKLogitsWarper(top_k=k)(None, scores.clone())).numpy()
-    row, column, values = _top_k(scores.numpy(), k)
+    row, column, values = sampled_top_k(scores.numpy(), k)
     assert np.array_equal(values, scores.numpy()[row, column])
     got = np.zeros_like(expected)
     got[row, column] = True
@@ -92,8 +93,9 @@ def test_top_k_moves_into_the_draw_only_when_it_is_the_last_warper():
     def names(sampling):
         return [type(w).__name__ for w in sampling.warpers()]
 
-    assert names(Sampling(do_sample=True, stream="fast")) == []
-    assert names(Sampling(do_sample=True)) == ["FastTopK"]
+    assert names(Sampling(do_sample=True, stream="fast")) == names(Sampling(do_sample=True)) == []
+    assert Sampling(do_sample=True).chooser().top_k == Sampling(do_sample=True, stream="fast").chooser().top_k == 50
+    assert names(Sampling(do_sample=True, top_p=0.9)) == ["FastTopK", "FastTopP"]
     assert names(Sampling(do_sample=True, stream="fast", temperature=0.7)) == ["TemperatureLogitsWarper"]
     assert names(Sampling(do_sample=True, stream="fast", top_p=0.9)) == ["FastTopK", "FastTopP"]
     assert Sampling(do_sample=True, stream="fast", top_p=0.9).chooser().top_k == 0

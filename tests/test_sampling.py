@@ -46,9 +46,11 @@ def test_processors_are_the_ones_generate_builds(model, settings, monkeypatch):
     # (a no-op), which our list leaves out (nndf.generation)
     model.hf_generate(ids, mask, max_new_tokens=2, min_new_tokens=None, seed=0, **settings)
     options = model.generation_options(2, None, 1, **settings)
+    # the last warper, top-k, is applied by the draw itself (Sampling.drawn_top_k)
+    drawn = options.sampling.chooser().top_k_warper
     ours = options.processors(ids.shape[1], mask)
     theirs = built[0]
-    assert _describe(ours) == _describe(theirs)
+    assert _describe(ours + ([drawn] if drawn is not None else [])) == _describe(theirs)
     if "repetition_penalty" in settings:  # the left padding it skips, from the mask (transformers >= 5.23; none before)
         skipped, expected = ours[0].prompt_ignore_length, theirs[0].prompt_ignore_length
         assert (skipped is None and expected is None) or torch.equal(skipped, expected)

@@ -10,7 +10,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 import nndf
-from nndf import fast_draw, generation, processors
+from nndf import fast_draw, generation, kept_tokens, processors
 from nndf.export.cpu_int8 import screen_weight_levels
 from nndf.export.screened_head import (BLOCK, CANDIDATES, INPUT, THRESHOLD, UPPER, screen_constants, screen_head,
                                        strip_screen)
@@ -313,7 +313,7 @@ def test_the_fast_stream_draws_the_same_tokens_from_the_screened_head(family_dir
 
 
 def test_top_k_among_candidates_is_top_k_of_the_rows_or_declines():
-    """The kept (row, column, score) equal the fast stream's `_top_k` over whole rows, in its order, and the k-th
+    """The kept (row, column, score) equal `sampled_top_k`'s over whole rows, in its order, and the k-th
     largest `TopKLogitsWarper`'s; None where the candidates cannot tell (a row with fewer than k, NaN, or a k-th
     largest of -inf, where top-k keeps the whole row)."""
     rng = np.random.default_rng(0)
@@ -321,7 +321,7 @@ def test_top_k_among_candidates_is_top_k_of_the_rows_or_declines():
     table[1, 7] = np.sort(table[1])[-4]  # a twin of the 4th largest: both kept
     candidates = np.argwhere(table >= np.sort(table, axis=1)[:, -20:-19])  # row-major, the 20 highest per row
     kept = screened_top_k(table, candidates, 4)
-    assert all(np.array_equal(a, b) for a, b in zip(kept[:3], fast_draw._top_k(table, 4)))
+    assert all(np.array_equal(a, b) for a, b in zip(kept[:3], kept_tokens.sampled_top_k(table, 4)))
     assert np.array_equal(kept[3], torch.topk(torch.from_numpy(table), 4).values[:, -1].numpy())
     assert len(kept[0]) == 3 * 4 + 1
     assert screened_top_k(table, candidates, 21) is None
