@@ -119,12 +119,15 @@ class Decoder:
         finally:
             torch.set_num_threads(before)
 
-    def new_cache(self, rows: int, max_len: int) -> KVCache | None:
+    def new_cache(self, rows: int, max_len: int, reads_candidates: bool = False) -> KVCache | None:
+        """A cache for `rows` sequences of up to `max_len` positions. `reads_candidates`: whether the loop reads a
+        screened head's candidates (`candidates`) after this cache's steps; a backend that must fetch them as an
+        output of every step (ONNX Runtime's IO binding: 55 us of a GPT-2 step) fetches them only then."""
         if not self.use_cache:
             return None
         custom = getattr(self.session, "new_cache", None)
         if custom is not None:  # a backend that keeps its cache in its own form (ONNX Runtime values)
-            return custom(self.shapes, rows, max_len)
+            return custom(self.shapes, rows, max_len, reads_candidates=reads_candidates)
         return KVCache(
             self.shapes.num_layers,
             rows,
@@ -175,8 +178,9 @@ class Decoder:
     @property
     def candidates(self):
         """The last step's screened candidates (`nndf.export.screened_head.CANDIDATES`, a numpy array of (row,
-        column) pairs) where it screened, else None: every score that can be among the k highest of a row is among
-        them (`step`'s screen k). Read from the session on first use (greedy search never asks)."""
+        column) pairs) where it screened and its cache was made to read them (`new_cache`), else None: every score
+        that can be among the k highest of a row is among them (`step`'s screen k). Read from the session on first
+        use (greedy search never asks)."""
         if callable(self._candidates):
             self._candidates = self._candidates()
         return self._candidates

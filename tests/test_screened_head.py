@@ -277,6 +277,27 @@ def test_the_tiny_gpt2_screens_greedy_steps_and_nothing_else(family_dirs, onnx_w
     assert not any(note.startswith("LM head") for note in quantized.decoder.session.info_notes)
 
 
+def test_only_a_draw_that_reads_the_candidates_has_them_fetched(family_dirs, onnx_work_dir, monkeypatch):
+    """A generation's IO binding fetches the screened head's candidates (an output ONNX Runtime allocates anew at
+    every step) only where the draw reads them: top-k sampling, not greedy search."""
+    from nndf.backends import onnxrt, ort_cache
+
+    bindings = []
+
+    class Recorded(ort_cache.SharedStep):
+        def __init__(self, *args):
+            super().__init__(*args)
+            bindings.append(self.candidates)
+
+    monkeypatch.setattr(onnxrt, "SharedStep", Recorded)
+    m, steps = _screened_gpt2(family_dirs, onnx_work_dir)
+    ids, mask = _batch([5, 9, 3])
+    m.generate(ids, mask, max_new_tokens=4)
+    m.generate(ids, mask, max_new_tokens=4, do_sample=True, seed=1)
+    assert bindings == [False, True] and set(steps) == {1, 50}
+    assert m.decoder.candidates is not None  # the sampled generation's last step's
+
+
 @pytest.mark.parametrize("settings, asked", [
     (dict(do_sample=True, seed=3), 51),  # generate()'s top-k 50, and the EOS banned before min_new_tokens
     (dict(do_sample=True, temperature=0.7, top_k=5, top_p=0.9, min_p=0.01, typical_p=0.95, seed=4), 6),

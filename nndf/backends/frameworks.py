@@ -41,7 +41,8 @@ class TorchSession:
         self.output_names = self.wrapper.output_names
         self.info_notes: list[str] = []
 
-    def new_cache(self, shapes: ShapeSpec, rows: int, max_len: int) -> GrowingKVCache:
+    def new_cache(self, shapes: ShapeSpec, rows: int, max_len: int, reads_candidates: bool = False) -> GrowingKVCache:
+        """(`reads_candidates`: no screened head here, nothing to read.)"""
         return GrowingKVCache(shapes.num_layers, rows, shapes.kv_heads, shapes.head_dim, max_len, self.dtype,
                               self.device)
 
@@ -79,7 +80,8 @@ class StaticTorchSession(TorchSession):
         self.info_notes = [f"static KV cache of {shapes.total.max} positions per row"
                            + (", decode steps replayed as CUDA graphs" if cuda_graph else "")]
 
-    def new_cache(self, shapes: ShapeSpec, rows: int, max_len: int) -> StaticKVCache:
+    def new_cache(self, shapes: ShapeSpec, rows: int, max_len: int, reads_candidates: bool = False) -> StaticKVCache:
+        """(`reads_candidates`: no screened head here, nothing to read.)"""
         length = max(max_len, shapes.total.max)
         held = self._buffers.get(rows)
         if held is None or held.mask.shape[1] < length:

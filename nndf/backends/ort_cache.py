@@ -79,6 +79,7 @@ class SharedBufferCache:
         self.max_len = max_len
         self.length = 0
         self.step: SharedStep | None = None  # the binding of this cache's steps, made by the session at the first
+        self.reads_candidates = False  # whether that binding fetches a screened head's candidates (the loop reads them)
 
     def restart(self) -> None:
         """Hold no positions again: the next step feeds the whole sequence and writes it from the start."""
