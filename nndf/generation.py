@@ -218,6 +218,7 @@ def greedy_search(decoder, state: TokenState, options, on_token=None, stopping=N
     # a screened head's candidates spare top-k a pass over the vocabulary (read only where something reads them)
     reads_candidates = choose.reads_candidates or processors.reads_candidates
     cache = decoder.new_cache(rows, prompt_len + options.max_new_tokens, reads_candidates)
+    state.reserve(prompt_len + options.max_new_tokens)
     eos = options.eos_tensor(state.tokens.device)
     eos_ids = frozenset(options.eos_ids)
     ends = eos is not None or stopping is not None  # rows can end before max_new_tokens

@@ -55,6 +55,35 @@ def test_kv_cache_overflow_is_an_error():
         cache.store({"present.0.key": torch.zeros(1, 1, 3, 1), "present.0.value": torch.zeros(1, 1, 3, 1)}, 3)
 
 
+def test_a_reserved_row_appends_in_place_and_equals_concatenation():
+    """`TokenState.reserve`: one row's tokens and mask grow in buffers made once (the same values as concatenating,
+    contiguous, the prompt copied rather than aliased); past the room, after the tokens are replaced, and for
+    several rows (whose views would not be contiguous), appends concatenate as before."""
+    from nndf.decoder import TokenState
+
+    prompt, mask = torch.tensor([[5, 6, 7]]), torch.tensor([[0, 1, 1]])
+    reserved, plain = TokenState(prompt, mask), TokenState(prompt.clone(), mask.clone())
+    reserved.reserve(5)
+    buffer = reserved.tokens.data_ptr()
+    for token in (8, 9, 10):
+        for state in (reserved, plain):
+            state.append(torch.tensor([token]))
+        assert torch.equal(reserved.tokens, plain.tokens) and torch.equal(reserved.mask, plain.mask)
+        assert reserved.tokens.is_contiguous() and reserved.mask.is_contiguous()
+    assert prompt.tolist() == [[5, 6, 7]] and reserved.tokens.shape == (1, 6)
+    assert reserved._room[0].data_ptr() == buffer  # grew in place up to the room, then concatenated
+    assert reserved.tokens.data_ptr() != buffer
+    replaced = TokenState(prompt, mask)
+    replaced.reserve(10)
+    replaced.replace_tokens(torch.tensor([[1, 2, 3]]))
+    replaced.append(torch.tensor([4]))
+    assert replaced.tokens.tolist() == [[1, 2, 3, 4]] and replaced.mask.tolist() == [[0, 1, 1, 1]]
+    rows = TokenState(torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.long))
+    rows.reserve(10)
+    rows.append(torch.tensor([1, 2]))
+    assert rows._room is None and rows.tokens[:, -1].tolist() == [1, 2] and rows.tokens.is_contiguous()
+
+
 def test_shape_spec_from_settings():
     spec = get_spec("GPT2")
     config = known_config(spec.variant("gpt2-medium"))

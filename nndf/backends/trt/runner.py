@@ -89,9 +89,10 @@ class TrtSession:
             if hasattr(self, attr):
                 delattr(self, attr)
 
-    def new_cache(self, shapes: ShapeSpec, rows: int, max_len: int) -> PingPongCache:
+    def new_cache(self, shapes: ShapeSpec, rows: int, max_len: int, reads_candidates: bool = False) -> PingPongCache:
         """A cache for one generation. Its storage is the session's, reused by the next cache when it is large
-        enough, so repeated generations bind the same addresses (and CUDA graphs replay)."""
+        enough, so repeated generations bind the same addresses (and CUDA graphs replay). (`reads_candidates`: an
+        engine has no screened head, nothing to read.)"""
         cache = PingPongCache(shapes.num_layers, rows, shapes.kv_heads, shapes.head_dim, max_len, self.dtype,
                               self.device, storage=self._cache_storage)
         self._cache_storage = cache.storage
