@@ -315,7 +315,7 @@ class CpuDraw:
         uniform = self.uniform.numpy()
         if not uniform.all():
             return self._pick(whole(), generator)
-        ratio = probs / (-np.log1p(-uniform[row, column])).astype(np.float32)
+        ratio = probs / _exponential(uniform[row, column])
         return torch.from_numpy(column[first_max_of_runs(ratio, row, len(uniform))])
 
     def _pick(self, probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
@@ -331,7 +331,7 @@ class CpuDraw:
         else:  # a probability-0 element's ratio is 0, as in torch's own division
             ratio = self.ratio
             ratio.fill(0.0)
-            ratio[live] = table[live] / (-np.log1p(-uniform[live])).astype(np.float32)
+            ratio[live] = table[live] / _exponential(uniform[live])
         tokens = ratio.argmax(axis=-1)
         if np.isnan(table[np.arange(len(table)), tokens]).any() or not live.any(axis=-1).all():
             return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)  # it says what is wrong
@@ -353,3 +353,9 @@ class CpuDraw:
                     cls._exact &= torch.equal(cls(probs.shape)(probs, ours), expected)
                 cls._exact &= torch.equal(ours.get_state(), theirs.get_state())
         return cls._exact
+
+
+def _exponential(uniform: np.ndarray) -> np.ndarray:
+    """torch's Exp(1) draws for these uniforms, as its CPU `exponential_` computes them: -log1p(-u) in float64
+    (glibc's log1p, as numpy's), rounded to float32."""
+    return (-np.log1p(-uniform)).astype(np.float32)
