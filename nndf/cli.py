@@ -158,12 +158,12 @@ def _model_arguments(p: argparse.ArgumentParser, batch_size: int = 1, batch_help
                    "have the shared layout (BLOOM, GPT-Neo) or a run on the CUDA provider keeps growing; --info "
                    "says which layout a build uses")
     q = r.add_mutually_exclusive_group()
-    q.add_argument("--int8", action="store_true", help="onnxrt: int8 weights (dynamic quantization, ONNX Runtime; the "
-                   "embedding tables 8-bit block-wise)")
+    q.add_argument("--int8", action="store_true", help="onnxrt: int8 weights (8-bit MatMulNBits on a CPU with "
+                   "VNNI and no AMX, else ONNX Runtime's dynamic quantization; the embedding tables 8-bit block-wise)")
     q.add_argument("--int4", action="store_true", help="onnxrt: 4-bit block-wise weights (MatMulNBits)")
-    r.add_argument("--block-size", type=int, metavar="N", help="onnxrt-int8/int4: block-wise weights (int4's, int8's "
-                   "embedding tables) in blocks of N, each with its own scale; a power of two >= 16 (default: int4 64, "
-                   "int8 32; smaller blocks are more exact, larger ones faster)")
+    r.add_argument("--block-size", type=int, metavar="N", help="onnxrt-int8/int4: every block-wise part (MatMulNBits, "
+                   "int8's tables) in blocks of N, each with its own scale; a power of two >= 16 (default: int4 64; "
+                   "int8 128, its tables 32; smaller blocks are more exact, larger ones faster)")
     o = p.add_argument_group("output")
     o.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
     o.add_argument("--info", action="store_true", help="print the settings and tensor shapes before running")

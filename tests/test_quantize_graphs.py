@@ -9,7 +9,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from nndf.export.cpu_int8 import int8_weight_type, nbits_accuracy_level, screen_weight_levels
+from nndf.export.cpu_int8 import int8_method, int8_weight_type, nbits_accuracy_level, screen_weight_levels
 from nndf.export.weight_quant import lm_head, quantize_graph
 from nndf.export.quantize import KINDS, quantize_params
 from nndf.export.weight_graph import prepare_graph, weight_matmuls
@@ -137,6 +137,18 @@ def test_int8_weight_type_follows_the_cpu():
     assert screen_weight_levels("x86_64", avx2) == screen_weight_levels("x86_64", avx512) == 63
     assert screen_weight_levels("x86_64", avx512.replace("avx512vl", "amx_int8")) == 127
     assert screen_weight_levels("aarch64", "") == 127
+
+
+def test_int8_method_follows_the_cpu():
+    """int8 by 8-bit MatMulNBits where the CPU has VNNI and no AMX (its block kernel beats MatMulInteger's at one
+    row there), else by dynamic quantization (AMX's GEMM, or no int8 dot products)."""
+    avx512 = "flags\t\t: fpu avx2 avx512f avx512bw avx512vl\n"
+    vnni = avx512.replace("avx512vl", "avx512vl avx512_vnni")
+    assert int8_method("x86_64", vnni) == "matmul_nbits"
+    assert int8_method("x86_64", avx512.replace("avx2", "avx2 avx_vnni")) == "matmul_nbits"
+    assert int8_method("x86_64", vnni.replace("avx512vl", "avx512vl amx_int8")) == "dynamic"
+    assert int8_method("x86_64", avx512) == "dynamic"
+    assert int8_method("x86_64", "") == int8_method("aarch64", vnni) == "dynamic"
 
 
 def test_nbits_accuracy_level_is_int8_compute_where_mlas_has_it():

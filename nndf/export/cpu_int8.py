@@ -1,6 +1,6 @@
 """What this CPU's int8 kernels in ONNX Runtime (MLAS) can do, read from its flags, for the quantizers to choose by.
 
-Three choices depend on the CPU, and all are made here so that they are made the same way everywhere:
+Four choices depend on the CPU, and all are made here so that they are made the same way everywhere:
 
 - `nbits_accuracy_level`: MatMulNBits' `accuracy_level` (nndf.export.quantize). 4 quantizes the activations to
   int8 per block and multiplies int8 by int8 on the prepacked weights; MLAS has such kernels on x86-64 with AVX2
@@ -16,6 +16,14 @@ Three choices depend on the CPU, and all are made here so that they are made the
   trained tiny GPT-2: mean KL 0.0007 -> 0.0137). There uint8 weights (the exact uint8 x uint8 kernel) are chosen, ~15-30% slower per MatMul.
 - `screen_weight_levels`: the screened LM head's int8 weights (nndf.export.screened_head), whose products must be
   exact: 8-bit where uint8 x int8 is exact, 7-bit where VPMADDUBSW would saturate 8-bit ones.
+
+- `int8_method`: how int8 quantizes the weight MatMuls. Where the CPU has VNNI but no AMX, 8-bit MatMulNBits in
+  blocks of 128 (MLAS's block-wise int8 kernel over prepacked weights); elsewhere ONNX Runtime's dynamic
+  quantization (MatMulInteger). Measured (bench/README.md): on Zen 4 (AVX-512-VNNI, no AMX) a GPT-2 small decode
+  step at batch 1 is 0.83-0.85x the dynamic graph's, SmolLM2-135M's 0.88x, at the price of a 1.5-1.8x longer
+  prompt (the dynamic graph's GEMM is MLAS's best for many rows) and 1.04x at batch 4; on a Xeon with AMX, whose
+  MatMulInteger GEMM is 4x the block kernel on a prompt, the block kernel was 0.93x per step (within that
+  machine's noise) and 2x per prompt; on AVX2 without VNNI it is slower at every size.
 
 Flags come from /proc/cpuinfo (Linux); where they cannot be read, the safe choice is made (QUInt8, 63 levels; level 4 on
 x86-64, whose every CPU since 2013 has AVX2, since level 1 is ~65x slower for 8-bit weights).
@@ -83,3 +91,13 @@ def nbits_accuracy_level(machine: str | None = None, cpuinfo: str | None = None)
     if machine in ARM64:
         return 4 if flags is None or "asimddp" in flags else 1
     return 1
+
+
+def int8_method(machine: str | None = None, cpuinfo: str | None = None) -> str:
+    """int8's way of quantizing the weight MatMuls on this CPU (see the module docstring): "matmul_nbits" on x86 with
+    VNNI and without AMX, else "dynamic" (also where the flags cannot be read)."""
+    machine = (machine if machine is not None else platform.machine()).lower()
+    flags = cpu_flags(cpuinfo)
+    if machine not in X86 or not flags:
+        return "dynamic"
+    return "matmul_nbits" if {"avx512_vnni", "avx_vnni"} & flags and "amx_int8" not in flags else "dynamic"

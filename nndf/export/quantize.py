@@ -15,14 +15,16 @@ overridden for measurements, the block size also by `--block-size`):
   CPU (`nndf.export.cpu_int8.nbits_accuracy_level`: 4, int8 dot products on prepacked weights, wherever MLAS has
   the kernels; 2x faster than fp32 compute per MatMul here). Embedding tables stay fp32 (their 4-bit copy costs
   agreement, below).
-- int8: ONNX Runtime's dynamic quantization (weights int8 per output channel, activations quantized per call:
-  DynamicQuantizeLinear + MatMulInteger, which ORT fuses), weight type from `int8_weight_type` (uint8 on x86
-  without VNNI, whose uint8 x int8 kernel saturates; see nndf.export.cpu_int8), and the embedding tables 8-bit in
-  blocks of 32 (GatherBlockQuantized): the table is ~30% of GPT-2 small's weights and costs no agreement.
-  8-bit MatMulNBits (`method="matmul_nbits"`) is the other way, measured below and not the default: on this CPU
-  it is no faster per decode step at batch 1, 1.3x slower at batch 4 and 2-3x slower in the prompt, because
-  MLAS's int8 GEMM for MatMulInteger (AMX / VNNI here) beats its block-wise kernel as soon as there are several
-  rows; it is the more exact of the two (KL 0.0004 vs 0.0010). Its accuracy levels 0 and 1 dequantize the
+- int8: the method is the CPU's (`nndf.export.cpu_int8.int8_method`). Where it has VNNI and no AMX, 8-bit
+  MatMulNBits in blocks of 128 at accuracy level 4 (measured at the end). Elsewhere ONNX Runtime's dynamic
+  quantization (weights int8 per output channel, activations quantized per call: DynamicQuantizeLinear +
+  MatMulInteger, which ORT fuses), weight type from `int8_weight_type` (uint8 on x86 without VNNI, whose uint8 x
+  int8 kernel saturates; see nndf.export.cpu_int8): on the AMX host below, 8-bit MatMulNBits was no faster per
+  decode step at batch 1, 1.3x slower at batch 4 and 2-3x slower in the prompt, because MLAS's int8 GEMM for
+  MatMulInteger (AMX there) beats its block-wise kernel as soon as there are several rows. MatMulNBits is the more
+  exact of the two (KL 0.0004 vs 0.0010). Either way the embedding tables are 8-bit in blocks of 32
+  (GatherBlockQuantized, `embedding_block_size`): the table is ~30% of GPT-2 small's weights and costs no
+  agreement. Its accuracy levels 0 and 1 dequantize the
   weights at every call (one 768 x 3072 MatMul, one row, one thread: 40 / 38 ms vs 0.6 ms at level 4).
 - Both: the LM head (tied or not) is quantized like any other MatMul (`lm_head`).
 
@@ -72,6 +74,13 @@ of int8 dot products), which is why its steps shrink faster than its bytes. On t
 2500-2999 (`accuracy` as above): block 64 top-1 = PyTorch 98.93%, KL 4.29e-2, lm-eval acc 100%; block 128 98.79%,
 5.44e-2 and 99.4% (3 passages lost, where the issue allows one). Hence blocks of 64 for int4 (the Xeon measured
 them 3-15% faster per MatMul at 1 and 4 rows too, bench/README.md).
+
+int8's method on that Zen 4 (the same runs; decode in ONNX Runtime / first token, paired against dynamic int8):
+GPT-2 small at batch 1, 8-bit MatMulNBits blocks of 32 / 64 / 128 1.14 / 0.96 / 0.85x (4.46 against 5.56 ms) and
+2.19 / 1.84 / 1.61x (34.9 against 22.6 ms), 256 no better than 128; a second run 0.83x and 1.47x; at batch 4
+blocks of 128 1.04x and 1.76x; SmolLM2-135M at batch 1 0.88x and 1.58x. The decode step is what a generation
+repeats: blocks of 128 there, the prompt still under half of llama.cpp's Q8_0 (bench/README.md). On the trained
+GPT-2's 100 seeded passages (above) blocks of 128 agree 0.99856 / KL 0.00051 / acc 1.000 with fp32 PyTorch.
 """
 
 from __future__ import annotations
@@ -85,7 +94,7 @@ from pathlib import Path
 from typing import Mapping
 
 from nndf.errors import HarnessError, UsageError, refused_by_the_disk
-from nndf.export.cpu_int8 import int8_weight_type, nbits_accuracy_level
+from nndf.export.cpu_int8 import int8_method, int8_weight_type, nbits_accuracy_level
 from nndf.export.graph_reads import ONNX_HINT, GraphLoadError, first_line
 from nndf.export.onnx import derived_graph
 from nndf.export.weight_graph import non_finite_weights, prepare_graph, weight_matmuls
@@ -100,9 +109,13 @@ QUANTIZER_REVISION = 3
 # made for another block size, accuracy level or weight type is not reused. `method` says how the weight MatMuls are
 # quantized: "matmul_nbits" (bits, block_size, is_symmetric, accuracy_level) or, for 8 bits, "dynamic" (weight_type,
 # per_channel); `lm_head` and `embedding` (8 or 4 bits as `bits`, blocks of `block_size`) apply to both.
-INT8 = {"method": "dynamic", "bits": 8, "block_size": 32, "is_symmetric": True,
-        "accuracy_level": nbits_accuracy_level(), "weight_type": int8_weight_type(), "per_channel": True,
-        "lm_head": True, "embedding": True}
+# int8's method is the CPU's (`int8_method`): 8-bit MatMulNBits in blocks of 128 where the CPU has VNNI and no AMX,
+# else dynamic. The embedding tables have blocks of their own: 32 divides every hidden size of the families (128
+# would leave SmolLM2's 576-wide table in fp32).
+INT8_METHOD = int8_method()
+INT8 = {"method": INT8_METHOD, "bits": 8, "block_size": 128 if INT8_METHOD == "matmul_nbits" else 32,
+        "embedding_block_size": 32, "is_symmetric": True, "accuracy_level": nbits_accuracy_level(),
+        "weight_type": int8_weight_type(), "per_channel": True, "lm_head": True, "embedding": True}
 # int4's blocks of 64: 4.5 bits a weight with the fp32 scales, as llama.cpp's Q4_0 (32 with fp16 scales); on Zen 4 a
 # decode step 0.87x blocks of 32's and lm-eval acc still fp32's, where 128 loses 3 passages (docstring, end)
 INT4 = dict(INT8, method="matmul_nbits", bits=4, block_size=64, embedding=False)
@@ -125,7 +138,7 @@ def quantize_params(kind: str, block_size: int | None = None) -> dict:
         raise UsageError(f"unknown quantization '{kind}'; allowed: {', '.join(KINDS)}")
     params = dict(KINDS[kind])
     if block_size is not None:
-        params["block_size"] = block_size
+        params["block_size"] = params["embedding_block_size"] = block_size
     return params
 
 
@@ -153,7 +166,7 @@ def _quiet_quantizers():
 
 
 def _describe(params: Mapping) -> str:
-    quantized = ["LM head"] * bool(params["lm_head"]) + [f"embeddings (block {params['block_size']})"] * bool(
+    quantized = ["LM head"] * bool(params["lm_head"]) + [f"embeddings (block {params['embedding_block_size']})"] * bool(
         params["embedding"])
     also = f"{' and '.join(quantized) or 'neither LM head nor embeddings'} quantized too"
     if params["method"] == "dynamic":
@@ -178,9 +191,11 @@ def _check_params(kind: str, params: Mapping) -> None:
                          f"{params['weight_type']!r}")
     if params["bits"] != int(kind[3:]):
         raise UsageError(f"{kind} must quantize to {kind[3:]} bits, but the parameters give {params['bits']}")
-    problem = block_size_problem(params["block_size"])
-    if problem:
-        raise UsageError(f"the block size {problem}")
+    for name in ("block_size", "embedding_block_size"):
+        problem = block_size_problem(params[name])
+        if problem:
+            raise UsageError(f"the {'block size' if name == 'block_size' else 'embedding tables block size'} "
+                             f"{problem}")
     if params["accuracy_level"] not in (0, 1, 2, 3, 4):
         raise UsageError(f"MatMulNBits accuracy_level must be 0 to 4, got {params['accuracy_level']!r}")
     if params["embedding"] and not params["is_symmetric"]:
@@ -243,7 +258,7 @@ def quantized_decoder(export, kind: str, working_dir: str | Path, params: Mappin
     defaults = quantize_params(kind)  # an unknown kind is refused here, whatever `params` says
     params = dict(defaults if params is None else params)
     if block_size is not None:
-        params["block_size"] = block_size
+        params["block_size"] = params["embedding_block_size"] = block_size
     _check_params(kind, params)
     try:
         for module in ("onnx", "onnxruntime.quantization"):

@@ -133,7 +133,7 @@ def quantize_graph(model, nodes: list[str], params: Mapping, out: Path, scratch:
                                  "lm_head": head is not None and head in nodes, "gathers": 0, "fp32_tables": []}
     if params["embedding"]:
         report["gathers"], report["fp32_tables"] = quantize_embeddings(
-            model, int(params["bits"]), int(params["block_size"]))
+            model, int(params["bits"]), int(params["embedding_block_size"]))
     if params["method"] == "dynamic":
         _quantize_dynamic(model, nodes, params, out, scratch)
     else:
