@@ -20,7 +20,7 @@ from conftest import LAMBADA_FILE, TRAINED_TINY_GPT2, copy_artifact, damage_in_p
 from nndf.errors import HarnessError, UsageError
 from nndf.export.onnx import export_decoder
 from nndf.export.cpu_int8 import nbits_accuracy_level
-from nndf.export.quantize import KINDS, quantized_decoder
+from nndf.export.quantize import KINDS, describe_quantization, quantized_decoder
 from nndf.workspace import metadata_path
 
 # the defaults: int8 by the CPU's method (nndf.export.cpu_int8.int8_method), int4 MatMulNBits
@@ -260,6 +260,12 @@ def test_block_size_rebuilds_and_reaches_every_quantized_node(tiny, tmp_path, ca
 
     m = nndf.load("GPT2", backend="onnxrt-int4", loaded=loaded, working_dir=str(onnx_work_dir), block_size=64)
     assert label(m) == "onnxrt int4 block 64" and m.options.block_size == 64
+    # --info says how the weights were quantized, int8's method included (the CPU's)
+    assert any(note.startswith("weights: int4: MatMulNBits 4-bit (symmetric, block 64, accuracy level")
+               for note in m.decoder.sessions[0].info_notes)
+    int8 = describe_quantization("int8")
+    assert int8.startswith("int8: dynamic int8 MatMul" if KINDS["int8"]["method"] == "dynamic" else
+                           "int8: MatMulNBits 8-bit (symmetric, block 128") and "VNNI and no AMX" in int8
     ids = torch.randint(0, 50257, (1, 5), generator=torch.Generator().manual_seed(1))
     assert m.generate(ids, max_new_tokens=2, min_new_tokens=2).shape == (1, 7)
     assert json.loads(metadata_path(Path(m.artifacts[0]).parent).read_text())["params"]["block_size"] == 64

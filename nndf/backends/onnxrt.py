@@ -301,7 +301,16 @@ def _open_exported(loaded: LoadedModel, settings: BuildSettings, options: Backen
     notes = ("last layer: past its attention, only the rows whose logits are kept (the last position while "
              "generating), as llama.cpp's output ids",) if export.kept_rows else ()
     return OrtSession(graph, export.input_names, export.output_names, options.threads, options.io_binding,
-                      layout=export.layout, layout_note=refusal, notes=notes)
+                      layout=export.layout, layout_note=refusal, notes=notes + quantization_notes(options))
+
+
+def quantization_notes(options: BackendOptions) -> tuple[str, ...]:
+    """--info's line on how the weights were quantized, if they were (int8's method depends on the CPU)."""
+    if options.quantize is None:
+        return ()
+    from nndf.export.quantize import describe_quantization
+
+    return (f"weights: {describe_quantization(options.quantize, options.block_size)}",)
 
 
 SEQ2SEQ_OVERRIDES = {"encoder": "encoder_onnx", "cross": "cache_generator_onnx", "decoder": "decoder_onnx"}
@@ -336,7 +345,9 @@ def open_seq2seq(loaded: LoadedModel, settings: BuildSettings, options: BackendO
                                                                            options)
             sessions[graph] = OrtSession(path, inputs, outputs, options.threads,
                                          None if options.io_binding else False, torch_outputs=graph != "decoder",
-                                         role=graph_roles(loaded)[graph])
+                                         role=graph_roles(loaded)[graph],
+                                         notes=quantization_notes(options) if graph == "decoder" and not given[graph]
+                                         else ())
         return sessions
 
     return rebuilt_once(open_graphs, given.values())

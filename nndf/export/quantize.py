@@ -142,6 +142,15 @@ def quantize_params(kind: str, block_size: int | None = None) -> dict:
     return params
 
 
+def describe_quantization(kind: str, block_size: int | None = None) -> str:
+    """What `kind` builds on this CPU (with --block-size `block_size`), for --info: int8's method is the CPU's."""
+    text = f"{kind}: {_describe(quantize_params(kind, block_size))}"
+    if kind == "int8":
+        text += (" (this CPU has VNNI and no AMX)" if INT8_METHOD == "matmul_nbits"
+                 else " (8-bit MatMulNBits only where the CPU has VNNI and no AMX)")
+    return text
+
+
 @contextlib.contextmanager
 def _quiet_quantizers():
     """Import ORT's quantizers and run them without their log lines, leaving the root logger as it was.
