@@ -24,8 +24,8 @@ overridden for measurements, the block size also by `--block-size`):
   MatMulInteger (AMX there) beats its block-wise kernel as soon as there are several rows. MatMulNBits is the more
   exact of the two (KL 0.0004 vs 0.0010). Either way the embedding tables are 8-bit in blocks of 32
   (GatherBlockQuantized, `embedding_block_size`): the table is ~30% of GPT-2 small's weights and costs no
-  agreement. Its accuracy levels 0 and 1 dequantize the
-  weights at every call (one 768 x 3072 MatMul, one row, one thread: 40 / 38 ms vs 0.6 ms at level 4).
+  agreement. 8-bit MatMulNBits' accuracy levels 0 and 1 dequantize the weights at every call (one 768 x 3072
+  MatMul, one row, one thread: 40 / 38 ms vs 0.6 ms at level 4).
 - Both: the LM head (tied or not) is quantized like any other MatMul (`lm_head`).
 
 Measured 2026-11-25 (ORT 1.32.0, the 2-core AVX-512-VNNI/AMX host, heavily loaded by other work: load average
@@ -108,7 +108,7 @@ QUANTIZER_REVISION = 3
 # The parameters of each kind. Every one of them is part of the artifact's settings (and so of its name): a graph
 # made for another block size, accuracy level or weight type is not reused. `method` says how the weight MatMuls are
 # quantized: "matmul_nbits" (bits, block_size, is_symmetric, accuracy_level) or, for 8 bits, "dynamic" (weight_type,
-# per_channel); `lm_head` and `embedding` (8 or 4 bits as `bits`, blocks of `block_size`) apply to both.
+# per_channel); `lm_head` and `embedding` (8 or 4 bits as `bits`, blocks of `embedding_block_size`) apply to both.
 # int8's method is the CPU's (`int8_method`): 8-bit MatMulNBits in blocks of 128 where the CPU has VNNI and no AMX,
 # else dynamic. The embedding tables have blocks of their own: 32 divides every hidden size of the families (128
 # would leave SmolLM2's 576-wide table in fp32).
@@ -175,8 +175,8 @@ def _quiet_quantizers():
 
 
 def _describe(params: Mapping) -> str:
-    quantized = ["LM head"] * bool(params["lm_head"]) + [f"embeddings (block {params['embedding_block_size']})"] * bool(
-        params["embedding"])
+    tables = f"embeddings (block {params['embedding_block_size']})"
+    quantized = ["LM head"] * bool(params["lm_head"]) + [tables] * bool(params["embedding"])
     also = f"{' and '.join(quantized) or 'neither LM head nor embeddings'} quantized too"
     if params["method"] == "dynamic":
         return (f"dynamic int8 MatMul ({params['weight_type']} weights, "
