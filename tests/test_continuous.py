@@ -11,7 +11,7 @@ import torch
 import nndf
 from nndf.continuous import BatchWorker, ContinuousBatcher, Request
 from nndf.errors import UsageError
-from nndf.export.quantize import KINDS
+from nndf.export.quantize import KINDS, MATMUL_OP
 from nndf.generation import GenerationOptions, generate
 from nndf.rowcache import RowCache
 
@@ -202,8 +202,7 @@ def test_the_served_model_keeps_the_sampling_stream_it_was_written_with(tiny_gpt
     assert settings.parent.parent.name == tiny_gpt2_dir.name  # tiny-gpt2, not the variant's gpt2
     assert json.loads(settings.read_text())["defaults"]["sampling_stream"] == "fast"
     graph = onnx.load(settings.parent / "decoder" / "decoder.onnx", load_external_data=False)
-    int8_op = "MatMulNBits" if KINDS["int8"]["method"] == "matmul_nbits" else "MatMulInteger"  # the CPU's int8
-    assert int8_op in {node.op_type for node in graph.graph.node}
+    assert MATMUL_OP[KINDS["int8"]["method"]] in {node.op_type for node in graph.graph.node}  # the CPU's int8
 
 
 @pytest.mark.parametrize("flags,message", [

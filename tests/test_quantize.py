@@ -20,12 +20,11 @@ from conftest import LAMBADA_FILE, TRAINED_TINY_GPT2, copy_artifact, damage_in_p
 from nndf.errors import HarnessError, UsageError
 from nndf.export.onnx import export_decoder
 from nndf.export.cpu_int8 import nbits_accuracy_level
-from nndf.export.quantize import KINDS, describe_quantization, quantized_decoder
+from nndf.export.quantize import KINDS, MATMUL_OP, describe_quantization, quantized_decoder
 from nndf.workspace import metadata_path
 
 # the defaults: int8 by the CPU's method (nndf.export.cpu_int8.int8_method), int4 MatMulNBits
-QUANT_OPS = {"int8": "MatMulNBits" if KINDS["int8"]["method"] == "matmul_nbits" else "MatMulInteger",
-             "int4": "MatMulNBits"}
+QUANT_OPS = {kind: MATMUL_OP[params["method"]] for kind, params in KINDS.items()}
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from nndf.export.cpu_int8 import int8_method, int8_weight_type, nbits_accuracy_level, screen_weight_levels
 from nndf.export.weight_quant import lm_head, quantize_graph
-from nndf.export.quantize import KINDS, quantize_params
+from nndf.export.quantize import KINDS, MATMUL_OP, quantize_params
 from nndf.export.weight_graph import prepare_graph, weight_matmuls
 
 
@@ -59,7 +59,7 @@ def test_lm_head_and_embedding_quantization_as_chosen(method, bits, head, embedd
     assert out.is_file() and not (tmp_path / "scratch").exists()
     graph = onnx.load(str(out)).graph
     ops = [n.op_type for n in graph.node]
-    quantized_op = "MatMulInteger" if method == "dynamic" else "MatMulNBits"
+    quantized_op = MATMUL_OP[method]
     assert report["lm_head"] is head and report["matmuls"] == 1 + head  # the Gemm's MatMul, and the head if chosen
     assert ops.count(quantized_op) == 1 + head and ops.count("MatMul") == (not head)
     assert ops.count("GatherBlockQuantized") == (1 if embedding else 0)

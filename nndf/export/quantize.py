@@ -122,6 +122,7 @@ INT4 = dict(INT8, method="matmul_nbits", bits=4, block_size=64, embedding=False)
 KINDS: dict[str, dict] = {"int8": INT8, "int4": INT4}
 PARAMETERS = frozenset(INT8)
 METHODS = ("matmul_nbits", "dynamic")
+MATMUL_OP = {"matmul_nbits": "MatMulNBits", "dynamic": "MatMulInteger"}  # the op each method makes of a MatMul
 
 
 def block_size_problem(block_size) -> str | None:
@@ -136,7 +137,11 @@ def quantize_params(kind: str, block_size: int | None = None) -> dict:
     """The default parameters of `kind`, with `block_size` (the --block-size flag) in place of the default."""
     if kind not in KINDS:
         raise UsageError(f"unknown quantization '{kind}'; allowed: {', '.join(KINDS)}")
-    params = dict(KINDS[kind])
+    return with_block_size(dict(KINDS[kind]), block_size)
+
+
+def with_block_size(params: dict, block_size: int | None) -> dict:
+    """`params` with every block-wise part in blocks of `block_size` (the --block-size flag), when it is given."""
     if block_size is not None:
         params["block_size"] = params["embedding_block_size"] = block_size
     return params
@@ -219,7 +224,7 @@ def _check_result(out: Path, export, report: Mapping) -> dict[str, int]:
     ops: dict[str, int] = {}
     for n in model.graph.node:
         ops[n.op_type] = ops.get(n.op_type, 0) + 1
-    matmul = "MatMulInteger" if report["method"] == "dynamic" else "MatMulNBits"
+    matmul = MATMUL_OP[report["method"]]
     for op, expected in ((matmul, report["matmuls"]), ("GatherBlockQuantized", report["gathers"])):
         if ops.get(op, 0) != expected:
             raise HarnessError(f"quantizing {export.graph} gave {ops.get(op, 0)} {op} for {expected} nodes to "
@@ -265,9 +270,7 @@ def quantized_decoder(export, kind: str, working_dir: str | Path, params: Mappin
     from nndf.export.weight_quant import quantize_graph
 
     defaults = quantize_params(kind)  # an unknown kind is refused here, whatever `params` says
-    params = dict(defaults if params is None else params)
-    if block_size is not None:
-        params["block_size"] = params["embedding_block_size"] = block_size
+    params = with_block_size(dict(defaults if params is None else params), block_size)
     _check_params(kind, params)
     try:
         for module in ("onnx", "onnxruntime.quantization"):
