@@ -241,32 +241,40 @@ def test_a_built_export_loads_without_the_models_code(family_dirs, onnx_work_dir
     assert out[1] == "[]"
 
 
-@pytest.mark.parametrize("family, fused", [("Llama", {"SkipSimplifiedLayerNormalization", "RotaryEmbedding"}),
+@pytest.mark.parametrize("family, fused", [("Llama", {"SkipSimplifiedLayerNormalization"}),
                                            ("Qwen3", {"SkipSimplifiedLayerNormalization", "RotaryEmbedding"}),
                                            ("GPT2", set())])
 def test_the_shared_graph_has_onnxruntimes_fused_kernels(family, fused, family_dirs, onnx_work_dir):
     """The shared layout's graph (ONNX Runtime's alone) carries its fused normalizations and rotary embeddings
     (nndf.export.ort_fusions; its tokens are checked against generate() above): no rotate-half (Neg) is left,
-    sibling projections are one MatMul, and Llama's heads go into the kernel unsplit (Qwen3 normalizes its split heads first, so its kernel takes them
-    split); the growing graph, which TensorRT builds from, keeps the plain ops."""
+    sibling projections are one MatMul, and Llama's attention takes its projection whole and rotates it itself
+    (nndf.export.attention_inputs; Qwen3 normalizes its split heads first, so its kernel takes them split and
+    rotated by RotaryEmbedding); the growing graph, which TensorRT builds from, keeps the plain ops."""
     import onnx
 
     shared = _shared(family, family_dirs, onnx_work_dir)
     growing = nndf.load(family, backend="onnxrt", loaded=shared.loaded, working_dir=str(onnx_work_dir),
                         kv_layout="growing")
 
+    def graph(model):
+        return onnx.load(str(model.decoder.session.artifacts[0]), load_external_data=False).graph
+
     def ops(model) -> list[str]:  # the model's own (not the screened LM head's: tests/test_screened_head.py)
-        graph = onnx.load(str(model.decoder.session.artifacts[0]), load_external_data=False).graph
-        return [node.op_type for node in graph.node if not node.name.startswith(PREFIX)]
+        return [node.op_type for node in graph(model).node if not node.name.startswith(PREFIX)]
 
     assert fused <= set(ops(shared))
-    assert not set(ops(growing)) & (fused | {"SimplifiedLayerNormalization"})
-    if "RotaryEmbedding" in fused:
+    assert not set(ops(growing)) & (fused | {"SimplifiedLayerNormalization", "RotaryEmbedding"})
+    if family != "GPT2":
         assert "Neg" not in ops(shared) and "Neg" in ops(growing)
     if family == "Llama":  # 2 layers: only the mask's and the head's Transposes are left, none per layer; each
         # layer's query, key and value projections are one MatMul, and its gate and up projections another
         assert ops(shared).count("Transpose") < ops(growing).count("Transpose") - 8
         assert ops(shared).count("MatMul") == 2 * 4  # (qkv, o, gate-up, down) per layer (the LM head is screened)
+        attention = [node for node in graph(shared).node if node.op_type == "GroupQueryAttention"]
+        rotary = [{a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}.get("do_rotary")
+                  for node in attention]
+        assert rotary == [1, 1] and "RotaryEmbedding" not in ops(shared)
+        assert ops(shared).count("Split") == 2  # the gate-up ones: each layer's qkv goes into its kernel whole
 
 
 def test_layer_norms_stay_apart_from_their_residual_add(family_dirs, onnx_work_dir, tmp_path, monkeypatch):
@@ -291,9 +299,9 @@ def test_layer_norms_stay_apart_from_their_residual_add(family_dirs, onnx_work_d
 
 def test_gpt2s_attention_takes_its_projection_whole_as_packed_qkv(family_dirs, onnx_work_dir):
     """GPT-2's one qkv projection: its GroupQueryAttention reads the projection's output as packed QKV (key and value
-    inputs empty), with no Split copying it into three first (nndf.export.ort_fusions.pack_attention_inputs); its
-    tokens against generate() are the parity tests'. Llama's queries and keys are rotated after their split, so its
-    nodes keep three inputs."""
+    inputs empty), with no Split copying it into three first (nndf.export.attention_inputs.pack_attention_inputs); its
+    tokens against generate() are the parity tests'. Qwen3's queries and keys are normalized and rotated after
+    their split, so its nodes keep three inputs."""
     import onnx
 
     def attention(family):
@@ -305,4 +313,4 @@ def test_gpt2s_attention_takes_its_projection_whole_as_packed_qkv(family_dirs, o
 
     gpt2 = attention("GPT2")
     assert len(gpt2) == 2 and all(producer != "Split" and rest == ["", ""] for producer, rest in gpt2)
-    assert all(rest[0] and rest[1] for _, rest in attention("Llama"))
+    assert all(rest[0] and rest[1] for _, rest in attention("Qwen3"))

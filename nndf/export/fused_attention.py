@@ -13,8 +13,9 @@ after `cache.update(...)`. Under `ATTENTION` below, a cache whose layers hand ba
 (`SharedBufferLayer`) and an attention function that calls `nndf::group_query_attention` (a torch custom op with a
 plain PyTorch body, so that tracing and PyTorch runs work) over the layer's buffers; the dynamo exporter translates
 the op to the ONNX node (`CUSTOM_TRANSLATION`). Queries and keys arrive already rotated (rotary, q/k norms, biases are
-the model's own code), so the node runs with `do_rotary=0`; nndf.export.ort_fusions then turns the model's rotary
-ops into ONNX Runtime's RotaryEmbedding kernel.
+the model's own code), so the node is exported with `do_rotary=0`; nndf.export.ort_fusions then turns the model's
+rotary ops into ONNX Runtime's RotaryEmbedding kernel, and where nothing stands between the projection and the
+rotation, into the node's own rotary (`nndf.export.attention_inputs`).
 
 Masking: the node masks causally by position and by `seqlens_k`, but it has no padding mask, and our loop pads
 batched prompts on the left (as `generate()` does). The mask transformers builds for eager attention (additive,

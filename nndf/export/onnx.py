@@ -35,10 +35,10 @@ from nndf.progress import say, ticking
 from nndf.workspace import artifact_lock, artifact_name, build_dir_artifact, read_metadata, stale_reason
 
 # Bump when a change here changes the graphs produced, so that old exports are rebuilt rather than reused.
-EXPORTER_REVISION = 13  # shared layout (ort_fusions): 4 fused normalizations, 5 rotary embeddings, 6 sibling MatMuls,
+EXPORTER_REVISION = 14  # shared layout (ort_fusions): 4 fused normalizations, 5 rotary embeddings, 6 sibling MatMuls,
 # 7 the LM head in chunks, 8 the screened head, 9 its candidates as an output; 10 the last layer on the kept rows;
 # 11 the screen's candidates found block by block; 12 LayerNorms left apart from their residual Add;
-# 13 packed QKV into GroupQueryAttention
+# 13 packed QKV into GroupQueryAttention; 14 rotary inside GroupQueryAttention
 GRAPH_FILE = "decoder.onnx"
 
 

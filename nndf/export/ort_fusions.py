@@ -27,7 +27,7 @@ exported decode step had 1739 nodes where GPT-2 small's has 474.
   projection's (batch, sequence, heads * size) output and the split, the two Transposes and the merge go.
 - A Reshape that only undoes the Reshape before it (symbolic shapes equal) goes.
 - Attention whose query, key and value are the parts of one Split takes the projection's output whole, as packed
-  QKV (`pack_attention_inputs`).
+  QKV, and rotates its queries and keys itself where RotaryEmbeddings did (`nndf.export.attention_inputs`).
 - A tied LM head becomes a screened one (`nndf.export.screened_head`): greedy search and top-k sampling read an
   int8 copy and a few exact rows of the embedding table, and the full head reads the table itself (no copy).
 - A MatMul over a weight larger than 32 MiB (an untied LM head) becomes MatMuls over column chunks of it and a
@@ -43,6 +43,7 @@ from __future__ import annotations
 from onnxscript.rewriter import _ir_utils, pattern
 from onnxscript.rewriter.ort_fusions.rotary_embedding import _rotate_half_pattern
 
+from nndf.export.attention_inputs import pack_attention_inputs, rotate_in_attention
 from nndf.export.screened_head import screen_head
 
 SWAP_HEADS = [0, 2, 1, 3]  # (batch, sequence, heads, size) <-> (batch, heads, sequence, size)
@@ -199,43 +200,6 @@ def merge_sibling_matmuls(model) -> int:
     return merged
 
 
-def pack_attention_inputs(model) -> int:
-    """A GroupQueryAttention whose query, key and value are the three parts of one Split along the last axis (a
-    projection's output with no rotary between: GPT-2's) takes that output whole as its packed QKV input, and the
-    Split goes: the kernel reads the numbers in place where the Split copied them. GPT-2 small on Zen 4, ONNX
-    Runtime's profile of 126 decode steps: GroupQueryAttention and the Splits 2.03 -> 1.57 ms a step at batch 4,
-    0.80 -> 0.59 at batch 1; whole steps 0.997x and 0.988x (bench/README.md). The parts must be in the kernel's
-    order and sizes, (heads + 2 kv_heads) x head size: query, key, value. Returns how many nodes were packed."""
-    packed = 0
-    for node in list(model.graph):
-        if node.op_type != "GroupQueryAttention" or node.domain != "com.microsoft" or len(node.inputs) < 3:
-            continue
-        query, key, value = node.inputs[:3]
-        split = query.producer() if query is not None else None
-        if split is None or split.op_type != "Split" or split.domain != "" or key is None or value is None \
-                or [query, key, value] != list(split.outputs) or any(len(v.uses()) != 1 for v in split.outputs):
-            continue
-        source = split.inputs[0]
-        rank = len(source.shape) if source.shape is not None else None
-        heads, kv_heads = node.attributes.get_int("num_heads"), node.attributes.get_int("kv_num_heads")
-        width = source.shape[-1] if rank else None
-        if rank != 3 or split.attributes.get_int("axis", 0) not in (-1, 2) or not isinstance(width, int) \
-                or width % (heads + 2 * kv_heads):
-            continue
-        size = width // (heads + 2 * kv_heads)
-        given = split.inputs[1] if len(split.inputs) > 1 else None  # the parts' widths; else equal thirds
-        widths = given.const_value.numpy().tolist() if given is not None and given.const_value is not None else None
-        if (given is not None and widths != [heads * size, kv_heads * size, kv_heads * size]) \
-                or (given is None and heads != kv_heads):
-            continue
-        node.replace_input_with(0, source)
-        node.replace_input_with(1, None)
-        node.replace_input_with(2, None)
-        model.graph.remove(split, safe=True)
-        packed += 1
-    return packed
-
-
 def _type_as(value, dtype, shape) -> None:
     """Give a new node's output the dtype and shape known of the value it replaces; an unknown one stays unset (a
     dtype set to None is an empty tensor type, on which the optimizer's constant folding fails)."""
@@ -318,5 +282,6 @@ def fuse_for_onnxruntime(model) -> dict[str, int]:
     counts = {name: rule(model) for name, rule in rules}
     optimize(model)  # inlines what a rule left as an intermediate function, drops unused nodes, merges equal ones
     # on the optimized graph: a Split meets its GroupQueryAttention only once the functions between them are inlined
+    counts["rotary_in_attention"] = rotate_in_attention(model)
     counts["packed_attention"] = pack_attention_inputs(model)
     return counts
