@@ -242,14 +242,16 @@ def test_a_built_export_loads_without_the_models_code(family_dirs, onnx_work_dir
 
 
 @pytest.mark.parametrize("family, fused", [("Llama", {"SkipSimplifiedLayerNormalization"}),
-                                           ("Qwen3", {"SkipSimplifiedLayerNormalization", "RotaryEmbedding"}),
+                                           ("Qwen3", {"SkipSimplifiedLayerNormalization"}),
+                                           ("Qwen2", {"SkipSimplifiedLayerNormalization", "RotaryEmbedding"}),
                                            ("GPT2", set())])
 def test_the_shared_graph_has_onnxruntimes_fused_kernels(family, fused, family_dirs, onnx_work_dir):
     """The shared layout's graph (ONNX Runtime's alone) carries its fused normalizations and rotary embeddings
     (nndf.export.ort_fusions; its tokens are checked against generate() above): no rotate-half (Neg) is left,
-    sibling projections are one MatMul, and Llama's attention takes its projection whole and rotates it itself
-    (nndf.export.attention_inputs; Qwen3 normalizes its split heads first, so its kernel takes them split and
-    rotated by RotaryEmbedding); the growing graph, which TensorRT builds from, keeps the plain ops."""
+    sibling projections are one MatMul, and Llama's and Qwen3's attention rotates its queries and keys itself,
+    Llama's taking its projection whole (nndf.export.attention_inputs); Qwen2's tiny heads of 8, which the kernel's
+    rotary refuses, keep their RotaryEmbeddings. The growing graph, which TensorRT builds from, keeps the
+    plain ops."""
     import onnx
 
     shared = _shared(family, family_dirs, onnx_work_dir)
@@ -266,15 +268,20 @@ def test_the_shared_graph_has_onnxruntimes_fused_kernels(family, fused, family_d
     assert not set(ops(growing)) & (fused | {"SimplifiedLayerNormalization", "RotaryEmbedding"})
     if family != "GPT2":
         assert "Neg" not in ops(shared) and "Neg" in ops(growing)
+    if family in ("Llama", "Qwen3"):
+        layers = 2 if family == "Llama" else 1
+        attention = [({a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}, list(node.input[1:3]))
+                     for node in graph(shared).node if node.op_type == "GroupQueryAttention"]
+        assert [attributes["do_rotary"] for attributes, _ in attention] == [1] * layers
+        assert "RotaryEmbedding" not in ops(shared)
+        # Llama's projection goes in whole (no Split but the gate-up ones); Qwen3's queries and keys are its
+        # normalized heads, merged, and its value the projection's third part
+        assert all((parts == ["", ""]) == (family == "Llama") for _, parts in attention)
+        assert ops(shared).count("Split") == layers * (1 if family == "Llama" else 2)
     if family == "Llama":  # 2 layers: only the mask's and the head's Transposes are left, none per layer; each
         # layer's query, key and value projections are one MatMul, and its gate and up projections another
         assert ops(shared).count("Transpose") < ops(growing).count("Transpose") - 8
         assert ops(shared).count("MatMul") == 2 * 4  # (qkv, o, gate-up, down) per layer (the LM head is screened)
-        attention = [node for node in graph(shared).node if node.op_type == "GroupQueryAttention"]
-        rotary = [{a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}.get("do_rotary")
-                  for node in attention]
-        assert rotary == [1, 1] and "RotaryEmbedding" not in ops(shared)
-        assert ops(shared).count("Split") == 2  # the gate-up ones: each layer's qkv goes into its kernel whole
 
 
 def test_layer_norms_stay_apart_from_their_residual_add(family_dirs, onnx_work_dir, tmp_path, monkeypatch):
@@ -300,8 +307,8 @@ def test_layer_norms_stay_apart_from_their_residual_add(family_dirs, onnx_work_d
 def test_gpt2s_attention_takes_its_projection_whole_as_packed_qkv(family_dirs, onnx_work_dir):
     """GPT-2's one qkv projection: its GroupQueryAttention reads the projection's output as packed QKV (key and value
     inputs empty), with no Split copying it into three first (nndf.export.attention_inputs.pack_attention_inputs); its
-    tokens against generate() are the parity tests'. Qwen3's queries and keys are normalized and rotated after
-    their split, so its nodes keep three inputs."""
+    tokens against generate() are the parity tests'. Qwen2's tiny heads of 8 are rotated after their split (the
+    kernel's rotary refuses them), so its nodes keep three inputs."""
     import onnx
 
     def attention(family):
@@ -313,4 +320,4 @@ def test_gpt2s_attention_takes_its_projection_whole_as_packed_qkv(family_dirs, o
 
     gpt2 = attention("GPT2")
     assert len(gpt2) == 2 and all(producer != "Split" and rest == ["", ""] for producer, rest in gpt2)
-    assert all(rest[0] and rest[1] for _, rest in attention("Qwen3"))
+    assert all(rest[0] and rest[1] for _, rest in attention("Qwen2"))

@@ -9,13 +9,17 @@ checks the result.
 
 from __future__ import annotations
 
+import dataclasses
+
 import onnx_ir as ir
+
 
 GQA = ("com.microsoft", "GroupQueryAttention")
 ROTARY = ("com.microsoft", "RotaryEmbedding")
 # GroupQueryAttention's inputs, by index, as ONNX Runtime 1.32 declares them (those after 10 optional)
 COS_CACHE, SIN_CACHE, POSITION_IDS, ATTENTION_BIAS, QUERY_SEQLENS = 7, 8, 9, 10, 16
 TOTAL_SEQUENCE_LENGTH = 6
+SWAP_HEADS = [0, 2, 1, 3]  # (batch, sequence, heads, size) <-> (batch, heads, sequence, size)
 
 
 def _is(node, kind) -> bool:
@@ -73,12 +77,17 @@ def pack_attention_inputs(model) -> int:
 
 
 def rotate_in_attention(model) -> int:
-    """A GroupQueryAttention whose query and key are RotaryEmbeddings (rotate-half, whole heads) of two parts of a
-    packed projection's Split, the third part its value, takes the projection whole with `do_rotary=1`: the Split
-    and both RotaryEmbeddings go (three nodes a layer). SmolLM2-135M int4 on Zen 4: decode 0.949x and 0.943x per
-    step (bench/README.md). The kernel gets what the RotaryEmbeddings got: the step's own cos and sin tables as its
-    cache (the family's scaling included; `nndf.export.ort_fusions`) and each token's entry in them as its
-    `position_ids`. Two conditions of ONNX Runtime 1.32's CPU kernel:
+    """A GroupQueryAttention whose query and key come from RotaryEmbeddings takes them unrotated and rotates them
+    itself (`do_rotary=1`), as ONNX Runtime GenAI's graphs have it:
+    - Llama's shape (a RotaryEmbedding of each part of a packed projection's Split, the third part the value): the
+      kernel takes the projection whole, and the Split and both RotaryEmbeddings go, three nodes a layer.
+      SmolLM2-135M on Zen 4, alternating processes, decode per step 0.974x (fp32), 0.95x (int8), 0.94-0.99x (int4).
+    - Qwen3's (each part split into heads, RMS-normalized per head, rotated between two Transposes, merged
+      back): the kernel takes the merged norms' outputs apart; both rotations and their Transposes go, six nodes
+      a layer.
+    The kernel gets what the RotaryEmbeddings got: the step's own cos and sin tables as its cache (the family's
+    scaling included; `nndf.export.ort_fusions`) and each token's entry in them as its `position_ids`. Two
+    conditions of ONNX Runtime 1.32's CPU kernel:
 
     - It reads `position_ids` token by token only when told each row's count of new tokens (`query_seqlens`, here
       every row's whole chunk); without it a prompt's rows are all rotated from the first row's first position,
@@ -97,26 +106,21 @@ def rotate_in_attention(model) -> int:
     for node in list(graph):
         if not _is(node, GQA) or len(node.inputs) < 7 or node.attributes.get_int("do_rotary", 0):
             continue
-        query, key, value = node.inputs[:3]
-        rotaries = [v.producer() if v is not None else None for v in (query, key)]
-        if not all(_is(r, ROTARY) and r.attributes.get_int("interleaved", 0) == 0 and len(r.inputs) == 4
-                   for r in rotaries) or list(rotaries[0].inputs[1:]) != list(rotaries[1].inputs[1:]) \
-                or any(len(v.uses()) != 1 for v in (query, key)):
-            continue
-        split = rotaries[0].inputs[0].producer()
-        if split is None or [rotaries[0].inputs[0], rotaries[1].inputs[0], value] != list(split.outputs) \
-                or any(len(v.uses()) != 1 for v in split.outputs):
-            continue
         heads, kv_heads = _heads(node)
-        source = _packed_source(split, heads, kv_heads)
-        positions, cos, sin = rotaries[0].inputs[1:]
-        if source is None or rotaries[0].attributes.get_int("num_heads") != heads \
-                or rotaries[1].attributes.get_int("num_heads") != kv_heads:
+        query, key, value = node.inputs[:3]
+        made = [_rotation(query, heads), _rotation(key, kv_heads)]
+        if None in made or value is None or list(made[0].rotary.inputs[1:]) != list(made[1].rotary.inputs[1:]):
             continue
-        size = source.shape[-1] // (heads + 2 * kv_heads)
+        positions, cos, sin = made[0].rotary.inputs[1:]
         half = cos.shape[-1] if cos.shape is not None and len(cos.shape) == 2 else None
-        if size % 16 or half != size // 2:  # the kernel's rotary: sizes in 16s, the whole head rotated
-            continue
+        if not isinstance(half, int) or (2 * half) % 16 \
+                or any(_width(v) != n * 2 * half for v, n in ((made[0].part, heads), (made[1].part, kv_heads))):
+            continue  # the kernel's rotary: head sizes in 16s, the whole head rotated
+        split = value.producer()
+        packed = [made[0].part, made[1].part, value] == list(split.outputs) if split is not None else False
+        source = _packed_source(split, heads, kv_heads) if packed else None
+        if source is not None and any(len(v.uses()) != 1 for v in split.outputs):
+            source = None
         total = node.inputs[TOTAL_SEQUENCE_LENGTH]
         if (cos, sin, total) not in tables:
             tables[cos, sin, total] = _padded_tables(graph, node, cos, sin, total, f"rotary_cache{len(tables)}")
@@ -124,17 +128,97 @@ def rotate_in_attention(model) -> int:
             counts[positions] = _every_row_new(graph, node, positions, f"query_seqlens{len(counts)}")
         padded_cos, padded_sin = tables[cos, sin, total]
         bias = node.inputs[ATTENTION_BIAS] if len(node.inputs) > ATTENTION_BIAS else None
+        for rotation in made:
+            rotation.unrotate()
+        attention = [source, None, None] if source is not None else [made[0].part, made[1].part, value]
         node.resize_inputs(QUERY_SEQLENS + 1)
-        for index, given in ((0, source), (1, None), (2, None), (COS_CACHE, padded_cos),
-                             (SIN_CACHE, padded_sin), (POSITION_IDS, positions), (ATTENTION_BIAS, bias),
-                             (QUERY_SEQLENS, counts[positions])):
-            node.replace_input_with(index, given)
+        for index, input_ in {0: attention[0], 1: attention[1], 2: attention[2], COS_CACHE: padded_cos,
+                              SIN_CACHE: padded_sin, POSITION_IDS: positions, ATTENTION_BIAS: bias,
+                              QUERY_SEQLENS: counts[positions]}.items():
+            node.replace_input_with(index, input_)
         node.attributes["do_rotary"] = ir.AttrInt64("do_rotary", 1)
         node.attributes["rotary_interleaved"] = ir.AttrInt64("rotary_interleaved", 0)
-        graph.remove(rotaries, safe=True)
-        _remove_split(graph, split)
+        graph.remove([*made[0].nodes, *made[1].nodes], safe=True)
+        if source is not None:
+            _remove_split(graph, split)
         rewritten += 1
     return rewritten
+
+
+def _width(value) -> int | None:
+    """The last dimension of a (batch, sequence, width) value, where known: from its shape, or from the widths of
+    the Split that made it."""
+    shape = value.shape
+    if shape is not None and len(shape) == 3 and isinstance(shape[-1], int):
+        return shape[-1]
+    split = value.producer()
+    widths = split.inputs[1] if split is not None and split.op_type == "Split" and len(split.inputs) > 1 else None
+    if widths is None or widths.const_value is None:
+        return None
+    return int(widths.const_value.numpy()[list(split.outputs).index(value)])
+
+
+@dataclasses.dataclass
+class _Rotation:
+    """How a GroupQueryAttention's query or key input is rotated: `rotary` does it, `nodes` (read by nothing else)
+    go with it, and `part`, (batch, sequence, heads * size), is what the kernel takes in its place; `merge`, where
+    given, is the Reshape that makes `part` and is to read `unrotated` instead of the rotation's output."""
+
+    part: ir.Value
+    rotary: ir.Node
+    nodes: list[ir.Node]
+    merge: ir.Node | None = None
+    unrotated: ir.Value | None = None
+
+    def unrotate(self) -> None:
+        if self.merge is not None:
+            self.merge.replace_input_with(0, self.unrotated)
+
+
+def _rotation(value, heads: int) -> _Rotation | None:
+    """The two ways the shared export rotates a query or key of `heads` heads: a RotaryEmbedding of the
+    projection's part as (batch, sequence, heads * size) (Llama's, after nndf.export.ort_fusions), whose input the
+    kernel then takes; or, after a per-head RMS norm (Qwen3's), a RotaryEmbedding of (batch, heads, sequence,
+    size) between two Transposes, before the Reshape that merges the heads, which then merges the norm's output
+    (ONNX Runtime 1.32's CPU kernel has no q/k norms of its own: "implemented only on the CUDA and WebGPU EPs").
+    None for anything else (a partial rotary, interleaved pairs, other layouts)."""
+    producer = value.producer() if value is not None and len(value.uses()) == 1 else None
+    if _is(producer, ROTARY):
+        if producer.attributes.get_int("num_heads") != heads or not _rotate_half(producer):
+            return None
+        return _Rotation(producer.inputs[0], producer, [producer])
+    chain = _chain(value, [("", "Reshape"), ("", "Transpose"), ROTARY, ("", "Transpose")])
+    if chain is None:
+        return None
+    merge, back, rotary, swap = chain
+    unrotated = swap.inputs[0]
+    shape = unrotated.shape
+    if not _rotate_half(rotary) or any(_perm(t) != SWAP_HEADS for t in (back, swap)) \
+            or shape is None or len(shape) != 4 or shape[2] != heads:
+        return None
+    return _Rotation(value, rotary, [back, rotary, swap], merge, unrotated)
+
+
+def _rotate_half(rotary) -> bool:
+    return rotary.attributes.get_int("interleaved", 0) == 0 and len(rotary.inputs) == 4
+
+
+def _perm(transpose) -> list[int] | None:
+    perm = transpose.attributes.get("perm")
+    return None if perm is None else list(perm.as_ints())
+
+
+def _chain(value, kinds) -> list | None:
+    """The producers of `value`, its first input's, and so on, when they are of `kinds` in that order and each
+    output along the way is read once; else None."""
+    nodes = []
+    for kind in kinds:
+        producer = value.producer() if value is not None and len(value.uses()) == 1 else None
+        if not _is(producer, kind):
+            return None
+        nodes.append(producer)
+        value = producer.inputs[0]
+    return nodes
 
 
 def kernel_reads_query_seqlens() -> bool:

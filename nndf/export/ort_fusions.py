@@ -43,10 +43,9 @@ from __future__ import annotations
 from onnxscript.rewriter import _ir_utils, pattern
 from onnxscript.rewriter.ort_fusions.rotary_embedding import _rotate_half_pattern
 
-from nndf.export.attention_inputs import pack_attention_inputs, rotate_in_attention
+from nndf.export.attention_inputs import SWAP_HEADS, pack_attention_inputs, rotate_in_attention
 from nndf.export.screened_head import screen_head
 
-SWAP_HEADS = [0, 2, 1, 3]  # (batch, sequence, heads, size) <-> (batch, heads, sequence, size)
 
 
 def _known(dim) -> bool:
