@@ -164,6 +164,11 @@ def _model_arguments(p: argparse.ArgumentParser, batch_size: int = 1, batch_help
     r.add_argument("--block-size", type=int, metavar="N", help="onnxrt-int8/int4: every block-wise part (MatMulNBits, "
                    "int8's tables) in blocks of N, each with its own scale; a power of two >= 16 (default: int4 64; "
                    "int8 128, its tables 32; smaller blocks are more exact, larger ones faster)")
+    r.add_argument("--int8-method", choices=("matmul-nbits", "dynamic"), help="onnxrt-int8: how int8 weight "
+                   "MatMuls run, in place of the CPU's choice (--info says it): 'matmul-nbits', 8-bit MatMulNBits in "
+                   "blocks (the shorter decode step on a CPU with VNNI and no AMX), or 'dynamic', ONNX Runtime's "
+                   "dynamic quantization (per-channel scales, activations quantized per step: the faster prompt and "
+                   "batch there, and the faster everything on AMX or without VNNI)")
     o = p.add_argument_group("output")
     o.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
     o.add_argument("--info", action="store_true", help="print the settings and tensor shapes before running")

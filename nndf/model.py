@@ -326,6 +326,7 @@ def load(
     loaded: LoadedModel | None = None,
     quantize: str | None = None,
     block_size: int | None = None,
+    int8_method: str | None = None,
     threads: int | None = None,
     decoder_onnx: str | None = None,
     encoder_onnx: str | None = None,
@@ -342,7 +343,8 @@ def load(
     (default: a CUDA GPU when there is one). `working_dir`: where exports and engines are kept and reused.
 
     `quantize` ("int8" or "int4") quantizes the onnxrt backend's weights (as does a backend named "onnxrt-int8"),
-    in blocks of `block_size` (default: the kind's, nndf.export.quantize); `threads` sets intra-op threads;
+    in blocks of `block_size` (default: the kind's, nndf.export.quantize), int8 by `int8_method` ("matmul_nbits"
+    or "dynamic"; default: the CPU's, as --int8-method); `threads` sets intra-op threads;
     `decoder_onnx` runs a given ONNX file on onnxrt (and an encoder-decoder's `encoder_onnx` and
     `cache_generator_onnx`, as their flags; all three given: nothing is exported). `loaded` lets several backends
     share one PyTorch model.
@@ -362,8 +364,11 @@ def load(
                          f"graph), not {backend}")
     if block_size is not None and quantize is None:
         raise UsageError("block_size applies to quantized weights; give quantize='int8' or 'int4' too")
+    if int8_method is not None and quantize != "int8":
+        raise UsageError("int8_method applies to int8 weights; give quantize='int8' (or the backend 'onnxrt-int8')")
     given = {"decoder_onnx": decoder_onnx, "encoder_onnx": encoder_onnx, "cache_generator_onnx": cache_generator_onnx}
     options = BackendOptions(working_dir=working_dir, threads=threads, quantize=quantize, block_size=block_size,
+                             int8_method=int8_method,
                              cuda_graph=cuda_graph, kv_layout=kv_layout or "shared", **given)
     spec, var = resolve(family, variant)
     if settings is None:

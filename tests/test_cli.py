@@ -110,6 +110,10 @@ def test_info_prints_shapes(capsys, tiny_gpt2_dir):
         (["benchmark", "GPT2", "onnxrt", "--int4", "--block-size", "8"], "--block-size must be a power of two"),
         (["benchmark", "GPT2", "onnxrt", "--block-size", "64"], "--block-size applies to quantized weights; add --int8 "
                                                                 "or --int4"),
+        (["benchmark", "GPT2", "onnxrt-int4", "--int8-method", "dynamic"], "--int8-method applies to int8 weights; "
+                                                                         "add --int8 or the backend onnxrt-int8"),
+        (["benchmark", "GPT2", "onnxrt-int8", "--int8-method", "fast"], "argument --int8-method: invalid choice: "
+                                                                      "'fast' (choose from 'matmul-nbits', 'dynamic')"),
         (["benchmark", "GPT2", "onnxrt", "--dynamic-batch"], "--dynamic-batch shapes TensorRT engines; without trt "
                                                              "among the backends it changes nothing"),
         (["chat", "GPT2", "frameworks", "-c", "onnxrt", "--engine-postfix", "A100"],

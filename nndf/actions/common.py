@@ -151,9 +151,15 @@ def backend_options(args) -> BackendOptions:
     check_backend_flags(args, args.backends)
     quantize = "int8" if args.int8 else "int4" if args.int4 else None
     return BackendOptions(working_dir=args.working_dir, threads=args.threads, quantize=quantize,
-                          block_size=getattr(args, "block_size", None), cuda_graph=args.cuda_graph,
+                          block_size=getattr(args, "block_size", None), int8_method=_int8_method(args),
+                          cuda_graph=args.cuda_graph,
                           kv_layout=getattr(args, "kv_layout", None) or "shared",
                           **{f: getattr(args, f) for f in (*GIVEN_ONNX, *GIVEN_ENGINES)})
+
+
+def _int8_method(args) -> str | None:
+    given = getattr(args, "int8_method", None)
+    return given.replace("-", "_") if given else None
 
 
 def check_backend_flags(args, names: list[str]) -> None:
@@ -170,6 +176,8 @@ def check_backend_flags(args, names: list[str]) -> None:
     if block_size is not None and not (quantize or any(split_backend(name)[1] for name in names)):
         raise UsageError("--block-size applies to quantized weights; add --int8 or --int4, or a backend such as "
                          "onnxrt-int8")
+    if _int8_method(args) and not (quantize == "int8" or any(split_backend(name)[1] == "int8" for name in names)):
+        raise UsageError("--int8-method applies to int8 weights; add --int8 or the backend onnxrt-int8")
     trt_flags = [_flag(f) for f in GIVEN_ENGINES if getattr(args, f)]
     if trt_flags and "trt" not in backends:
         raise UsageError(f"{trt_flags[0]} applies to the trt backend; add trt")
@@ -254,8 +262,7 @@ def open_models(args, needs_text: bool = False, new_tokens_flag: str | None = No
     # opened with the backends that run the PyTorch model first: an export then builds from the weights they hold
     # instead of loading them for itself (and letting them go) before those backends load them again
     first = sorted(range(len(named)), key=lambda index: named[index][0] not in RUNS_TORCH_MODEL)
-    opened = {index: Model(loaded, named[index][0], settings,
-                           dataclasses.replace(options, quantize=named[index][1]) if named[index][1] else options)
+    opened = {index: Model(loaded, named[index][0], settings, _row_options(options, named[index][1]))
               for index in first}
     models = [opened[index] for index in range(len(named))]
     for model in models:
@@ -268,9 +275,19 @@ def open_models(args, needs_text: bool = False, new_tokens_flag: str | None = No
     return models
 
 
+def _row_options(options: BackendOptions, named_quantization: str | None) -> BackendOptions:
+    """One backend's options: its named quantization (onnxrt-int8) in place of the flags', and the quantization
+    flags only where it quantizes (an fp32 row beside an int8 one has no block size and no int8 method)."""
+    quantize = named_quantization or options.quantize
+    return dataclasses.replace(options, quantize=quantize, block_size=options.block_size if quantize else None,
+                               int8_method=options.int8_method if quantize == "int8" else None)
+
+
 def label(model: Model) -> str:
     """A backend's name in tables, with what changes its numbers (quantization, CUDA graphs)."""
     extra = [model.options.quantize] if model.options.quantize and not model.is_reference else []
+    if extra and model.options.int8_method is not None:
+        extra.append(model.options.int8_method.replace("_", "-"))
     if extra and model.options.block_size is not None:
         extra.append(f"block {model.options.block_size}")
     if model.options.cuda_graph and not model.is_reference:

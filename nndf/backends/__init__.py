@@ -44,6 +44,7 @@ class BackendOptions:
     cache_generator_onnx: str | None = None  # ... and the cross-attention cache generator's
     quantize: str | None = None  # None, "int8" or "int4": weight quantization of the ONNX graph (CPU)
     block_size: int | None = None  # MatMulNBits block size of quantized weights (None: the kind's default)
+    int8_method: str | None = None  # int8's "matmul_nbits" or "dynamic" (None: the CPU's; int4 ignores it)
     io_binding: bool = True  # ONNX Runtime: bind inputs and outputs instead of converting through numpy
     decoder_engine: str | None = None  # TensorRT: run this serialized engine instead of building one
     encoder_engine: str | None = None  # TensorRT, encoder-decoder models: the encoder's engine
@@ -56,6 +57,12 @@ class BackendOptions:
             raise UsageError(f"unknown quantization '{self.quantize}'; allowed: {', '.join(QUANTIZATIONS)}")
         if self.kv_layout not in KV_LAYOUTS:
             raise UsageError(f"unknown --kv-layout '{self.kv_layout}'; allowed: {', '.join(KV_LAYOUTS)}")
+        if self.int8_method is not None:
+            from nndf.export.quantize import METHODS
+
+            if self.int8_method not in METHODS:
+                raise UsageError(f"unknown --int8-method '{self.int8_method.replace('_', '-')}'; allowed: "
+                                 f"{', '.join(m.replace('_', '-') for m in METHODS)}")
         if self.block_size is not None:
             from nndf.export.quantize import block_size_problem
 

@@ -260,7 +260,8 @@ def runnable_graph(export, loaded: LoadedModel, settings: BuildSettings, options
     if options.quantize is not None:
         from nndf.export.quantize import quantized_decoder
 
-        return quantized_decoder(export, options.quantize, options.working_dir, block_size=options.block_size)
+        return quantized_decoder(export, options.quantize, options.working_dir, block_size=options.block_size,
+                                 int8_method=options.int8_method if options.quantize == "int8" else None)
     if settings.fp16:
         from nndf.export.half import fp16_graph
 
@@ -310,7 +311,8 @@ def quantization_notes(options: BackendOptions) -> tuple[str, ...]:
         return ()
     from nndf.export.quantize import describe_quantization
 
-    return (f"weights: {describe_quantization(options.quantize, options.block_size)}",)
+    method = options.int8_method if options.quantize == "int8" else None
+    return (f"weights: {describe_quantization(options.quantize, options.block_size, method)}",)
 
 
 SEQ2SEQ_OVERRIDES = {"encoder": "encoder_onnx", "cross": "cache_generator_onnx", "decoder": "decoder_onnx"}

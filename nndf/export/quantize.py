@@ -113,7 +113,8 @@ QUANTIZER_REVISION = 3
 # else dynamic. The embedding tables have blocks of their own: 32 divides every hidden size of the families (128
 # would leave SmolLM2's 576-wide table in fp32).
 INT8_METHOD = int8_method()
-INT8 = {"method": INT8_METHOD, "bits": 8, "block_size": 128 if INT8_METHOD == "matmul_nbits" else 32,
+INT8_BLOCK_SIZE = {"matmul_nbits": 128, "dynamic": 32}  # dynamic's blocks are its tables' alone
+INT8 = {"method": INT8_METHOD, "bits": 8, "block_size": INT8_BLOCK_SIZE[INT8_METHOD],
         "embedding_block_size": 32, "is_symmetric": True, "accuracy_level": nbits_accuracy_level(),
         "weight_type": int8_weight_type(), "per_channel": True, "lm_head": True, "embedding": True}
 # int4's blocks of 64: 4.5 bits a weight with the fp32 scales, as llama.cpp's Q4_0 (32 with fp16 scales); on Zen 4 a
@@ -133,11 +134,19 @@ def block_size_problem(block_size) -> str | None:
     return None
 
 
-def quantize_params(kind: str, block_size: int | None = None) -> dict:
-    """The default parameters of `kind`, with `block_size` (the --block-size flag) in place of the default."""
+def quantize_params(kind: str, block_size: int | None = None, int8_method: str | None = None) -> dict:
+    """The default parameters of `kind`, with `block_size` (the --block-size flag) in place of the default and, for
+    int8, `int8_method` (--int8-method: "matmul_nbits" or "dynamic") in place of the CPU's, with its own default
+    block size."""
     if kind not in KINDS:
         raise UsageError(f"unknown quantization '{kind}'; allowed: {', '.join(KINDS)}")
-    return with_block_size(dict(KINDS[kind]), block_size)
+    params = dict(KINDS[kind])
+    if int8_method is not None:
+        if kind != "int8" or int8_method not in METHODS:
+            raise UsageError(f"an int8 method ({', '.join(METHODS)}) applies to int8 weights, not {kind} "
+                             f"{int8_method!r}")
+        params.update(method=int8_method, block_size=INT8_BLOCK_SIZE[int8_method])
+    return with_block_size(params, block_size)
 
 
 def with_block_size(params: dict, block_size: int | None) -> dict:
@@ -147,10 +156,13 @@ def with_block_size(params: dict, block_size: int | None) -> dict:
     return params
 
 
-def describe_quantization(kind: str, block_size: int | None = None) -> str:
-    """What `kind` builds on this CPU (with --block-size `block_size`), for --info: int8's method is the CPU's."""
-    text = f"{kind}: {_describe(quantize_params(kind, block_size))}"
-    if kind == "int8":
+def describe_quantization(kind: str, block_size: int | None = None, int8_method: str | None = None) -> str:
+    """What `kind` builds on this CPU (with --block-size `block_size`, --int8-method `int8_method`), for --info:
+    int8's method is the CPU's unless given."""
+    text = f"{kind}: {_describe(quantize_params(kind, block_size, int8_method))}"
+    if kind == "int8" and int8_method is not None:
+        text += " (--int8-method)"
+    elif kind == "int8":
         text += (" (this CPU has VNNI and no AMX)" if INT8_METHOD == "matmul_nbits"
                  else " (8-bit MatMulNBits only where the CPU has VNNI and no AMX)")
     return text
@@ -256,11 +268,11 @@ def quantize_settings(export, kind: str, params: Mapping) -> dict:
 
 
 def quantized_decoder(export, kind: str, working_dir: str | Path, params: Mapping | None = None,
-                      block_size: int | None = None) -> Path:
+                      block_size: int | None = None, int8_method: str | None = None) -> Path:
     """The quantized graph (.onnx path) of `export` for `kind` ("int8" or "int4"), reused or (re)built.
 
-    `block_size` replaces the kind's default block size (the --block-size flag); `params` replaces all of the
-    kind's default parameters (for measuring alternatives). Both name the artifact too. A base graph that cannot be
+    `block_size` replaces the kind's default block size (the --block-size flag), `int8_method` int8's method (the
+    --int8-method flag); `params` replaces all of the kind's default parameters (for measuring alternatives). Both name the artifact too. A base graph that cannot be
     read, or whose weights hold a NaN or an infinity where the quantizer fails (damaged at its recorded size, which
     reuse does not see), is a `GraphLoadError` naming it: the onnxrt backend rebuilds the export once on it
     (`nndf.export.graph_reads.rebuilt_once`). A quantizer failure on sound weights is one sentence at once: exporting
@@ -269,7 +281,7 @@ def quantized_decoder(export, kind: str, working_dir: str | Path, params: Mappin
     from nndf.export.screened_head import strip_screen
     from nndf.export.weight_quant import quantize_graph
 
-    defaults = quantize_params(kind)  # an unknown kind is refused here, whatever `params` says
+    defaults = quantize_params(kind, int8_method=int8_method)  # an unknown kind is refused here, whatever `params` says
     params = with_block_size(dict(defaults if params is None else params), block_size)
     _check_params(kind, params)
     try:
