@@ -153,7 +153,7 @@ class SharedStep:
         self.logits_bound = False
         binding.bind_output("logits", "cpu")
         session.run_with_iobinding(binding)
-        logits = binding.get_outputs()[0].numpy()
+        logits = self._output_values()[0].numpy()  # bound first
         if one_position:  # the shape every later step's logits have: give them a buffer of their own
             buffer = np.empty_like(logits)
             self.logits = (ort_module().OrtValue.ortvalue_from_numpy(buffer), torch.from_numpy(buffer))
@@ -168,5 +168,11 @@ class SharedStep:
         """The last run's candidates. Reading them costs 60-70 us a step right after a step (greedy search does
         not need them); IOBinding.get_outputs would add 0.12-0.18 ms more, wrapping every output in a Python OrtValue
         (GPT-2: 26 with the presents), where the vector of ONNX Runtime's own values beneath it gives the one."""
-        outputs = getattr(self.binding, "_iobinding", self.binding).get_outputs()
+        outputs = self._output_values()
         return outputs[len(outputs) - 1].numpy()
+
+    def _output_values(self):
+        """The last run's outputs as ONNX Runtime's own vector of values, in binding order, without the Python
+        OrtValue the public `IOBinding.get_outputs` wraps each of them in (GPT-2: 26 with the presents, of which a
+        caller reads one)."""
+        return getattr(self.binding, "_iobinding", self.binding).get_outputs()
