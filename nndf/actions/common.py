@@ -279,15 +279,15 @@ def _row_options(options: BackendOptions, named_quantization: str | None) -> Bac
     """One backend's options: its named quantization (onnxrt-int8) in place of the flags', and the quantization
     flags only where it quantizes (an fp32 row beside an int8 one has no block size and no int8 method)."""
     quantize = named_quantization or options.quantize
-    return dataclasses.replace(options, quantize=quantize, block_size=options.block_size if quantize else None,
-                               int8_method=options.int8_method if quantize == "int8" else None)
+    row = dataclasses.replace(options, quantize=quantize, block_size=options.block_size if quantize else None)
+    return dataclasses.replace(row, int8_method=row.int8_kernel)
 
 
 def label(model: Model) -> str:
     """A backend's name in tables, with what changes its numbers (quantization, CUDA graphs)."""
     extra = [model.options.quantize] if model.options.quantize and not model.is_reference else []
-    if extra and model.options.int8_method is not None:
-        extra.append(model.options.int8_method.replace("_", "-"))
+    if extra and model.options.int8_kernel is not None:
+        extra.append(model.options.int8_kernel.replace("_", "-"))
     if extra and model.options.block_size is not None:
         extra.append(f"block {model.options.block_size}")
     if model.options.cuda_graph and not model.is_reference:

@@ -52,6 +52,11 @@ class BackendOptions:
     cuda_graph: bool = False  # frameworks and TensorRT on CUDA: replay CUDA graphs for decode steps
     kv_layout: str = "shared"  # ONNX Runtime: "shared" buffers written in place, or "growing" past/present tensors
 
+    @property
+    def int8_kernel(self) -> str | None:
+        """`int8_method` where the weights are int8 (fp32 and int4 weights take none)."""
+        return self.int8_method if self.quantize == "int8" else None
+
     def __post_init__(self) -> None:
         if self.quantize not in (None, *QUANTIZATIONS):
             raise UsageError(f"unknown quantization '{self.quantize}'; allowed: {', '.join(QUANTIZATIONS)}")

@@ -261,7 +261,7 @@ def runnable_graph(export, loaded: LoadedModel, settings: BuildSettings, options
         from nndf.export.quantize import quantized_decoder
 
         return quantized_decoder(export, options.quantize, options.working_dir, block_size=options.block_size,
-                                 int8_method=options.int8_method if options.quantize == "int8" else None)
+                                 int8_method=options.int8_kernel)
     if settings.fp16:
         from nndf.export.half import fp16_graph
 
@@ -311,8 +311,7 @@ def quantization_notes(options: BackendOptions) -> tuple[str, ...]:
         return ()
     from nndf.export.quantize import describe_quantization
 
-    method = options.int8_method if options.quantize == "int8" else None
-    return (f"weights: {describe_quantization(options.quantize, options.block_size, method)}",)
+    return (f"weights: {describe_quantization(options.quantize, options.block_size, options.int8_kernel)}",)
 
 
 SEQ2SEQ_OVERRIDES = {"encoder": "encoder_onnx", "cross": "cache_generator_onnx", "decoder": "decoder_onnx"}

@@ -28,8 +28,9 @@ def _is(node, kind) -> bool:
 
 def _packed_source(split, heads: int, kv_heads: int):
     """The projection output a Split cuts into a layer's query, key and value, when the parts are in the kernel's
-    order and sizes, (heads + 2 kv_heads) x head size along the last axis; else None."""
-    if split is None or split.op_type != "Split" or split.domain != "" or len(split.outputs) != 3:
+    order and sizes, (heads + 2 kv_heads) x head size along the last axis, each read once; else None."""
+    if split is None or split.op_type != "Split" or split.domain != "" or len(split.outputs) != 3 \
+            or any(len(v.uses()) != 1 for v in split.outputs):
         return None
     source = split.inputs[0]
     rank = len(source.shape) if source.shape is not None else None
@@ -62,8 +63,7 @@ def pack_attention_inputs(model) -> int:
             continue
         query, key, value = node.inputs[:3]
         split = query.producer() if query is not None else None
-        if key is None or value is None or split is None or [query, key, value] != list(split.outputs) \
-                or any(len(v.uses()) != 1 for v in split.outputs):
+        if key is None or value is None or split is None or [query, key, value] != list(split.outputs):
             continue
         source = _packed_source(split, *_heads(node))
         if source is None:
@@ -117,10 +117,8 @@ def rotate_in_attention(model) -> int:
                 or any(_width(v) != n * 2 * half for v, n in ((made[0].part, heads), (made[1].part, kv_heads))):
             continue  # the kernel's rotary: head sizes in 16s, the whole head rotated
         split = value.producer()
-        packed = [made[0].part, made[1].part, value] == list(split.outputs) if split is not None else False
+        packed = split is not None and [made[0].part, made[1].part, value] == list(split.outputs)
         source = _packed_source(split, heads, kv_heads) if packed else None
-        if source is not None and any(len(v.uses()) != 1 for v in split.outputs):
-            source = None
         total = node.inputs[TOTAL_SEQUENCE_LENGTH]
         if (cos, sin, total) not in tables:
             tables[cos, sin, total] = _padded_tables(graph, node, cos, sin, total, f"rotary_cache{len(tables)}")
