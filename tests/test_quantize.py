@@ -79,6 +79,8 @@ def test_quantized_graph_has_quantized_weights_and_the_same_names(tiny, kind, tm
         attrs = _attributes(node)
         assert (attrs["bits"], attrs["block_size"]) == (int(kind[3:]), KINDS[kind]["block_size"])
         assert attrs["accuracy_level"] == nbits_accuracy_level()
+        # int4's blocks carry a zero point each (the 4th input); int8's are symmetric
+        assert (len(node.input) > 3 and node.input[3] != "") is (not KINDS[kind]["is_symmetric"])
     if kind == "int4":
         heads = [n for n in model.graph.node if n.op_type == "MatMulNBits" and _attributes(n)["N"] == 50257]
         assert len(heads) == 1  # the tied LM head got its own weight and was quantized
@@ -260,7 +262,7 @@ def test_block_size_rebuilds_and_reaches_every_quantized_node(tiny, tmp_path, ca
     m = nndf.load("GPT2", backend="onnxrt-int4", loaded=loaded, working_dir=str(onnx_work_dir), block_size=64)
     assert label(m) == "onnxrt int4 block 64" and m.options.block_size == 64
     # --info says how the weights were quantized, int8's method included (the CPU's)
-    assert any(note.startswith("weights: int4: MatMulNBits 4-bit (symmetric, block 64, accuracy level")
+    assert any(note.startswith("weights: int4: MatMulNBits 4-bit (asymmetric, block 64, accuracy level")
                for note in m.decoder.sessions[0].info_notes)
     int8 = describe_quantization("int8")
     assert int8.startswith("int8: dynamic int8 MatMul" if KINDS["int8"]["method"] == "dynamic" else

@@ -53,7 +53,8 @@ def test_lm_head_and_embedding_quantization_as_chosen(method, bits, head, embedd
     prepare_graph(model)
     assert lm_head(model) == "head"
     params = dict(quantize_params(f"int{bits}", block_size=16), method=method, lm_head=head, embedding=embedding,
-                  accuracy_level=0)  # fp32 compute: the head's output is its dequantized weights, unrounded
+                  accuracy_level=0,  # fp32 compute: the head's output is its dequantized weights, unrounded
+                  is_symmetric=True)  # quantized tables take symmetric blocks only (int4's default has zero points)
     out = tmp_path / "q.onnx"
     report = quantize_graph(model, weight_matmuls(model), params, out, tmp_path / "scratch")
     assert out.is_file() and not (tmp_path / "scratch").exists()

@@ -11,7 +11,8 @@ matrix is a constant operand of a MatMul (Gemm -> MatMul, tied heads given their
 Then `nndf.export.weight_quant` quantizes it as the parameters say (defaults in INT8 / INT4; every parameter can be
 overridden for measurements, the block size also by `--block-size`):
 
-- int4: MatMulNBits, symmetric 4-bit blocks of 64 along K (padded to whole blocks), `accuracy_level` chosen for the
+- int4: MatMulNBits, asymmetric 4-bit blocks of 64 along K (a uint8 zero point per block; padded to whole
+  blocks), `accuracy_level` chosen for the
   CPU (`nndf.export.cpu_int8.nbits_accuracy_level`: 4, int8 dot products on prepacked weights, wherever MLAS has
   the kernels; 2x faster than fp32 compute per MatMul here). Embedding tables stay fp32 (their 4-bit copy costs
   agreement, below).
@@ -75,6 +76,17 @@ of int8 dot products), which is why its steps shrink faster than its bytes. On t
 5.44e-2 and 99.4% (3 passages lost, where the issue allows one). Hence blocks of 64 for int4 (the Xeon measured
 them 3-15% faster per MatMul at 1 and 4 rows too, bench/README.md).
 
+int4's zero points, 2026-11-29 (37th session, the same Zen 4): asymmetric blocks of 64 (ORT's round-to-nearest from
+each block's min and max, a uint8 zero point per block) against symmetric ones (scale = the block's largest
+magnitude / -8, llama.cpp's Q4_0 rounding) on the trained GPT-2's passages 2500-2999: top-1 = PyTorch 99.26%
+against 98.93%, KL 3.53e-2 against 4.29e-2, lm-eval acc 100% both (the Xeon measured the same, bench/README.md).
+Speed is the same: one 768 x 3072 MatMul at one row 47-49 us either way; whole int4 generations, 7 alternating
+processes each, decode step asymmetric / symmetric 0.984x (GPT-2 small) and 1.014x (SmolLM2-135M), first token
+1.000x and 0.989x. Hence zero points for int4. Searching each block's scale for the least squared error instead
+(symmetric, then refitted) gave 99.04% / 3.82e-2 at blocks of 64 and 98.95% / 4.75e-2 at 128: no better than
+rounding with zero points, and blocks of 128 with zero points still lose 2 passages (99.03% / 4.92e-2 / 99.6%).
+ORT's HQQ writes float zero points, which MLAS's int8 kernel does not take (113-152 ms a GPT-2 step).
+
 int8's method on that Zen 4 (the same runs; decode in ONNX Runtime / first token, paired against dynamic int8):
 GPT-2 small at batch 1, 8-bit MatMulNBits blocks of 32 / 64 / 128 1.14 / 0.96 / 0.85x (4.46 against 5.56 ms) and
 2.19 / 1.84 / 1.61x (34.9 against 22.6 ms), 256 no better than 128; a second run 0.83x and 1.47x; at batch 4
@@ -118,8 +130,9 @@ INT8 = {"method": INT8_METHOD, "bits": 8, "block_size": INT8_BLOCK_SIZE[INT8_MET
         "embedding_block_size": 32, "is_symmetric": True, "accuracy_level": nbits_accuracy_level(),
         "weight_type": int8_weight_type(), "per_channel": True, "lm_head": True, "embedding": True}
 # int4's blocks of 64: 4.5 bits a weight with the fp32 scales, as llama.cpp's Q4_0 (32 with fp16 scales); on Zen 4 a
-# decode step 0.87x blocks of 32's and lm-eval acc still fp32's, where 128 loses 3 passages (docstring, end)
-INT4 = dict(INT8, method="matmul_nbits", bits=4, block_size=64, embedding=False)
+# decode step 0.87x blocks of 32's and lm-eval acc still fp32's, where 128 loses 3 passages; zero points (asymmetric
+# blocks, 1/16 bit a weight more) cut the KL by a sixth at the same speed (docstring, end)
+INT4 = dict(INT8, method="matmul_nbits", bits=4, block_size=64, is_symmetric=False, embedding=False)
 KINDS: dict[str, dict] = {"int8": INT8, "int4": INT4}
 PARAMETERS = frozenset(INT8)
 METHODS = ("matmul_nbits", "dynamic")
