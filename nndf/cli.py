@@ -162,7 +162,7 @@ def _model_arguments(p: argparse.ArgumentParser, batch_size: int = 1, batch_help
                    "VNNI and no AMX, else ONNX Runtime's dynamic quantization; the embedding tables 8-bit block-wise)")
     q.add_argument("--int4", action="store_true", help="onnxrt: 4-bit block-wise weights (MatMulNBits)")
     r.add_argument("--block-size", type=int, metavar="N", help="onnxrt-int8/int4: every block-wise part (MatMulNBits, "
-                   "int8's tables) in blocks of N, each with its own scale; a power of two >= 16 (default: int4 64; "
+                   "int8's tables) in blocks of N, each with its own scale; a power of two >= 16 (default: int4 128; "
                    "int8 128, its tables 32; smaller blocks are more exact, larger ones faster)")
     r.add_argument("--int8-method", choices=("matmul-nbits", "dynamic"), help="onnxrt-int8: how int8 weight "
                    "MatMuls run, in place of the CPU's choice (--info says it): 'matmul-nbits', 8-bit MatMulNBits in "

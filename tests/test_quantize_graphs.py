@@ -54,7 +54,7 @@ def test_lm_head_and_embedding_quantization_as_chosen(method, bits, head, embedd
     assert lm_head(model) == "head"
     params = dict(quantize_params(f"int{bits}", block_size=16), method=method, lm_head=head, embedding=embedding,
                   accuracy_level=0,  # fp32 compute: the head's output is its dequantized weights, unrounded
-                  is_symmetric=True)  # quantized tables take symmetric blocks only (int4's default has zero points)
+                  is_symmetric=True, rounding="nearest")  # quantized tables take symmetric blocks only
     out = tmp_path / "q.onnx"
     report = quantize_graph(model, weight_matmuls(model), params, out, tmp_path / "scratch")
     assert out.is_file() and not (tmp_path / "scratch").exists()

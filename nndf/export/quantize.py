@@ -11,11 +11,11 @@ matrix is a constant operand of a MatMul (Gemm -> MatMul, tied heads given their
 Then `nndf.export.weight_quant` quantizes it as the parameters say (defaults in INT8 / INT4; every parameter can be
 overridden for measurements, the block size also by `--block-size`):
 
-- int4: MatMulNBits, asymmetric 4-bit blocks of 64 along K (a uint8 zero point per block; padded to whole
-  blocks), `accuracy_level` chosen for the
-  CPU (`nndf.export.cpu_int8.nbits_accuracy_level`: 4, int8 dot products on prepacked weights, wherever MLAS has
-  the kernels; 2x faster than fp32 compute per MatMul here). Embedding tables stay fp32 (their 4-bit copy costs
-  agreement, below).
+- int4: MatMulNBits, asymmetric 4-bit blocks of 128 along K (a uint8 zero point per block; padded to whole
+  blocks), each block's range searched for the least squared error (`nndf.export.block_search`; measured at the
+  end), `accuracy_level` chosen for the CPU (`nndf.export.cpu_int8.nbits_accuracy_level`: 4, int8 dot products on
+  prepacked weights, wherever MLAS has the kernels; 2x faster than fp32 compute per MatMul here). Embedding tables
+  stay fp32 (their 4-bit copy costs agreement, below).
 - int8: the method is the CPU's (`nndf.export.cpu_int8.int8_method`). Where it has VNNI and no AMX, 8-bit
   MatMulNBits in blocks of 128 at accuracy level 4 (measured at the end). Elsewhere ONNX Runtime's dynamic
   quantization (weights int8 per output channel, activations quantized per call: DynamicQuantizeLinear +
@@ -73,19 +73,29 @@ small blocks of 32 / 64 / 128 3.44 / 3.02 / 2.53 ms (paired 1.000 / 0.873 / 0.74
 3.95 / 3.62 (1.000 / 0.876 / 0.802, 7 rounds). The kernel pays per block (a scale and a float conversion per block
 of int8 dot products), which is why its steps shrink faster than its bytes. On the trained GPT-2 over passages
 2500-2999 (`accuracy` as above): block 64 top-1 = PyTorch 98.93%, KL 4.29e-2, lm-eval acc 100%; block 128 98.79%,
-5.44e-2 and 99.4% (3 passages lost, where the issue allows one). Hence blocks of 64 for int4 (the Xeon measured
-them 3-15% faster per MatMul at 1 and 4 rows too, bench/README.md).
+5.44e-2 and 99.4% (3 passages lost, where the issue allows one). Hence blocks of 64 for int4 then (the Xeon
+measured them 3-15% faster per MatMul at 1 and 4 rows too, bench/README.md); searched ranges changed that (below).
 
-int4's zero points, 2026-11-29 (37th session, the same Zen 4): asymmetric blocks of 64 (ORT's round-to-nearest from
-each block's min and max, a uint8 zero point per block) against symmetric ones (scale = the block's largest
-magnitude / -8, llama.cpp's Q4_0 rounding) on the trained GPT-2's passages 2500-2999: top-1 = PyTorch 99.26%
-against 98.93%, KL 3.53e-2 against 4.29e-2, lm-eval acc 100% both (the Xeon measured the same, bench/README.md).
-Speed is the same: one 768 x 3072 MatMul at one row 47-49 us either way; whole int4 generations, 7 alternating
-processes each, decode step asymmetric / symmetric 0.984x (GPT-2 small) and 1.014x (SmolLM2-135M), first token
-1.000x and 0.989x. Hence zero points for int4. Searching each block's scale for the least squared error instead
-(symmetric, then refitted) gave 99.04% / 3.82e-2 at blocks of 64 and 98.95% / 4.75e-2 at 128: no better than
-rounding with zero points, and blocks of 128 with zero points still lose 2 passages (99.03% / 4.92e-2 / 99.6%).
-ORT's HQQ writes float zero points, which MLAS's int8 kernel does not take (113-152 ms a GPT-2 step).
+int4's zero points and searched ranges, 2026-11-29 (37th session, the same Zen 4). On the trained GPT-2's passages
+2500-2999 (top-1 = PyTorch / KL vs PyTorch / lm-eval acc):
+
+    blocks   symmetric, nearest        asymmetric, nearest       asymmetric, searched (block_search)
+    64       98.93% / 4.29e-2 / 100%   99.26% / 3.53e-2 / 100%   99.23% / 3.23e-2 / 100%
+    128      98.79% / 5.44e-2 / 99.4%  99.03% / 4.92e-2 / 99.6%  99.19% / 4.47e-2 / 100%
+    256      -                         -                         99.02% / 4.46e-2 / 99.8%
+
+(symmetric: scale = the block's largest magnitude / -8, llama.cpp's Q4_0 rounding, whose blocks of 32 give 99.23% /
+3.47e-2 / 100%; nearest asymmetric: ORT's, levels over each block's min to max; searched: that range shrunk by the
+factor of 0.7-1.0 with the least squared error, the scale refitted.) Zero points cost no time: one 768 x 3072 MatMul
+at one row 47-49 us either way, whole int4 generations (7 alternating processes each) 0.984x (GPT-2 small) and
+1.014x (SmolLM2-135M) a decode step, first token 1.000x and 0.989x. Blocks of 128 against 64, the same way: decode
+step 0.828x (GPT-2 small, 2.59 against 3.13 ms) and 0.926x (SmolLM2-135M, 3.86 against 4.17), first token 0.795x
+and 0.837x (MLAS's int8 block kernel pays per block in the prompt too: one 768 x 3072 MatMul at 64 rows 0.92
+against 1.21 ms, fp32 1.48). Hence asymmetric blocks of 128 with searched ranges: as close to fp32 as the symmetric
+blocks of 64 that were the default (higher top-1, KL 4% higher, no passage lost), for the faster step and prompt;
+`--block-size 64` gives the closest int4 (KL 3.23e-2, 4.56 bits a weight). Not adopted: a symmetric scale searched
+the same way (99.04% / 3.82e-2 at 64, 98.95% / 4.75e-2 at 128); ORT's HQQ (float zero points, which MLAS's int8
+kernel does not take: 113-152 ms a GPT-2 step); ORT's k_quant (fails on a K that is not a whole number of blocks).
 
 int8's method on that Zen 4 (the same runs; decode in ONNX Runtime / first token, paired against dynamic int8):
 GPT-2 small at batch 1, 8-bit MatMulNBits blocks of 32 / 64 / 128 1.14 / 0.96 / 0.85x (4.46 against 5.56 ms) and
@@ -119,8 +129,10 @@ QUANTIZER_REVISION = 3
 
 # The parameters of each kind. Every one of them is part of the artifact's settings (and so of its name): a graph
 # made for another block size, accuracy level or weight type is not reused. `method` says how the weight MatMuls are
-# quantized: "matmul_nbits" (bits, block_size, is_symmetric, accuracy_level) or, for 8 bits, "dynamic" (weight_type,
-# per_channel); `lm_head` and `embedding` (8 or 4 bits as `bits`, blocks of `embedding_block_size`) apply to both.
+# quantized: "matmul_nbits" (bits, block_size, is_symmetric, accuracy_level, rounding) or, for 8 bits, "dynamic"
+# (weight_type, per_channel); `lm_head` and `embedding` (8 or 4 bits as `bits`, blocks of `embedding_block_size`)
+# apply to both. `rounding`: "nearest" (ORT's, over each block's whole range) or "searched" (4-bit asymmetric blocks
+# only: each block's range searched for the least squared error, nndf.export.block_search).
 # int8's method is the CPU's (`int8_method`): 8-bit MatMulNBits in blocks of 128 where the CPU has VNNI and no AMX,
 # else dynamic. The embedding tables have blocks of their own: 32 divides every hidden size of the families (128
 # would leave SmolLM2's 576-wide table in fp32).
@@ -128,11 +140,14 @@ INT8_METHOD = int8_method()
 INT8_BLOCK_SIZE = {"matmul_nbits": 128, "dynamic": 32}  # dynamic's blocks are its tables' alone
 INT8 = {"method": INT8_METHOD, "bits": 8, "block_size": INT8_BLOCK_SIZE[INT8_METHOD],
         "embedding_block_size": 32, "is_symmetric": True, "accuracy_level": nbits_accuracy_level(),
-        "weight_type": int8_weight_type(), "per_channel": True, "lm_head": True, "embedding": True}
-# int4's blocks of 64: 4.5 bits a weight with the fp32 scales, as llama.cpp's Q4_0 (32 with fp16 scales); on Zen 4 a
-# decode step 0.87x blocks of 32's and lm-eval acc still fp32's, where 128 loses 3 passages; zero points (asymmetric
-# blocks, 1/16 bit a weight more) cut the KL by a sixth at the same speed (docstring, end)
-INT4 = dict(INT8, method="matmul_nbits", bits=4, block_size=64, is_symmetric=False, embedding=False)
+        "weight_type": int8_weight_type(), "per_channel": True, "lm_head": True, "embedding": True,
+        "rounding": "nearest"}
+# int4: asymmetric blocks of 128 with searched ranges, 4.28 bits a weight; on the trained GPT-2 as close to fp32 as
+# the symmetric blocks of 64 rounded to nearest that were the default (lm-eval acc 100%, top-1 99.19% against
+# 98.93%), and on Zen 4 a decode step 0.83-0.93x and a prompt 0.80-0.84x theirs (docstring, end)
+INT4 = dict(INT8, method="matmul_nbits", bits=4, block_size=128, is_symmetric=False, embedding=False,
+            rounding="searched")
+ROUNDINGS = ("nearest", "searched")
 KINDS: dict[str, dict] = {"int8": INT8, "int4": INT4}
 PARAMETERS = frozenset(INT8)
 METHODS = ("matmul_nbits", "dynamic")
@@ -211,8 +226,9 @@ def _describe(params: Mapping) -> str:
     if params["method"] == "dynamic":
         return (f"dynamic int8 MatMul ({params['weight_type']} weights, "
                 f"{'per-channel' if params['per_channel'] else 'per-tensor'} scales; {also})")
+    searched = ", searched ranges" if params["rounding"] == "searched" else ""
     return (f"MatMulNBits {params['bits']}-bit ({'symmetric' if params['is_symmetric'] else 'asymmetric'}, "
-            f"block {params['block_size']}, accuracy level {params['accuracy_level']}; {also})")
+            f"block {params['block_size']}{searched}, accuracy level {params['accuracy_level']}; {also})")
 
 
 def _check_params(kind: str, params: Mapping) -> None:
@@ -237,6 +253,12 @@ def _check_params(kind: str, params: Mapping) -> None:
                              f"{problem}")
     if params["accuracy_level"] not in (0, 1, 2, 3, 4):
         raise UsageError(f"MatMulNBits accuracy_level must be 0 to 4, got {params['accuracy_level']!r}")
+    if params["rounding"] not in ROUNDINGS:
+        raise UsageError(f"quantization rounding must be one of {', '.join(ROUNDINGS)}, got {params['rounding']!r}")
+    if params["rounding"] == "searched" and (params["method"] != "matmul_nbits" or params["bits"] != 4
+                                             or params["is_symmetric"]):
+        raise UsageError("searched block ranges are built for asymmetric 4-bit MatMulNBits blocks; "
+                         "use rounding 'nearest' for other weights")
     if params["embedding"] and not params["is_symmetric"]:
         raise UsageError("quantized embeddings need symmetric weights (GatherBlockQuantized without zero points)")
 

@@ -2,7 +2,7 @@
 the embedding tables as GatherBlockQuantized, the LM head as chosen.
 
 The MatMuls go through `MatMulNBitsQuantizer` (method "matmul_nbits": symmetric or not, blocks along K,
-`accuracy_level` from the parameters) or `quantize_dynamic` (method "dynamic": int8 weights with per-channel
+`accuracy_level` from the parameters; `rounding` "searched" gives it `nndf.export.block_search`'s blocks) or `quantize_dynamic` (method "dynamic": int8 weights with per-channel
 scales, activations quantized at every call; ORT fuses DynamicQuantizeLinear + MatMulInteger). The embedding
 lookups are ours, because ORT 1.32's quantizer quantizes a Gather only to 4
 bits, as an int4-typed table: here a table is quantized by the same routine as a MatMul weight (the table's rows
@@ -50,6 +50,10 @@ def _quantize_matmuls(model, nodes: list[str], excluded: list[str], params: Mapp
         accuracy_level=int(params["accuracy_level"]), op_types_to_quantize=("MatMul",), bits=int(params["bits"]),
     )
     quantizer = MatMulNBitsQuantizer(model, nodes_to_include=nodes, nodes_to_exclude=excluded, algo_config=config)
+    if params["rounding"] == "searched":  # ORT's nodes and packing, each block's range searched (block_search)
+        from nndf.export.block_search import SearchedBlocks
+
+        quantizer.node_quantizer = SearchedBlocks(config)
     quantizer.process()
     return quantizer.model
 
