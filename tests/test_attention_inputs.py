@@ -44,7 +44,8 @@ def _layer(size: int = SIZE) -> onnx.ModelProto:
               typed("bias", TensorProto.FLOAT, ["rows", 1, "new", "all"])]
     outputs = [typed(name, TensorProto.FLOAT, None) for name in ("out", "present_key", "present_value")]
     graph = helper.make_graph(nodes, "layer", inputs, outputs, initializer=[widths])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)])
+    return helper.make_model(graph, ir_version=10,
+                             opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)])
 
 
 def _rewritten(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
@@ -84,6 +85,8 @@ def _generate(model: onnx.ModelProto) -> list[np.ndarray]:
 
 
 def test_attention_rotating_its_inputs_equals_the_rotary_nodes_on_a_left_padded_batch():
+    if not attention_inputs.kernel_reads_query_seqlens():  # the rewrite declines there (the next test)
+        pytest.skip(f"ONNX Runtime {ort.__version__}'s GroupQueryAttention has no query_seqlens input (1.32 has)")
     original = _layer()
     rewritten, count = _rewritten(original)
     assert count == 1

@@ -31,7 +31,8 @@ def _matmul_nbits(k: int, n: int, block: int, packed, scales, zeros) -> onnx.Mod
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
                               [numpy_helper.from_array(packed, "b"), numpy_helper.from_array(scales, "s"),
                                numpy_helper.from_array(zeros, "z")])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    return helper.make_model(graph, ir_version=10,
+                             opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
 
 
 def _nearest(w: np.ndarray, block: int) -> np.ndarray:

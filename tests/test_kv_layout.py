@@ -13,6 +13,7 @@ from conftest import decoder_only_families, dump_optimized_graph
 from nndf.actions.common import describe
 from nndf.backends import BackendOptions
 from nndf.errors import UsageError
+from nndf.export.attention_inputs import kernel_reads_query_seqlens
 from nndf.export.fused_attention import layout_refusal
 from nndf.export.screened_head import PREFIX
 from nndf.kvcache import past_name
@@ -272,12 +273,16 @@ def test_the_shared_graph_has_onnxruntimes_fused_kernels(family, fused, family_d
         layers = 2 if family == "Llama" else 1
         attention = [({a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}, list(node.input[1:3]))
                      for node in graph(shared).node if node.op_type == "GroupQueryAttention"]
-        assert [attributes["do_rotary"] for attributes, _ in attention] == [1] * layers
-        assert "RotaryEmbedding" not in ops(shared)
-        # Llama's projection goes in whole (no Split but the gate-up ones); Qwen3's queries and keys are its
-        # normalized heads, merged, and its value the projection's third part
-        assert all((parts == ["", ""]) == (family == "Llama") for _, parts in attention)
-        assert ops(shared).count("Split") == layers * (1 if family == "Llama" else 2)
+        if not kernel_reads_query_seqlens():  # ONNX Runtime before 1.32: rotated before the attention, as exported
+            assert not any(attributes.get("do_rotary") for attributes, _ in attention)
+            assert ops(shared).count("RotaryEmbedding") == 2 * layers
+        else:  # the kernel rotates its own queries and keys (nndf.export.attention_inputs)
+            assert [attributes["do_rotary"] for attributes, _ in attention] == [1] * layers
+            assert "RotaryEmbedding" not in ops(shared)
+            # Llama's projection goes in whole (no Split but the gate-up ones); Qwen3's queries and keys are its
+            # normalized heads, merged, and its value the projection's third part
+            assert all((parts == ["", ""]) == (family == "Llama") for _, parts in attention)
+            assert ops(shared).count("Split") == layers * (1 if family == "Llama" else 2)
     if family == "Llama":  # 2 layers: only the mask's and the head's Transposes are left, none per layer; each
         # layer's query, key and value projections are one MatMul, and its gate and up projections another
         assert ops(shared).count("Transpose") < ops(growing).count("Transpose") - 8
@@ -321,3 +326,19 @@ def test_gpt2s_attention_takes_its_projection_whole_as_packed_qkv(family_dirs, o
     gpt2 = attention("GPT2")
     assert len(gpt2) == 2 and all(producer != "Split" and rest == ["", ""] for producer, rest in gpt2)
     assert all(rest[0] and rest[1] for _, rest in attention("Qwen2"))
+
+
+def test_a_shared_graph_is_keyed_by_the_onnx_runtime_kernels_it_was_fused_for(family_dirs, monkeypatch):
+    """The shared graph's fusions follow the installed ONNX Runtime (a GroupQueryAttention that rotates padded
+    rows, a TopK over no rows): a working dir used under another version gets its own graph, rather than one that
+    version refuses at load or dies in (ONNX Runtime 1.30's TopK over no rows)."""
+    from nndf.export import onnx as export_onnx
+
+    loaded = nndf.load("GPT2", torch_dir=str(family_dirs["GPT2"]), device="cpu").loaded
+    shared, growing = (export_onnx.export_settings(loaded, True, layout) for layout in ("shared", "growing"))
+    kernels = shared["onnxruntime_kernels"]
+    for name, feature in (("topk_no_rows", "topk_takes_no_rows"), ("gqa_query_seqlens", "kernel_reads_query_seqlens")):
+        monkeypatch.setattr(export_onnx, feature, lambda value=kernels[name]: not value)
+        assert export_onnx.export_settings(loaded, True, "shared")["onnxruntime_kernels"][name] != kernels[name]
+        assert export_onnx.export_settings(loaded, True, "growing") == growing  # TensorRT's graph: no contrib ops
+        monkeypatch.undo()

@@ -203,7 +203,7 @@ def test_a_given_graph_of_another_models_sizes_is_refused_before_it_runs(tiny_gp
     present = helper.make_tensor_value_info("present.0.key", TensorProto.FLOAT, ["batch", 4, "cache", 24])
     graph = helper.make_graph([helper.make_node("Identity", ["past_key_values.0.key"], ["present.0.key"])], "other",
                               [past], [present])
-    onnx.save(helper.make_model(graph), tmp_path / "other.onnx")
+    onnx.save(helper.make_model(graph, ir_version=10), tmp_path / "other.onnx")
     with pytest.raises(UsageError, match=r"decoder_onnx=.*other.onnx. is another model's graph: its "
                                          r"past_key_values.0.key has KV heads of 4 where tiny-gpt2 has 2$"):
         nndf.load("GPT2", backend="onnxrt", torch_dir=str(tiny_gpt2_dir), decoder_onnx=str(tmp_path / "other.onnx"),

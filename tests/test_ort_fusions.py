@@ -30,7 +30,7 @@ def _heads_graph(vocab: int, hidden: int):
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "seq", vocab]),
          helper.make_tensor_value_info("other", TensorProto.FLOAT, ["batch", "seq", vocab + 3])],
         [numpy_helper.from_array(table, "table"), numpy_helper.from_array(untied, "untied")])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
 
 
 def _run(model, ids):
@@ -95,7 +95,7 @@ def test_merged_sibling_weights_that_are_then_split_keep_their_types():
     graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 500])],
                               [numpy_helper.from_array(gate, "gate"), numpy_helper.from_array(up, "up")])
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
     x = rng.standard_normal((3, 16), dtype=np.float32)
     expected = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     model = ir.serde.deserialize_model(proto)

@@ -71,7 +71,7 @@ def test_a_derived_graph_leaves_its_source_out_of_the_page_cache(drops_here):
     weights = numpy_helper.from_array(np.frombuffer(os.urandom(SIZE), np.float32).reshape(-1, 1024), "w")
     graph = helper.make_graph([helper.make_node("Identity", ["w"], ["y"])], "g", [],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [weights])
-    save_model(helper.make_model(graph), source / "decoder.onnx", save_as_external_data=True,
+    save_model(helper.make_model(graph, ir_version=10), source / "decoder.onnx", save_as_external_data=True,
                location="decoder.onnx.data", size_threshold=0)
     export = DecoderExport(source, ("x",), ("y",))
 

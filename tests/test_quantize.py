@@ -300,7 +300,7 @@ def test_a_graph_without_weights_to_quantize_is_a_harness_error(tiny, tmp_path):
     x = helper.make_tensor_value_info("input_ids", TensorProto.FLOAT, [2, 2])
     y = helper.make_tensor_value_info("logits", TensorProto.FLOAT, [2, 2])
     relu = helper.make_graph([helper.make_node("Relu", ["input_ids"], ["logits"])], "g", [x], [y])
-    onnx.save(helper.make_model(relu), broken / "decoder.onnx")
+    onnx.save(helper.make_model(relu, ir_version=10), broken / "decoder.onnx")
     fake = type(export)(broken, ("input_ids",), ("logits",))
     with pytest.raises(HarnessError, match="no MatMul or Gemm with a constant weight"):
         quantized_decoder(fake, "int8", tmp_path / "work")

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from nndf.export.cpu_int8 import screen_weight_levels
 from nndf.export.screened_head import (BLOCK, CANDIDATES, INPUT, THRESHOLD, UPPER, screen_constants, screen_head,
-                                       strip_screen)
+                                       strip_screen, topk_takes_no_rows)
 
 WIDTH, VOCAB = 48, 3000
 
@@ -44,7 +44,8 @@ def _tied_model(table: np.ndarray, tied: bool = True):
                         helper.make_tensor_value_info("h", TensorProto.FLOAT, ["b", "k", WIDTH])],
         [helper.make_tensor_value_info("embedded", TensorProto.FLOAT, ["b", "s", WIDTH]),
          helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["b", "k", VOCAB])], inits)
-    return ir.serde.deserialize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]))
+    return ir.serde.deserialize_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)],
+                                                        ir_version=10))
 
 
 def _session(model_proto):
@@ -53,11 +54,11 @@ def _session(model_proto):
     return ort.InferenceSession(model_proto.SerializeToString(), providers=["CPUExecutionProvider"])
 
 
-def _screened_proto(table):
+def _screened_proto(table, **kwargs):
     import onnx_ir as ir
 
     model = _tied_model(table)
-    assert screen_head(model) == 1
+    assert screen_head(model, **kwargs) == 1
     return ir.serde.serialize_model(model)
 
 
@@ -106,6 +107,39 @@ def test_an_empty_batch_and_one_row_run_either_way():
         h = _hidden(rows, seed=2)[:, :1]
         for k in (0, 2):
             assert _run(session, h, k).shape == (rows, 1, VOCAB)
+
+
+def test_for_an_onnx_runtime_whose_topk_dies_on_no_rows_the_screen_ranks_a_zero_row_and_gives_the_same():
+    """ONNX Runtime 1.20-1.30 kill the process (SIGFPE) on a TopK over no rows, which every full-head step of a
+    screened graph asks for (beam search, scoring): graphs for those versions give TopK a zero row instead and cut
+    its result back. The outputs equal the plain graph's, whichever part is empty (the crash itself is checked
+    by running the suite under ONNX Runtime 1.30)."""
+    table = _table()
+    plain, guarded = (_screened_proto(table, topk_no_rows=flag) for flag in (True, False))
+    for proto, ranker in ((plain, "Mul"), (guarded, "Pad")):  # what TopK ranks: the int8 logits, or them padded
+        producers = {output: node.op_type for node in proto.graph.node for output in node.output}
+        assert producers[next(n for n in proto.graph.node if n.op_type == "TopK").input[0]] == ranker
+    plain, guarded = _session(plain), _session(guarded)
+    for rows in (0, 1, 3):
+        h = _hidden(rows, seed=3)
+        for k in (0, 1, 4):
+            feeds = {"ids": np.zeros((1, 1), np.int64), "h": h, INPUT: np.array([k], np.int64)}
+            logits, candidates = guarded.run(["logits", CANDIDATES], feeds)
+            if rows and k:  # the screen has rows: the plain graph runs on every version
+                expected = plain.run(["logits", CANDIDATES], feeds)
+                assert np.array_equal(logits, expected[0]) and np.array_equal(candidates, expected[1]), (rows, k)
+            else:  # the full head over every row (the plain graph's TopK would have none)
+                np.testing.assert_allclose(logits, h @ table.T, rtol=1e-5, atol=1e-5)
+                assert candidates.shape == (0, 2)
+
+
+@pytest.mark.parametrize("version, takes", [("1.30.0", False), ("1.20.1", False), ("1.31.0", True),
+                                            ("1.32.0", True), ("1.33.0.dev20261101", True), ("2.0.0", True)])
+def test_the_topk_guard_follows_the_installed_version(monkeypatch, version, takes):
+    import onnxruntime
+
+    monkeypatch.setattr(onnxruntime, "__version__", version)
+    assert topk_takes_no_rows() is takes
 
 
 def _search_outputs(proto):
@@ -194,7 +228,7 @@ def test_this_cpus_int8_kernel_is_exact_at_the_levels_it_is_given():
         [helper.make_tensor_value_info("a", TensorProto.UINT8, ["m", 768])],
         [helper.make_tensor_value_info("y", TensorProto.INT32, ["m", 512])],
         [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(np.array(0, np.uint8), "zero")])
-    session = _session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]))
+    session = _session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=10))
     for rows in (1, 4):
         a = np.full((rows, 768), 255, np.uint8)
         a[1:, ::3] = rng.integers(0, 256, size=a[1:, ::3].shape)

@@ -190,7 +190,7 @@ def test_module_nodes_from_exporter_metadata(tmp_path):
              node("e")]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])], [])
     path = tmp_path / "g.onnx"
-    onnx.save(helper.make_model(graph), str(path))
+    onnx.save(helper.make_model(graph, ir_version=10), str(path))
     assert module_nodes(path, ("DenseReluDense.wo",)) == ("a", "c")
     assert module_nodes(path, ("DenseReluDense",)) == ("a", "b", "c")  # modules below it count too
     assert module_nodes(path, ("layer.2.DenseReluDense", "wi")) == ("b", "c")

@@ -52,7 +52,7 @@ def onnx_file(tmp_path_factory) -> Path:
     nodes = [helper.make_node("Gather", ["table", "input_ids"], ["hidden"]),
              helper.make_node("ReduceMean", ["hidden"], ["output"], axes=[1], keepdims=0)]
     graph = helper.make_graph(nodes, "encoder", inputs, [output], initializer=[table])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=10)
     path = tmp_path_factory.mktemp("graph") / "encoder.onnx"
     onnx.save_model(model, str(path), save_as_external_data=True, location="encoder.onnx.data", size_threshold=0)
     return path

@@ -21,11 +21,13 @@ from typing import Callable
 import torch
 
 from nndf.errors import HarnessError
+from nndf.export.attention_inputs import kernel_reads_query_seqlens
 from nndf.export.cpu_int8 import screen_weight_levels
 from nndf.export.fused_attention import GROWING, LAYOUTS, SHARED, layout_refusal
 from nndf.export.graph_files import external_data_files
 from nndf.export.graph_reads import first_line
 from nndf.export.kept_rows import last_layer_on_kept_rows
+from nndf.export.screened_head import topk_takes_no_rows
 from nndf.export.torchlib_registry import torchlib_registry_built_once
 from nndf.export.wrapper import DecoderWrapper, decoder_io
 from nndf.heap import empty_tensors
@@ -69,7 +71,9 @@ class DecoderExport:
 def export_settings(loaded: LoadedModel, use_cache: bool, layout: str = GROWING) -> dict:
     """Every setting that shapes the exported graph; its hash names the artifact. The shared layout's screened LM
     head holds int8 weights of this CPU's precision (`screen_weight_levels`), so a working dir used by a CPU of the
-    other kind gets its own graph."""
+    other kind gets its own graph; its fusions follow what the installed ONNX Runtime's kernels take (a
+    GroupQueryAttention that rotates padded rows, a TopK over no rows), so a graph made for another version's is
+    rebuilt rather than refused at load or killed by a kernel."""
     settings = {
         "kind": "onnx-decoder",
         "family": loaded.spec.family,
@@ -81,6 +85,8 @@ def export_settings(loaded: LoadedModel, use_cache: bool, layout: str = GROWING)
     }
     if layout == SHARED:
         settings["screen_weight_levels"] = screen_weight_levels()
+        settings["onnxruntime_kernels"] = {"gqa_query_seqlens": kernel_reads_query_seqlens(),
+                                           "topk_no_rows": topk_takes_no_rows()}
     return settings
 
 

@@ -31,7 +31,10 @@ search, sampling without top-k and processors that change scores otherwise run t
 
 `screened_head` 0 (or a batch of no rows) runs the full fp32 head over every row and the screen over none; k >= 1
 the screen over every row and the full head over none, which then costs nothing. No `If`: the two parts take row
-slices of the hidden states, one of them empty.
+slices of the hidden states, one of them empty. ONNX Runtime before 1.31 kills the process (SIGFPE) on a TopK over
+no rows, so for those versions (`topk_takes_no_rows`) the screen's TopK gets one row of zeros where it has none,
+and its result is cut back to the screened rows: a step of the full head pays a TopK over one row, a screened step
+a copy of its int8 logits.
 
 The full head reads the embedding table itself, as `MatMul(table, h^T)^T`: ONNX Runtime prepacks a MatMul's
 constant second input into a copy of its own, never the first, so the head's weights are held once (the table,
@@ -58,6 +61,17 @@ PREFIX = "screened_head."  # of every node and initializer the screen adds
 JOIN, FULL, FLAT = f"{PREFIX}join", f"{PREFIX}full", f"{PREFIX}flat"
 UPPER, THRESHOLD = f"{PREFIX}upper", f"{PREFIX}threshold"  # each column's upper bound [rows, vocab]; [rows, 1]
 BLOCK = 64  # columns per block of the candidates' search (`_columns_reaching`)
+
+
+def topk_takes_no_rows() -> bool:
+    """Whether this ONNX Runtime's TopK takes an input of no rows (1.31 and later). Versions 1.20-1.30 divide by
+    the row count in their CPU kernel: the process dies of SIGFPE, so the version is read rather than probed."""
+    import re
+
+    import onnxruntime
+
+    major, minor = (int(part) for part in re.findall(r"\d+", onnxruntime.__version__)[:2])
+    return (major, minor) >= (1, 31)
 
 
 def _tied_head(graph):
@@ -136,9 +150,11 @@ def _columns_reaching(tape, const, upper, threshold, vocab: int):
                               tape.op("Unsqueeze", [tape.op("GatherND", [columns, pairs]), unsqueeze])], {"axis": 1})
 
 
-def screen_head(model, weight_levels: int | None = None) -> int:
+def screen_head(model, weight_levels: int | None = None, topk_no_rows: bool | None = None) -> int:
     """Give the graph a screened head (module docstring) where its head is tied; 1 if it did, 0 if not.
-    `weight_levels`: the int8 weights' largest magnitude (default: this CPU's, `screen_weight_levels`)."""
+    `weight_levels`: the int8 weights' largest magnitude (default: this CPU's, `screen_weight_levels`);
+    `topk_no_rows`: whether the ONNX Runtime that runs the graph takes a TopK over no rows (default: this one's,
+    `topk_takes_no_rows`)."""
     import onnx_ir as ir
     from onnx_ir.tape import Tape
 
@@ -182,7 +198,13 @@ def screen_head(model, weight_levels: int | None = None) -> int:
                                      tape.op("ReduceL2", [to_screen, last_axis], {"keepdims": 1})], {"axis": 1})
     column_norms = const("norms", np.stack([constants["rounded_norm"], constants["error_norm"]]))
     at_most_vocab = tape.op("Min", [tape.op("Max", [asked, one]), const("vocab_size", np.array([vocab], np.int64))])
-    _, leaders = tape.op_multi_out("TopK", [approx, at_most_vocab], {"axis": -1}, num_outputs=2)  # [rows, k]
+    ranked = approx
+    if not (topk_takes_no_rows() if topk_no_rows is None else topk_no_rows):  # a zero row where there are none
+        missing = tape.op("Sub", [one, tape.op("Min", [screened_rows, one])])
+        ranked = tape.op("Pad", [approx, tape.op("Concat", [zero, zero, missing, zero], {"axis": 0})])
+    _, leaders = tape.op_multi_out("TopK", [ranked, at_most_vocab], {"axis": -1}, num_outputs=2)  # [rows, k]
+    if ranked is not approx:
+        leaders = tape.op("Slice", [leaders, zero, screened_rows, rows_axis])
     leaders_exact = tape.op("MatMul", [tape.op("Gather", [table, leaders], {"axis": 0}),  # [rows, k, width]
                                        tape.op("Unsqueeze", [to_screen, const("axis2", np.array([2], np.int64))])])
     # the k-th largest exact logit among those k: at or below the k-th largest of the row
