@@ -67,10 +67,17 @@ def test_what_stands_where_a_model_folder_goes_is_refused_before_the_load(tmp_pa
     assert (models / "gpt2_stream" / "notes.txt").read_text() == "the user's"
 
 
-def test_a_missing_tritonclient_is_said_before_the_load(tmp_path, capsys, no_load, monkeypatch):
-    monkeypatch.setitem(sys.modules, "tritonclient.grpc", None)  # as where the `triton` extra is not installed
+def test_a_missing_tritonclient_is_said_after_the_flags_and_before_the_load(tmp_path, capsys, monkeypatch):
+    """Where the `triton` extra is not installed: a wrong flag is still the first thing said (exit 2; the missing
+    package hid it), and with right flags the missing package is said before the weights load or an export."""
+    monkeypatch.setitem(sys.modules, "tritonclient.grpc", None)
+    assert triton(tmp_path, "-o", str(tmp_path / "models"), "--max-new-tokens", "5000") == 2
+    err = capsys.readouterr().err
+    assert "--max-new-tokens 5000 leaves no position for a prompt" in err and "tritonclient" not in err
     assert triton(tmp_path, "-o", str(tmp_path / "models")) == 1
-    assert "needs tritonclient[grpc] (pip install 'nndf[triton]')" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "needs tritonclient[grpc] (pip install 'nndf[triton]')" in err
+    assert "loading" not in err and "export" not in err and not (tmp_path / "models").exists()
 
 
 def test_the_target_language_is_served(tiny_gpt2_dir, onnx_work_dir, tmp_path):

@@ -73,7 +73,7 @@ def run(args) -> list[Result]:
     from nndf.continuous import ContinuousBatcher
     from nndf.registry import resolve
     from nndf.triton.generative import check_serving, write_generative_repository
-    from nndf.triton.repository import explicit_load_flags, serve_command, stray_folders
+    from nndf.triton.repository import config_schema, explicit_load_flags, serve_command, stray_folders
     from nndf.triton.validate import validate_config
 
     served = list(dict.fromkeys(args.backends))
@@ -91,7 +91,9 @@ def run(args) -> list[Result]:
                                 args.num_beams)  # before the load
     if args.scheduler == "continuous":
         ContinuousBatcher.check_architecture(spec.family, architecture(spec), args.use_cache)
-    model = open_models(args, needs_text=True, new_tokens_flag="--max-new-tokens", info_rows=served_rows)[0]
+    # tritonclient missing is said after every flag (a usage error is the first thing to fix), before the load
+    model = open_models(args, needs_text=True, new_tokens_flag="--max-new-tokens", before_load=config_schema,
+                        info_rows=served_rows)[0]
     folders = write_generative_repository(args.output, name, model, args.max_batch_size, args.nb_instances,
                                           max_new_tokens=args.max_new_tokens, num_beams=args.num_beams,
                                           scheduler=args.scheduler, streaming=args.streaming,

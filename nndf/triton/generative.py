@@ -99,7 +99,6 @@ def check_serving(output_dir: str | Path, name: str, max_batch_size: int, nb_ins
     Sampling(stream=sampling_stream)  # one sentence for a stream that does not exist
     if queue_delay_us < 0:
         raise UsageError(f"--max-queue-delay-us must be 0 or more, got {queue_delay_us}")
-    config_schema()  # tritonclient missing is said now, not after the load and the export
     return rows
 
 
@@ -116,6 +115,7 @@ def write_generative_repository(output_dir: str | Path, name: str, model, max_ba
                          f"{model.backend} is not served yet")
     max_rows = check_serving(output_dir, name, max_batch_size, nb_instances, scheduler, streaming, max_rows,
                              queue_delay_us, sampling_stream, num_beams)
+    config_schema()  # tritonclient missing is said now, not after the export
     if scheduler == "continuous":
         from nndf.continuous import ContinuousBatcher
 
