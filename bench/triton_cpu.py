@@ -23,11 +23,12 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from harness.cli import parse_checked, positive, run_script  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO / "bench") not in sys.path:  # bench/harness, also when this file is loaded by path
     sys.path.insert(0, str(REPO / "bench"))
+
+from harness.cli import parse_checked, positive, run_script  # noqa: E402
 SHARED_LAMBADA = REPO.parent / "shared" / "data" / "lambada" / "lambada_test.jsonl"
 ENSEMBLE = "transformer_onnx_inference"
 FALLBACK_TEXTS = ["Triton serves the tokenizer and the graph as one ensemble of two models here.",
