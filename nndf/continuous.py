@@ -69,11 +69,13 @@ class Request:
         """Greedy with no processor: its token is the argmax, taken for all such rows at once."""
         return not self._processors and not self.options.sampling.samples
 
-    def _start(self) -> None:
-        self._processors = self.options.processors(self.prompt.shape[1], torch.ones_like(self.prompt))
+    def _start(self, device: torch.device) -> None:
+        prompt = self.prompt
+        self.prompt = self._sequence = prompt.to(device)  # where the decoder's logits are (a GPU's)
+        self._processors = self.options.processors(prompt.shape[1], torch.ones_like(self.prompt))
         self._chooser = self.options.sampling.chooser()
         if self.streamer is not None:
-            self.streamer.put(self.prompt)
+            self.streamer.put(prompt.cpu())  # as generate() puts it
 
     def _choose(self, logits: torch.Tensor) -> int:
         """The next token from this request's (1, vocab) logits, as greedy search or sampling picks it."""
@@ -187,7 +189,7 @@ class ContinuousBatcher:
             request._finish(cancelled=True)
             return
         try:
-            request._start()
+            request._start(self.decoder.device)
             if request.options.num_beams > 1:
                 ones = torch.ones_like(request.prompt)
                 out = generate(self.decoder, request.prompt, ones, request.options)

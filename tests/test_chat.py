@@ -142,9 +142,10 @@ def test_streamed_output_and_the_one_line_form(tiny_gpt2_dir, capsys):
     assert one_line(" two\nlines\r\nand more\n") == "two\\nlines\\nand more"  # one line per reply, for scripts
 
 
-def test_seeded_sampling_repeats_and_backends_agree(tiny_gpt2_dir, onnx_work_dir, capsys):
+def test_seeded_sampling_repeats_and_backends_agree(tiny_gpt2_dir, onnx_work_dir, capsys, no_cuda):
     """--seed S: each backend draws from its own generator seeded S once per chat, so fp32 backends give the same
-    replies, and the same chat again gives them again; without --seed the banner shows the seed drawn."""
+    replies, and the same chat again gives them again; without --seed the banner shows the seed drawn. On one device:
+    frameworks on a GPU draws from CUDA's generator, as generate() there does (a gpu test)."""
     lines = ["The capital of France is", "And of Germany"]
     [result] = nndf.run("chat", "GPT2", "frameworks", "onnxrt", torch_dir=str(tiny_gpt2_dir), output_seq_len=8,
                         working_dir=str(onnx_work_dir), do_sample=True, top_k=0, seed=77,

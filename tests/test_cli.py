@@ -308,7 +308,7 @@ def test_quantization_flags_need_an_onnx_backend(capsys):
     assert code == 2 and "not allowed with argument" in err
 
 
-def test_fp16_on_the_cpu_says_it_is_slow_there(capsys, tiny_gpt2_dir):
+def test_fp16_on_the_cpu_says_it_is_slow_there(capsys, tiny_gpt2_dir, no_cuda):
     """PyTorch runs half precision on the CPU, at a fraction of fp32's speed: the run goes on, with a note first."""
     code, out, err = run_cli(capsys, "benchmark", "GPT2", "frameworks", "--torch-dir", tiny_gpt2_dir, "--fp16",
                              "--input-seq-len", 4, "--output-seq-len", 1, "--iterations", 1, "--warmup", 0)

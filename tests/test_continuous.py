@@ -190,6 +190,7 @@ def test_models_a_batch_cannot_serve_are_refused(seq2seq_dirs):
 def test_the_served_model_keeps_the_sampling_stream_it_was_written_with(tiny_gpt2_dir, onnx_work_dir, tmp_path):
     """Also: a quantized backend name serves its graph (as --int8 does), and the model is named after the
     --torch-dir folder, as the title names it."""
+    pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] (the triton and test extras) is absent")
     import json
 
     import onnx

@@ -18,6 +18,7 @@ BEFORE_DATA = [
     (["frameworks", "--batch-size", "0"], "--batch-size must be at least 1, got 0", 2),
     (["frameworks", "--int8"], "--int8 applies to the onnxrt backend(s); add one of them", 2),
     (["frameworks", "--kv-layout", "growing"], "--kv-layout lays out the onnxrt backend's graph", 2),
+    # (the tests below see no GPU: no_cuda)
     (["frameworks", "--cuda-graph"], "--cuda-graph replays decode steps on a CUDA GPU, and none is visible", 2),
     (["frameworks", "trt"], "the trt backend needs", 1),
 ]
@@ -25,7 +26,7 @@ BEFORE_DATA = [
 
 @pytest.mark.parametrize(("flags", "message", "code"), BEFORE_DATA)
 def test_accuracy_says_a_bad_flag_before_the_hub_data_it_cannot_read_offline(flags, message, code, tiny_gpt2_dir,
-                                                                           monkeypatch, capsys):
+                                                                           monkeypatch, capsys, no_cuda):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     got, _, err = run_cli(capsys, "accuracy", "GPT2", *flags, "--torch-dir", tiny_gpt2_dir)
     assert (got, err.count("\n")) == (code, 1), err
@@ -41,7 +42,8 @@ def test_accuracy_says_a_data_set_it_cannot_read_before_loading_the_model(tiny_g
 @pytest.mark.skipif(not SHARED_DATA.exists(), reason=f"{SHARED_DATA} is absent (lm-eval's tests need its data)")
 @pytest.mark.parametrize(("flags", "message", "code"), BEFORE_DATA)
 def test_evaluate_says_a_bad_flag_before_the_hub_data_it_cannot_read_offline(flags, message, code, tiny_gpt2_dir,
-                                                                           onnx_work_dir, monkeypatch, capsys):
+                                                                           onnx_work_dir, monkeypatch, capsys,
+                                                                           no_cuda):
     pytest.importorskip("lm_eval", reason="lm-eval (the eval and test extras) is absent")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     got, _, err = run_cli(capsys, "evaluate", "GPT2", *flags, "--torch-dir", tiny_gpt2_dir, "--tasks",

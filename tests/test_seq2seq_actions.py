@@ -111,6 +111,7 @@ def test_a_triton_folder_of_an_encoder_decoder_model_runs_its_three_graphs(text_
     """`triton` writes the encoder, cache generator and decoder graphs beside the config and tokenizer (no weights);
     the folder, loaded as the served model loads it, generates what our loop generates directly. The continuous
     scheduler (the default) is refused with the one that serves it."""
+    pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] (the triton and test extras) is absent")
     from nndf.actions.common import encode_prompts
     from nndf.cli import main
     from nndf.triton import validate_repository

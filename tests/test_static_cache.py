@@ -202,8 +202,7 @@ def test_gpt_neo_is_refused_a_static_cache(family_dirs):
     assert not isinstance(gpt2.decoder.session, frameworks.StaticTorchSession)  # only --cuda-graph takes it
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA GPU is here: --cuda-graph runs (the gpu tests)")
-def test_cuda_graph_without_a_gpu_is_one_sentence(capsys, tiny_gpt2_dir):
+def test_cuda_graph_without_a_gpu_is_one_sentence(capsys, tiny_gpt2_dir, no_cuda):
     code, _, err = run_cli(capsys, "run", "GPT2", "frameworks", "--torch-dir", tiny_gpt2_dir, "--cuda-graph")
     assert code == 2
     assert "--cuda-graph replays decode steps on a CUDA GPU, and none is visible to PyTorch here" in err
