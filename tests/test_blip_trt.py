@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import nndf
-from conftest import IMAGES_DIR, PHOTOS, needs_shared
+from conftest import IMAGES_DIR, PHOTOS, needs_blip_tokenizer, needs_shared
 from fake_tensorrt import fake_gpu  # noqa: F401
 from nndf.backends import BackendOptions
 from nndf.backends import trt as trt_backend
@@ -49,6 +49,7 @@ def _check_captions(model: Model) -> None:
                                model.architecture.reference_logits(model.loaded.model, pixels, ids), rtol=0, atol=1e-4)
 
 
+@needs_blip_tokenizer
 @needs_shared(IMAGES_DIR)
 @pytest.mark.parametrize("use_cache", [True, False], ids=["cache", "no-cache"])
 def test_fake_engines_captions_equal_hf_generate(fake_gpu, use_cache, blip_dir, onnx_work_dir):
@@ -66,6 +67,7 @@ def test_fake_engines_captions_equal_hf_generate(fake_gpu, use_cache, blip_dir, 
     assert not [name for name in decoder._staging.buffers if name.startswith("cross.")]  # bound as they are
 
 
+@needs_blip_tokenizer
 @needs_shared(IMAGES_DIR)
 def test_fake_engines_reused_and_given_by_tensor_names(fake_gpu, blip_dir, onnx_work_dir, tmp_path, capsys):
     model = _load(blip_dir, onnx_work_dir, engine_postfix="-blip")

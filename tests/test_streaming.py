@@ -10,7 +10,7 @@ import torch
 from transformers import AutoTokenizer, TextIteratorStreamer, TextStreamer
 
 import nndf
-from conftest import PHOTOS, SHARED_DATA, TOKENIZER_DIR, needs_shared
+from conftest import PHOTOS, SHARED_DATA, TOKENIZER_DIR, needs_blip_tokenizer, needs_shared
 from fake_tensorrt import fake_gpu  # noqa: F401
 from nndf.images import caption_inputs
 from nndf.loading import load_tokenizer
@@ -161,6 +161,7 @@ def test_streamed_text_equals_the_reply_of_encoder_decoder_models(family, text_m
                      capsys, transformers_streamers=False)
 
 
+@needs_blip_tokenizer
 @needs_shared(PHOTOS[0])
 def test_streamed_text_equals_the_caption(blip_dir, capsys):
     m = nndf.load("BLIP", torch_dir=str(blip_dir), device="cpu")
