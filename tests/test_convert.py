@@ -21,11 +21,9 @@ FAST = ["--nb-measures", "3", "--warmup", "1"]
 def _optimizer_fuses_this_export() -> bool:
     """Whether the installed ONNX Runtime's transformer optimizer matches the attention of this torch's BERT export:
     1.31's does; 1.30's fuses no attention and leaves one more LayerNormalization (the rows still agree)."""
-    import re
+    from nndf.backends.ort_runtime import ort_version
 
-    import onnxruntime
-
-    return tuple(int(part) for part in re.findall(r"\d+", onnxruntime.__version__)[:2]) >= (1, 31)
+    return ort_version() >= (1, 31)
 
 
 @pytest.fixture(scope="module")

@@ -41,6 +41,15 @@ def ort_module():
     return onnxruntime
 
 
+def ort_version() -> tuple[int, int]:
+    """The installed ONNX Runtime's (major, minor), for what differs between its versions and cannot be asked of it
+    (a kernel that kills the process on some input)."""
+    import re
+
+    major, minor = (int(part) for part in re.findall(r"\d+", ort_module().__version__)[:2])
+    return major, minor
+
+
 def session_options(threads: int | None = None):
     """Fresh `SessionOptions`: every graph optimization, `threads` intra-op threads where given (else ONNX Runtime's
     one per physical core), and the thread pool's spinning stopped when a run returns (above)."""

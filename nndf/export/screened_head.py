@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from nndf.backends.ort_runtime import ort_version
 from nndf.export.cpu_int8 import screen_weight_levels
 
 INPUT = "screened_head"  # int64 [1]: 0 the full head; k >= 1 the k highest scores exact (module docstring)
@@ -66,12 +67,7 @@ BLOCK = 64  # columns per block of the candidates' search (`_columns_reaching`)
 def topk_takes_no_rows() -> bool:
     """Whether this ONNX Runtime's TopK takes an input of no rows (1.31 and later). Versions 1.20-1.30 divide by
     the row count in their CPU kernel: the process dies of SIGFPE, so the version is read rather than probed."""
-    import re
-
-    import onnxruntime
-
-    major, minor = (int(part) for part in re.findall(r"\d+", onnxruntime.__version__)[:2])
-    return (major, minor) >= (1, 31)
+    return ort_version() >= (1, 31)
 
 
 def _tied_head(graph):
