@@ -5,6 +5,7 @@ eager and with CUDA graphs, ONNX Runtime on CUDA and TensorRT where installed.
     HF_HUB_OFFLINE=1 python bench/decoder_gpu.py                                  # gpt2, fp16, 128 + 128, b1 and b8
     HF_HUB_OFFLINE=1 python bench/decoder_gpu.py --variant gpt2-xl --batch-sizes 1
     HF_HUB_OFFLINE=1 python bench/decoder_gpu.py --family T5 --variant t5-small --output-len 64
+    HF_HUB_OFFLINE=1 python bench/decoder_gpu.py --sample --top-p 0.9 --batch-sizes 1 --engines hf-eager ours-cuda-graph
 
 How it measures (see bench/README.md): every engine holds the same weights (built once, on the GPU, seeded); after
 a warm-up (where torch.compile compiles), each round runs every engine in turn on the same seeded prompts, greedy,
@@ -13,7 +14,10 @@ with EOS banned until the last token, twice: 1 new token and N new tokens. The d
 PyTorch's allocator peak during the N-token run (ONNX Runtime's and TensorRT's own allocations are not in it). The
 floor is the weight bytes over the device-to-device copy bandwidth measured here: no decoder step can read its
 weights faster. `--device cpu` runs the CPU engines on a tiny model as a check of this script (and of the launch
-overhead per step: on a model that small, a step is almost all overhead).
+overhead per step: on a model that small, a step is almost all overhead). `--sample` gives each engine a sampled
+twin, `<engine> sampled`, measured in the same rounds: generate(do_sample=True) with top-k 50 (and `--top-p`), seeded
+once per generation (`torch.manual_seed` before Hugging Face's, `seed=` for ours, which means the same); its tokens are
+compared with `hf-eager sampled`'s and its step with its greedy twin's (`/ greedy`: what sampling costs per step).
 """
 
 from __future__ import annotations
@@ -48,6 +52,10 @@ class Unavailable(Exception):
     """An engine that cannot run here; the message says why."""
 
 
+SAMPLED = " sampled"  # the name suffix of an engine's sampled twin (--sample)
+SAMPLING_SEED = 0
+
+
 @dataclass
 class Engine:
     name: str
@@ -70,11 +78,23 @@ def _ours(loaded, settings, backend: str = "frameworks", static: bool | None = N
                           **options)
     finally:
         frameworks.static_steps = real
-    return (lambda inputs, n: model.generate(**inputs, max_new_tokens=n, min_new_tokens=n)), model
+    def fn(inputs, n, decoding):
+        seeded = dict(decoding, seed=SAMPLING_SEED) if decoding else {}
+        return model.generate(**inputs, max_new_tokens=n, min_new_tokens=n, **seeded)
+
+    return fn, model
 
 
-def make_engine(name: str, loaded, settings, args) -> Engine:
-    """The engine `name` over the shared weights, or Unavailable with the reason."""
+def _seeded_hf(generate, inputs: dict, n: int, decoding: dict) -> torch.Tensor:
+    """Hugging Face's generate(): a sampled run seeded as `seed=` seeds ours (torch.manual_seed just before)."""
+    if decoding:
+        torch.manual_seed(SAMPLING_SEED)
+    return generate(**inputs, max_new_tokens=n, min_new_tokens=n, **(decoding or {"do_sample": False}))
+
+
+def make_engine(name: str, loaded, settings, args) -> Callable[[dict, int, dict], torch.Tensor]:
+    """The engine `name` over the shared weights, as (inputs, new tokens, sampling keywords or {} for greedy) ->
+    whole sequences; or Unavailable with the reason."""
     import importlib.util
 
     import nndf
@@ -84,15 +104,14 @@ def make_engine(name: str, loaded, settings, args) -> Engine:
         raise Unavailable(CUDA_ONLY[name])
     if name == "hf-eager":
         reference = nndf.load(loaded.spec.family, loaded.variant.name, loaded=loaded, settings=settings)
-        fn = lambda inputs, n: reference.hf_generate(**inputs, max_new_tokens=n, min_new_tokens=n)  # noqa: E731
+        fn = lambda inputs, n, decoding: _seeded_hf(reference.hf_generate, inputs, n, decoding)  # noqa: E731
     elif name == "hf-compile":
         model = loaded.model
 
-        def fn(inputs, n):
+        def fn(inputs, n, decoding):
             ids = {k: v.to(device) for k, v in inputs.items()}
             with torch.inference_mode():
-                return model.generate(**ids, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                                      cache_implementation="static").cpu()
+                return _seeded_hf(model.generate, dict(ids, cache_implementation="static"), n, decoding).cpu()
     elif name == "ours-eager":
         fn, _ = _ours(loaded, settings)
     elif name == "ours-static":
@@ -114,7 +133,7 @@ def make_engine(name: str, loaded, settings, args) -> Engine:
         fn, _ = _ours(loaded, settings, backend="trt", working_dir=args.working_dir)
     else:
         raise Unavailable(f"unknown engine; known: {', '.join(ENGINES)}")
-    return Engine(name, fn)
+    return fn
 
 
 def _sync(device: torch.device) -> None:
@@ -195,8 +214,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fp32", action="store_true", help="fp32 weights (default fp16 on CUDA; the CPU runs fp32)")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--working-dir", default="temp", help="ONNX exports and TensorRT engines")
+    p.add_argument("--sample", action="store_true",
+                   help="also time each engine sampling (top-k 50, seeded), beside its greedy run")
+    p.add_argument("--top-p", type=float, help="with --sample: top-p as well (its warper sorts the vocabulary)")
     p.add_argument("--json", metavar="FILE", help="also write every figure as JSON")
     args = parse_checked(p, argv)
+    if args.top_p is not None and not (args.sample and 0 < args.top_p <= 1):
+        p.error("--top-p applies to --sample and lies in (0, 1]")
     if args.output_len < 2:
         p.error("--output-len must be at least 2: the decode step is (T(N) - T(1)) / (N - 1)")
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -229,20 +253,29 @@ def main(argv: list[str] | None = None) -> int:
               if device.type == "cuda" else "cpu", "dtype": str(dtype), "input_len": args.input_len,
               "output_len": args.output_len, "rounds": args.rounds, "weight_bytes": weight_bytes,
               "copy_bandwidth": bandwidth, "floor_ms": floor_ms, "skipped": {}, "batches": {}}
+    sampled = {"do_sample": True, "top_k": 50} if args.sample else None
+    if sampled and args.top_p is not None:
+        sampled["top_p"] = args.top_p
+    report["sampling"] = sampled
     for batch in args.batch_sizes:
         settings = BuildSettings(batch_size=batch, input_seq_len=args.input_len, output_seq_len=args.output_len,
                                  fp16=dtype == torch.float16)
         engines = []
         for name in args.engines:
             try:
-                engines.append(make_engine(name, loaded, settings, args))
+                run = make_engine(name, loaded, settings, args)
             except Unavailable as why:
                 report["skipped"][name] = str(why)
+                continue
+            engines.append(Engine(name, lambda inputs, n, run=run: run(inputs, n, {})))
+            if sampled:  # its sampled twin, in the same rounds
+                engines.append(Engine(name + SAMPLED, lambda inputs, n, run=run: run(inputs, n, sampled)))
         measure(engines, loaded, batch, args)
-        reference = next((e.tokens for e in engines if e.name == "hf-eager"), None)
+        tokens = {e.name: e.tokens for e in engines}
         rows = {}
         for engine in engines:
             rows[engine.name] = summary(engine, batch, args)
+            reference = tokens.get("hf-eager" + (SAMPLED if engine.name.endswith(SAMPLED) else ""))
             rows[engine.name]["tokens"] = agreement(engine.tokens, reference) if reference is not None else "-"
         report["batches"][batch] = rows
     print(render(report))
@@ -264,14 +297,26 @@ def render(report: dict) -> str:
              f"{report['input_len']} + {report['output_len']} tokens, {report['rounds']} rounds",
              f"floor: {report['weight_bytes'] / 1e9:.3f} GB of weights / {report['copy_bandwidth'] / 1e12:.2f} TB/s "
              f"copy bandwidth = {report['floor_ms']:.3f} ms per step", ""]
+    sampling = report.get("sampling")
     for batch, rows in report["batches"].items():
-        table = [[name, fmt(r["first_token_ms"]), fmt(r["step_ms"], 3), fmt(r["tokens_per_s"], 1),
-                  "-" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**20:.0f}", r["tokens"],
-                  times(_ratio(rows, name, "hf-eager")), times(_ratio(rows, name, "hf-compile")),
-                  times(r["step_ms"] / report["floor_ms"], 1)] for name, r in rows.items()]
-        lines += [f"## batch {batch}", format_table(["engine", "first token ms", "ms/step", "tok/s", "peak MiB",
-                                                     "tokens vs hf-eager", "/ hf-eager", "/ hf-compile", "/ floor"],
-                                                    table), ""]
+        table = []
+        for name, r in rows.items():
+            twin = SAMPLED if name.endswith(SAMPLED) else ""  # a sampled row is set against sampled rows
+            row = [name, fmt(r["first_token_ms"]), fmt(r["step_ms"], 3), fmt(r["tokens_per_s"], 1),
+                   "-" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**20:.0f}", r["tokens"],
+                   times(_ratio(rows, name, "hf-eager" + twin)), times(_ratio(rows, name, "hf-compile" + twin)),
+                   times(r["step_ms"] / report["floor_ms"], 1)]
+            if sampling:
+                row.append(times(_ratio(rows, name, name[: -len(SAMPLED)])) if twin else "-")
+            table.append(row)
+        header = ["engine", "first token ms", "ms/step", "tok/s", "peak MiB", "tokens vs hf-eager", "/ hf-eager",
+                  "/ hf-compile", "/ floor"] + (["/ greedy"] if sampling else [])
+        lines += [f"## batch {batch}", format_table(header, table), ""]
+    if sampling:
+        settings = ", ".join(f"{key}={value}" for key, value in sampling.items())
+        lines += [f"sampled rows: generate({settings}), seeded with {SAMPLING_SEED}; their tokens against hf-eager "
+                  "sampled's,", "/ hf-eager and / hf-compile against those engines' sampled rows, / greedy: the step "
+                  "over the same engine's greedy one", ""]
     for name, why in report["skipped"].items():
         lines.append(f"skipped {name}: {why}")
     lines += goal_lines(report)
@@ -297,9 +342,15 @@ def goal_lines(report: dict) -> list[str]:
         check("ours-cuda-graph / hf-compile ms per step", _ratio(rows, "ours-cuda-graph", "hf-compile"), vs_compile)
     if vs_floor is not None and "ours-cuda-graph" in rows:
         check("ours-cuda-graph / floor", rows["ours-cuda-graph"]["step_ms"] / report["floor_ms"], vs_floor)
-    unequal = [name for name, r in rows.items() if r["tokens"] not in ("identical", "-")]
+    greedy = {name: r for name, r in rows.items() if not name.endswith(SAMPLED)}
+    unequal = [name for name, r in greedy.items() if r["tokens"] not in ("identical", "-")]
     out.append(f"  {'FAIL' if unequal else 'PASS'} tokens equal hf-eager's" + (f" (not: {unequal})" if unequal
                                                                                  else ""))
+    ours = {name: r for name, r in rows.items() if name.endswith(SAMPLED) and name.startswith("ours")}
+    if ours:  # seeded sampling means generate()'s draws (issue 22); HF's compiled kernels round otherwise
+        unequal = [name for name, r in ours.items() if r["tokens"] not in ("identical", "-")]
+        out.append(f"  {'FAIL' if unequal else 'PASS'} our sampled tokens equal hf-eager sampled's"
+                   + (f" (not: {unequal})" if unequal else ""))
     return out
 
 

@@ -44,6 +44,43 @@ def test_cpu_check_run_reports_every_engine_and_skips_the_cuda_ones(tiny_gpt2_di
     assert report["floor_ms"] > 0 and report["weight_bytes"] > 0
 
 
+def test_sample_gives_each_engine_a_seeded_sampled_twin_timed_beside_it(tiny_gpt2_dir, tmp_path, capsys):
+    """--sample: each engine also runs generate(do_sample=True) (top-k 50, --top-p), seeded; ours draws what
+    Hugging Face's draws, and `/ greedy` is its step over its own greedy step."""
+    out_json = tmp_path / "gpu.json"
+    code = decoder_gpu.main(["--device", "cpu", "--torch-dir", str(tiny_gpt2_dir), "--batch-sizes", "1", "2",
+                             "--input-len", "5", "--output-len", "6", "--rounds", "1", "--json", str(out_json),
+                             "--engines", "hf-eager", "ours-eager", "--sample", "--top-p", "0.9"])
+    out = capsys.readouterr().out
+    assert code == 0
+    report = json.loads(out_json.read_text())
+    rows = report["batches"]["2"]
+    assert list(rows) == ["hf-eager", "hf-eager sampled", "ours-eager", "ours-eager sampled"]
+    assert all(r["tokens"] == "identical" for r in rows.values())
+    assert report["sampling"] == {"do_sample": True, "top_k": 50, "top_p": 0.9}
+    assert "/ greedy" in out and "PASS our sampled tokens equal hf-eager sampled's" in out
+    # the twin really samples, seeded: the same draws each time, not greedy's tokens
+    from nndf.loading import load_model
+    from nndf.registry import resolve
+    from nndf.spec import BuildSettings
+
+    spec, variant = resolve("GPT2", None)
+    loaded = load_model(spec, variant, torch_dir=str(tiny_gpt2_dir), device=torch.device("cpu"))
+    run = decoder_gpu.make_engine("ours-eager", loaded, BuildSettings(batch_size=2), decoder_gpu.argparse.Namespace(
+        device="cpu", working_dir=str(tmp_path)))
+    inputs = decoder_gpu.prompts(loaded, 2, 5)
+    sampled = dict(report["sampling"])
+    assert torch.equal(run(inputs, 12, sampled), run(inputs, 12, sampled))
+    assert not torch.equal(run(inputs, 12, sampled), run(inputs, 12, {}))
+
+
+@pytest.mark.parametrize("argv", [["--top-p", "0.9"], ["--sample", "--top-p", "1.5"]])
+def test_top_p_needs_sample_and_a_share(argv, capsys):
+    with pytest.raises(SystemExit) as stop:
+        decoder_gpu.main(["--device", "cpu", *argv])
+    assert stop.value.code == 2 and "--top-p applies to --sample and lies in (0, 1]" in capsys.readouterr().err
+
+
 def test_goals_pass_and_fail_from_the_figures():
     rows = {"hf-eager": {"step_ms": 7.0, "tokens": "identical"}, "hf-compile": {"step_ms": 2.5, "tokens": "identical"},
             "ours-eager": {"step_ms": 7.5, "tokens": "identical"},
