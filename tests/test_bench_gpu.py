@@ -23,13 +23,19 @@ def _load(path):
 decoder_gpu = _load(REPO / "bench" / "decoder_gpu.py")
 
 
-def test_cpu_check_run_reports_every_engine_and_skips_the_cuda_ones(tiny_gpt2_dir, tmp_path, capsys):
+def _cpu_check(capsys, tiny_gpt2_dir, tmp_path, output_len: int, *flags) -> tuple[str, dict]:
+    """decoder_gpu.py's --device cpu check on the tiny GPT-2 at batches 1 and 2, one round: (its output, its JSON)."""
     out_json = tmp_path / "gpu.json"
     code = decoder_gpu.main(["--device", "cpu", "--torch-dir", str(tiny_gpt2_dir), "--batch-sizes", "1", "2",
-                             "--input-len", "5", "--output-len", "4", "--rounds", "1", "--json", str(out_json),
-                             "--engines", "hf-eager", "hf-compile", "ours-eager", "ours-static", "ours-cuda-graph"])
-    out = capsys.readouterr().out
+                             "--input-len", "5", "--output-len", str(output_len), "--rounds", "1", "--json",
+                             str(out_json), *flags])
     assert code == 0
+    return capsys.readouterr().out, json.loads(out_json.read_text())
+
+
+def test_cpu_check_run_reports_every_engine_and_skips_the_cuda_ones(tiny_gpt2_dir, tmp_path, capsys):
+    out, report = _cpu_check(capsys, tiny_gpt2_dir, tmp_path, 4, "--engines", "hf-eager", "hf-compile", "ours-eager",
+                             "ours-static", "ours-cuda-graph")
     assert "## batch 1" in out and "## batch 2" in out
     for engine in ("hf-eager", "ours-eager", "ours-static"):
         assert engine in out
@@ -37,7 +43,6 @@ def test_cpu_check_run_reports_every_engine_and_skips_the_cuda_ones(tiny_gpt2_di
     assert "skipped hf-compile: transformers compiles its static-cache step on CUDA only" in out
     assert "PASS tokens equal hf-eager's" in out
     assert "SKIP ours-cuda-graph / hf-compile ms per step: a row it needs did not run" in out
-    report = json.loads(out_json.read_text())
     rows = report["batches"]["2"]
     assert set(rows) == {"hf-eager", "ours-eager", "ours-static"}
     assert all(r["tokens"] == "identical" and r["step_ms"] is not None for r in rows.values())
@@ -47,13 +52,8 @@ def test_cpu_check_run_reports_every_engine_and_skips_the_cuda_ones(tiny_gpt2_di
 def test_sample_gives_each_engine_a_seeded_sampled_twin_timed_beside_it(tiny_gpt2_dir, tmp_path, capsys):
     """--sample: each engine also runs generate(do_sample=True) (top-k 50, --top-p), seeded; ours draws what
     Hugging Face's draws, and `/ greedy` is its step over its own greedy step."""
-    out_json = tmp_path / "gpu.json"
-    code = decoder_gpu.main(["--device", "cpu", "--torch-dir", str(tiny_gpt2_dir), "--batch-sizes", "1", "2",
-                             "--input-len", "5", "--output-len", "6", "--rounds", "1", "--json", str(out_json),
-                             "--engines", "hf-eager", "ours-eager", "--sample", "--top-p", "0.9"])
-    out = capsys.readouterr().out
-    assert code == 0
-    report = json.loads(out_json.read_text())
+    out, report = _cpu_check(capsys, tiny_gpt2_dir, tmp_path, 6, "--engines", "hf-eager", "ours-eager", "--sample",
+                             "--top-p", "0.9")
     rows = report["batches"]["2"]
     assert list(rows) == ["hf-eager", "hf-eager sampled", "ours-eager", "ours-eager sampled"]
     assert all(r["tokens"] == "identical" for r in rows.values())
