@@ -109,6 +109,12 @@ def test_an_empty_batch_and_one_row_run_either_way():
             assert _run(session, h, k).shape == (rows, 1, VOCAB)
 
 
+def _topk_ranks(proto) -> str:
+    """The kind of node whose output the screen's TopK ranks."""
+    producers = {output: node.op_type for node in proto.graph.node for output in node.output}
+    return producers[next(node for node in proto.graph.node if node.op_type == "TopK").input[0]]
+
+
 def test_for_an_onnx_runtime_whose_topk_dies_on_no_rows_the_screen_ranks_a_zero_row_and_gives_the_same():
     """ONNX Runtime 1.20-1.30 kill the process (SIGFPE) on a TopK over no rows, which every full-head step of a
     screened graph asks for (beam search, scoring): graphs for those versions give TopK a zero row instead and cut
@@ -116,9 +122,7 @@ def test_for_an_onnx_runtime_whose_topk_dies_on_no_rows_the_screen_ranks_a_zero_
     by running the suite under ONNX Runtime 1.30)."""
     table = _table()
     plain, guarded = (_screened_proto(table, topk_no_rows=flag) for flag in (True, False))
-    for proto, ranker in ((plain, "Mul"), (guarded, "Pad")):  # what TopK ranks: the int8 logits, or them padded
-        producers = {output: node.op_type for node in proto.graph.node for output in node.output}
-        assert producers[next(n for n in proto.graph.node if n.op_type == "TopK").input[0]] == ranker
+    assert (_topk_ranks(plain), _topk_ranks(guarded)) == ("Mul", "Pad")  # the int8 logits, or them padded
     plain, guarded = _session(plain), _session(guarded)
     for rows in (0, 1, 3):
         h = _hidden(rows, seed=3)
@@ -131,6 +135,16 @@ def test_for_an_onnx_runtime_whose_topk_dies_on_no_rows_the_screen_ranks_a_zero_
             else:  # the full head over every row (the plain graph's TopK would have none)
                 np.testing.assert_allclose(logits, h @ table.T, rtol=1e-5, atol=1e-5)
                 assert candidates.shape == (0, 2)
+
+
+def test_the_screen_follows_the_installed_onnx_runtime_unless_told(monkeypatch):
+    """Without `topk_no_rows`, the screen asks the installed ONNX Runtime (`topk_takes_no_rows`): an export made
+    under 1.30 gets the zero row, one made under 1.32 the plain TopK."""
+    import nndf.export.screened_head as screened_head
+
+    for takes, expected in ((False, "Pad"), (True, "Mul")):
+        monkeypatch.setattr(screened_head, "topk_takes_no_rows", lambda takes=takes: takes)
+        assert _topk_ranks(_screened_proto(_table())) == expected
 
 
 @pytest.mark.parametrize("version, takes", [("1.30.0", False), ("1.20.1", False), ("1.31.0", True),
