@@ -7,6 +7,7 @@ import pytest
 import nndf
 from nndf.errors import UsageError
 from nndf.spec import BuildSettings
+from conftest import TOKENIZER_DIR, needs_shared
 
 FAST = dict(iterations=1, warmup=0)
 
@@ -20,6 +21,7 @@ def test_benchmark_from_python_returns_the_table(tiny_gpt2_dir):
     assert "6 prompt + 3 new tokens" in result.render()
 
 
+@needs_shared(TOKENIZER_DIR)
 def test_chat_from_python_answers_the_given_lines(tiny_gpt2_dir, capsys):
     """Values that start with a dash (a Markdown rule as a stop string, a system message) stay values: the command
     line would read `--stop --` as a missing value. `help=True` prints the action's help and returns no table
@@ -249,6 +251,7 @@ def test_right_padded_rows_get_generates_tokens(tiny_gpt2_dir, onnx_work_dir):
                     (backend, use_cache, beams)
 
 
+@needs_shared(TOKENIZER_DIR)
 def test_export_to_a_folder_runs_without_the_weights(tiny_gpt2_dir, onnx_work_dir, tmp_path, capsys):
     """`export ... -o DIR` (Optimum's save_pretrained): nndf.load_exported(DIR) gives generate()'s tokens from the
     folder alone (graph, config, tokenizer; no weight file in it), and writes nothing into it."""

@@ -14,6 +14,7 @@ from nndf.errors import UsageError
 from nndf.export.quantize import KINDS, MATMUL_OP
 from nndf.generation import GenerationOptions, generate
 from nndf.rowcache import RowCache
+from conftest import TOKENIZER_DIR, needs_shared
 
 BACKENDS = [("onnxrt", {}), ("onnxrt", {"kv_layout": "growing"}), ("frameworks", {})]
 
@@ -119,6 +120,7 @@ def test_a_cancelled_or_failing_request_ends_alone(tiny_gpt2_dir, onnx_work_dir)
         batcher.submit(Request(p[0], model.generation_options(200)))
 
 
+@needs_shared(TOKENIZER_DIR)
 def test_a_row_ends_at_its_stop_string_as_generate_ends_it(tiny_gpt2_dir, onnx_work_dir):
     """`Request(stopping=Model.stop_criteria(...))`: the row ends where `Model.generate(stop_strings=...)` ends it,
     its neighbours go on; with beams it is refused, as generate() refuses it."""
@@ -187,6 +189,7 @@ def test_models_a_batch_cannot_serve_are_refused(seq2seq_dirs):
         ContinuousBatcher(model, max_rows=2)
 
 
+@needs_shared(TOKENIZER_DIR)
 def test_the_served_model_keeps_the_sampling_stream_it_was_written_with(tiny_gpt2_dir, onnx_work_dir, tmp_path):
     """Also: a quantized backend name serves its graph (as --int8 does), and the model is named after the
     --torch-dir folder, as the title names it."""

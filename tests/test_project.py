@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from conftest import REPO
+from conftest import REPO, TOKENIZER_DIR, needs_shared
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -59,6 +59,7 @@ def test_wheel_holds_every_package_and_checkpoint(tmp_path):
     assert not any(n.startswith("models/") for n in names), "models must not be a top-level package"
 
 
+@needs_shared(TOKENIZER_DIR)
 def test_readme_api_example(tiny_gpt2_dir):
     import nndf
 

@@ -109,6 +109,7 @@ def test_help_gives_each_action_its_own_timing_defaults(action, iterations, warm
     assert (subparser.get_default("iterations"), subparser.get_default("warmup")) == (iterations, warmup)
 
 
+@needs_shared(TOKENIZER_DIR)
 def test_when_every_generation_ends_at_once_the_plot_says_why_there_is_no_decode_step(tiny_gpt2_dir, tmp_path,
                                                                                       capsys, monkeypatch, no_cuda):
     """Every token an end of sequence: each sample's generation ends at its first token, so no decode step is

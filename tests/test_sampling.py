@@ -11,6 +11,7 @@ import nndf
 from nndf.errors import UsageError
 from sampling_checks import EVERY_WARPER, FLAT, assert_samples_like_generate
 from test_generation_parity import _batch
+from conftest import TOKENIZER_DIR, needs_shared
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +125,7 @@ def test_sampled_eos_ends_rows_and_pads_like_generate(tiny_gpt2_dir):
     assert (ours[1, ids.shape[1] + 2:] == eos).all()
 
 
+@needs_shared(TOKENIZER_DIR)
 def test_stop_strings_end_rows_like_generate(model):
     """generate(stop_strings=..., tokenizer=...) with transformers' StopStringCriteria: greedy and sampled."""
     tokenizer = model.tokenizer
@@ -208,6 +210,7 @@ def test_draw_keywords_without_sampling_warn_as_generate_does_and_decode_greedil
     assert torch.equal(warned, model.generate(ids, max_new_tokens=4))
 
 
+@needs_shared(TOKENIZER_DIR)
 def test_beam_search_neither_streams_nor_stops_on_strings(model):
     ids = torch.tensor([[1, 2, 3]])
     with pytest.raises(UsageError, match="beam search"):
@@ -257,6 +260,7 @@ def test_draw_flags_on_a_model_that_does_not_sample_are_refused(capsys, tiny_gpt
     assert "timing" not in err and "benchmark GPT2" not in out
 
 
+@needs_shared(TOKENIZER_DIR)
 def test_benchmark_and_run_say_whether_they_sample(capsys, tiny_gpt2_dir):
     """The header says how tokens are picked; the sampled benchmark's HF generate row draws with the same seed."""
     from nndf.cli import main

@@ -16,6 +16,7 @@ pytest.importorskip("tritonclient.grpc.model_config_pb2", reason="tritonclient[g
 import nndf  # noqa: E402
 import nndf.actions.triton  # noqa: E402
 from nndf.cli import main as run_py  # noqa: E402
+from conftest import TOKENIZER_DIR, needs_shared  # noqa: E402
 
 
 @pytest.fixture
@@ -80,6 +81,7 @@ def test_a_missing_tritonclient_is_said_after_the_flags_and_before_the_load(tmp_
     assert "loading" not in err and "export" not in err and not (tmp_path / "models").exists()
 
 
+@needs_shared(TOKENIZER_DIR)
 def test_the_target_language_is_served(tiny_gpt2_dir, onnx_work_dir, tmp_path):
     """--tgt-lang is the Model's forced first token (`nndf.load(tgt_lang=)` sets it), held by no graph or config:
     the served model lost it and answered in whatever language came first. Set here directly on the tiny GPT-2,
@@ -103,6 +105,7 @@ def test_the_target_language_is_served(tiny_gpt2_dir, onnx_work_dir, tmp_path):
     assert served.generate(ids, mask, max_new_tokens=3).tolist() == ours.tolist()
 
 
+@needs_shared(TOKENIZER_DIR)
 def test_a_write_without_streaming_removes_the_earlier_streaming_twin(tiny_gpt2_dir, onnx_work_dir, tmp_path, capsys):
     """`<name>_stream` from an earlier --streaming write went on serving the old graph and settings beside the new
     model; written again without --streaming it is removed, said."""
@@ -124,6 +127,7 @@ def test_a_write_without_streaming_removes_the_earlier_streaming_twin(tiny_gpt2_
         capsys.readouterr().err
 
 
+@needs_shared(TOKENIZER_DIR)
 def test_a_streaming_write_stopped_before_its_twin_leaves_no_old_twin(tiny_gpt2_dir, onnx_work_dir, tmp_path,
                                                                       monkeypatch):
     """The two folders are written one after the other: a write killed between them left the new model beside the
@@ -148,6 +152,7 @@ def test_a_streaming_write_stopped_before_its_twin_leaves_no_old_twin(tiny_gpt2_
     assert json.loads((models / "gpt2" / "1" / "nndf.json").read_text())["defaults"]["max_new_tokens"] == 7
 
 
+@needs_shared(TOKENIZER_DIR)
 def test_the_serve_line_quotes_a_repository_with_a_space(tiny_gpt2_dir, onnx_work_dir, tmp_path, capsys):
     """`-o "my models"`: the serve line said `tritonserver --model-repository .../my models`, which a shell splits
     into two arguments; it is quoted as a shell reads it."""
@@ -157,6 +162,7 @@ def test_the_serve_line_quotes_a_repository_with_a_space(tiny_gpt2_dir, onnx_wor
     assert f"serve it: tritonserver --model-repository '{models}' (its Python" in capsys.readouterr().out
 
 
+@needs_shared(TOKENIZER_DIR)
 @pytest.mark.parametrize("flags, rows", [([], 4), (["--max-rows", "6"], 6), (["--scheduler", "sequential"], 4)])
 def test_info_shows_the_rows_the_served_model_runs(tiny_gpt2_dir, onnx_work_dir, tmp_path, capsys, flags, rows):
     """--info showed one row's shapes and KV cache (--batch-size's default), where the server runs up to --max-rows
@@ -169,6 +175,7 @@ def test_info_shows_the_rows_the_served_model_runs(tiny_gpt2_dir, onnx_work_dir,
     assert f"dynamic_batch=True, min_dynamic_batch=1, max_dynamic_batch={rows}" in out
 
 
+@needs_shared(TOKENIZER_DIR)
 def test_folders_that_are_not_models_are_named_with_the_way_to_serve_it(tiny_gpt2_dir, onnx_work_dir, tmp_path,
                                                                          capsys):
     """A folder without a config.pbtxt in -o (a user's notes, an editor's hidden folder) makes tritonserver refuse to

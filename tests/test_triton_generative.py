@@ -27,6 +27,9 @@ from nndf.cli import main as run_py  # noqa: E402
 from nndf.triton import validate_repository  # noqa: E402
 from nndf.triton.repository import explicit_load_flags  # noqa: E402
 from triton_server import triton_server, triton_venv  # noqa: E402
+from conftest import TOKENIZER_DIR, needs_shared  # noqa: E402
+
+pytestmark = needs_shared(TOKENIZER_DIR)  # the served models tokenize with the real GPT-2 tokenizer
 
 PROMPTS = ["The capital of France is", "Hello"]
 

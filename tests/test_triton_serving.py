@@ -28,6 +28,9 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 import nndf  # noqa: E402
 from nndf.cli import main as run_py  # noqa: E402
 from triton_server import triton_server, triton_venv  # noqa: E402
+from conftest import TOKENIZER_DIR, needs_shared  # noqa: E402
+
+pytestmark = needs_shared(TOKENIZER_DIR)  # the served models tokenize with the real GPT-2 tokenizer
 
 LONG = 100  # new tokens of a request that is still running while others come and go (the model has 128 positions)
 SETTINGS = {"MAX_NEW_TOKENS": ("INT32", np.int32), "NUM_BEAMS": ("INT32", np.int32), "DO_SAMPLE": ("BOOL", bool),
