@@ -12,18 +12,14 @@ import torch
 from conftest import LAMBADA_FILE, TOKENIZER_DIR, dump_optimized_graph, needs_shared
 from fake_tensorrt import fake_gpu  # noqa: F401  (a fixture)
 
+from nndf.backends.ort_runtime import ort_version
 from nndf.cli import main as run_py
 from nndf.convert.cli import main as convert_model
 
 FAST = ["--nb-measures", "3", "--warmup", "1"]
-
-
-def _optimizer_fuses_this_export() -> bool:
-    """Whether the installed ONNX Runtime's transformer optimizer matches the attention of this torch's BERT export:
-    1.31's does; 1.30's fuses no attention and leaves one more LayerNormalization (the rows still agree)."""
-    from nndf.backends.ort_runtime import ort_version
-
-    return ort_version() >= (1, 31)
+# ONNX Runtime 1.31's transformer optimizer fuses this torch's BERT attention; 1.30's fuses none and leaves one more
+# LayerNormalization (the rows still agree)
+OPTIMIZER_FUSES_THIS_EXPORT = ort_version() >= (1, 31)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +44,7 @@ def test_minilm_converts_with_every_cpu_backend_within_tolerance(minilm_converte
     # CPU each residual Add and LayerNorm stay apart (SkipLayerNormalization's CPU kernel is the slower), in the
     # graph and in the session that runs it
     assert "SkipLayerNormalization" not in report["fusions"]
-    if _optimizer_fuses_this_export():
+    if OPTIMIZER_FUSES_THIS_EXPORT:
         assert report["fusions"]["Attention"] == 6 and report["fusions"]["LayerNormalization"] == 12
     assert report["backends"]["ONNX Runtime (INT-8)"]["mean_cosine"] > 0.98
     for name in ("model-original.onnx", "model.onnx", "model-int8.onnx"):
@@ -398,4 +394,4 @@ def test_a_cpu_session_leaves_residual_adds_and_layer_norms_apart(minilm_convert
     engines.ort_engine("ONNX Runtime (optimized)", repo / "model.onnx", "cpu", 1)
     ran = [node.op_type for node in onnx.load(str(optimized), load_external_data=False).graph.node]
     assert "SkipLayerNormalization" not in ran
-    assert ran.count("LayerNormalization") == (12 if _optimizer_fuses_this_export() else 13)
+    assert ran.count("LayerNormalization") == (12 if OPTIMIZER_FUSES_THIS_EXPORT else 13)

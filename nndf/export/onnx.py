@@ -69,11 +69,9 @@ class DecoderExport:
 
 
 def export_settings(loaded: LoadedModel, use_cache: bool, layout: str = GROWING) -> dict:
-    """Every setting that shapes the exported graph; its hash names the artifact. The shared layout's screened LM
-    head holds int8 weights of this CPU's precision (`screen_weight_levels`), so a working dir used by a CPU of the
-    other kind gets its own graph; its fusions follow what the installed ONNX Runtime's kernels take (a
-    GroupQueryAttention that rotates padded rows, a TopK over no rows), so a graph made for another version's is
-    rebuilt rather than refused at load or killed by a kernel."""
+    """Every setting that shapes the exported graph; its hash names the artifact. The shared layout's graph holds
+    this CPU's int8 precision (`screen_weight_levels`) and is fused for the installed ONNX Runtime's kernels, so a
+    working dir used by another CPU kind or version gets its own graph rather than one refused or killed there."""
     settings = {
         "kind": "onnx-decoder",
         "family": loaded.spec.family,
